@@ -1,0 +1,1 @@
+"""nsqx.protocol."""
