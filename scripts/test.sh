@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set up everything the tests need (venv, pip packages, npm packages for nsqjs) and run
+# the whole suite. Extra arguments go to pytest (e.g. -m "not slow" for the quick subset).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh test
+if [ -f scripts/install-test-deps.sh ]; then
+  bash scripts/install-test-deps.sh
+fi
+.venv/bin/ruff check src tests bench
+exec .venv/bin/python -m pytest "$@"

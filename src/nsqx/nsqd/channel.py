@@ -1,0 +1,211 @@
+"""A channel: a cursor over its topic's log plus the clients subscribed to it.
+
+Nothing is copied per channel. Delivery reads ready-to-send frames from the
+topic's log (a byte range for fresh runs, a patched frame for redeliveries)
+and hands them to clients whose RDY window is open, once per loop turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import TYPE_CHECKING
+
+from nsqx.storage.cursor import ChannelCursor, Delivery
+from nsqx.storage.message_id import parse_id
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.client_v2 import ClientV2
+    from nsqx.nsqd.topic import Topic
+
+log = logging.getLogger("nsqx.nsqd.channel")
+
+# Upper bound of messages handed to one client per pump turn, so that one busy
+# client cannot starve the loop (and the others) for long.
+MAX_BATCH_PER_TURN = 512
+# Bytes read per fresh run at most, bounding memory per turn.
+MAX_READ_BYTES = 4 << 20
+
+
+def now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class Channel:
+    """Delivery state of one channel; owned by its Topic."""
+
+    def __init__(self, topic: Topic, name: str, cursor: ChannelCursor, *, ephemeral: bool) -> None:
+        self.topic = topic
+        self.name = name
+        self.ephemeral = ephemeral
+        self.cursor = cursor
+        self.clients: dict[int, ClientV2] = {}
+        self.exiting = False
+        self._pump_scheduled = False
+        self._rr = 0
+        self.dirty = False  # cursor changed since it was last persisted
+
+    # -- state exposed to stats / http -------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        return self.cursor.paused
+
+    @property
+    def in_flight_count(self) -> int:
+        return self.cursor.in_flight_count
+
+    @property
+    def deferred_count(self) -> int:
+        return self.cursor.deferred_count
+
+    @property
+    def depth(self) -> int:
+        return self.cursor.depth(self._end_offset())
+
+    @property
+    def message_count(self) -> int:
+        return self.cursor.delivered_count
+
+    @property
+    def requeue_count(self) -> int:
+        return self.cursor.requeue_count
+
+    @property
+    def timeout_count(self) -> int:
+        return self.cursor.timeout_count
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.topic.name}:{self.name}>"
+
+    # -- operations ----------------------------------------------------------------------
+    def pause(self) -> None:
+        self.cursor.paused = True
+        self._changed()
+
+    def unpause(self) -> None:
+        self.cursor.paused = False
+        self._changed()
+        self.wake()
+
+    def empty(self) -> None:
+        self.cursor.empty(self.topic.log.next_offset)
+        self._changed()
+
+    def _changed(self) -> None:
+        self.dirty = True
+        self.topic.nsqd.metadata_changed()
+
+    def add_client(self, client: ClientV2) -> None:
+        self.clients[client.id] = client
+
+    def remove_client(self, client: ClientV2) -> None:
+        """Forget a client; its in-flight messages time out and go to others (upstream)."""
+        if self.clients.pop(client.id, None) is None:
+            return
+        self.cursor.drop_client(client.id)
+        if self.ephemeral and not self.clients and not self.exiting:
+            self.topic.nsqd.loop.create_task(self.topic.delete_channel(self.name))
+
+    # -- delivery ------------------------------------------------------------------------
+    def _end_offset(self) -> int:
+        """Fresh messages are delivered up to what is written; a paused topic delivers none."""
+        if self.topic.paused:
+            return min(self.cursor.next_read, self.topic.log.flushed_offset)
+        return self.topic.log.flushed_offset
+
+    def wake(self) -> None:
+        """Schedule one pump for this loop turn (coalesces many wake-ups)."""
+        if not self._pump_scheduled and self.clients and not self.exiting:
+            self._pump_scheduled = True
+            self.topic.nsqd.loop.call_soon(self._pump)
+
+    def _pump(self) -> None:
+        self._pump_scheduled = False
+        if self.cursor.paused or self.exiting or not self.clients:
+            return
+        clients = list(self.clients.values())
+        n = len(clients)
+        start = self._rr % n
+        self._rr += 1
+        end = self._end_offset()
+        t = now_ms()
+        more = False
+        for i in range(n):
+            client = clients[(start + i) % n]
+            room = client.ready_room()
+            if room <= 0:
+                continue
+            want = min(room, MAX_BATCH_PER_TURN)
+            deliveries = self.cursor.take(client.id, want, end, t, client.msg_timeout_ms)
+            if not deliveries:
+                break  # nothing left for anyone this turn
+            self.dirty = True
+            self._send(client, deliveries)
+            if want == MAX_BATCH_PER_TURN and client.ready_room() > 0:
+                more = True  # a busy client: continue next turn, after other work
+        if more:
+            self.wake()
+
+    def _send(self, client: ClientV2, deliveries: list[Delivery]) -> None:
+        log_ = self.topic.log
+        chunks: list[bytes] = []
+        total = 0
+        for d in deliveries:
+            if d.attempts == 1 and d.count >= 1:
+                offset, left = d.offset, d.count
+                while left:
+                    r = log_.read(offset, MAX_READ_BYTES, left)
+                    if not r.count:
+                        break
+                    chunks.append(r.data)
+                    offset += r.count
+                    left -= r.count
+                    total += r.count
+            else:
+                frame = log_.read_frame(d.offset)
+                chunks.append(patch_attempts(frame, d.attempts))
+                total += 1
+        if client.sample_rate:
+            chunks = self._sample(client, chunks)
+        client.send_messages(chunks, total)
+
+    def _sample(self, client: ClientV2, chunks: list[bytes]) -> list[bytes]:
+        """Drop (consume) the messages the client's sample_rate skips, as upstream does."""
+        kept: list[bytes] = []
+        for frame in split_frames(b"".join(chunks)):
+            if random.randint(0, 99) > client.sample_rate:
+                self.cursor.finish(client.id, parse_id(frame[18:34])[1])
+            else:
+                kept.append(frame)
+        return kept
+
+    # -- timers --------------------------------------------------------------------------
+    def tick(self, t_ms: int) -> None:
+        """Called by the node's scanner: time out in-flight, release due deferred."""
+        if self.cursor.expire(t_ms):
+            self.dirty = True
+        if self.cursor.pending_redeliveries(t_ms):
+            self.wake()
+
+    def close(self) -> None:
+        self.exiting = True
+        if self.dirty:
+            self.cursor.persist()
+        self.cursor.close()
+
+
+def patch_attempts(frame: bytes, attempts: int) -> bytes:
+    """Rebuild a stored frame (attempts=1) for a redelivery."""
+    return b"".join((frame[:16], min(attempts, 0xFFFF).to_bytes(2, "big"), frame[18:]))
+
+
+def split_frames(data: bytes) -> list[bytes]:
+    """Cut a run of message frames apart (only for the rare sampled path)."""
+    out = []
+    pos, n = 0, len(data)
+    while pos < n:
+        size = int.from_bytes(data[pos : pos + 4], "big")
+        out.append(data[pos : pos + 4 + size])
+        pos += 4 + size
+    return out

@@ -1,0 +1,870 @@
+"""One TCP connection speaking NSQ's V2 protocol (upstream `protocol_v2.go` + `client_v2.go`).
+
+An `asyncio.Protocol`: bytes go through the sans-IO parser, commands are
+executed in order, and responses to PUB/MPUB/DPUB go out strictly in command
+order once the group commit that holds them is durable. Message frames are
+written as the byte ranges the log returns (`writelines`, no per-message copy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from nsqx import NSQ_VERSION
+from nsqx.nsqd.auth import AuthState, query_auth
+from nsqx.nsqd.channel import now_ms
+from nsqx.protocol import frames
+from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
+from nsqx.protocol.errors import ProtocolError
+from nsqx.protocol.names import valid_channel_name, valid_topic_name
+from nsqx.protocol.v2 import FIN_BATCH, MAGIC_V2, Command, CommandParser
+from nsqx.storage.cursor import NotInFlight, NotOwner
+from nsqx.storage.message_id import parse_id
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.channel import Channel
+    from nsqx.nsqd.node import NSQD
+
+log = logging.getLogger("nsqx.nsqd.client")
+
+STATE_INIT, STATE_SUBSCRIBED, STATE_CLOSING = 0, 3, 4
+# Publishes waiting for their commit before we stop reading from this client.
+MAX_PENDING_RESPONSES = 4096
+
+
+class Fatal(Exception):
+    """A fatal client error: send the error frame, then close (upstream FatalClientErr)."""
+
+    def __init__(self, code: str, text: str) -> None:
+        super().__init__(f"{code} {text}")
+        self.code, self.text = code, text
+
+
+class ClientV2(asyncio.Protocol):
+    """State and protocol handler of one client connection."""
+
+    _next_id = 0
+
+    def __init__(self, nsqd: NSQD, *, tls_listener: bool = False) -> None:
+        ClientV2._next_id += 1
+        self.id = ClientV2._next_id
+        self.nsqd = nsqd
+        opts = nsqd.opts
+        self.transport: asyncio.Transport | None = None
+        self.parser = CommandParser(max_body_size=opts.max_body_size, max_msg_size=opts.max_msg_size,
+                                    batch_fin=True)
+        self.state = STATE_INIT
+        self.magic = b""
+        self.remote_address = ""
+        self.client_id = ""
+        self.hostname = ""
+        self.user_agent = ""
+        self.connect_ts = int(time.time())
+        self.heartbeat_interval = opts.client_timeout / 2
+        self.msg_timeout_ms = int(opts.msg_timeout * 1000)
+        self.output_buffer_size = 16 * 1024
+        self.output_buffer_timeout = opts.output_buffer_timeout
+        self.sample_rate = 0
+        self.tls = tls_listener
+        self.tls_version = ""
+        self.tls_cipher_suite = ""
+        self.snappy = False
+        self.deflate = False
+        self.deflate_level = 0
+        self.identified = False
+        self.auth: AuthState | None = None
+        self.ready_count = 0
+        self.channel: Channel | None = None
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.pub_counts: dict[str, int] = {}
+        self._encoder: Any = None
+        self._decoder: Any = None
+        self._decoder_new = False
+        self._responses: deque[list[Any]] = deque()
+        self._blocked = False
+        self._backlog: deque[Command] = deque()
+        self._raw_backlog: list[bytes] = []
+        self._closing = False
+        self._close_after_responses = False
+        self._can_write = True
+        self._reading_paused = False
+        self._last_read = time.monotonic()
+        self._hb_handle: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.remote_address = f"{peer[0]}:{peer[1]}"
+            self.client_id = str(peer[0])
+        else:
+            self.remote_address = str(peer or "")
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        transport.set_write_buffer_limits(high=self.nsqd.opts.max_output_buffer_size * 16)
+        self.nsqd.client_connected(self)
+        self._schedule_heartbeat()
+        log.debug("TCP: new client(%s)", self.remote_address)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        if self._hb_handle is not None:
+            self._hb_handle.cancel()
+        if self.channel is not None:
+            self.channel.remove_client(self)
+        self.nsqd.client_disconnected(self)
+        log.info("[%s] closed connection%s", self, f" ({exc})" if exc else "")
+
+    def pause_writing(self) -> None:
+        # A peer that does not read what we send must not make us buffer without
+        # bound: stop delivering to it and stop reading its commands.
+        self._can_write = False
+        if self.transport is not None and not self._reading_paused:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._can_write = True
+        if self.transport is not None and not self._reading_paused:
+            self.transport.resume_reading()
+        if self.channel is not None:
+            self.channel.wake()
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = time.monotonic()
+        if self._closing:
+            return
+        if len(self.magic) < 4:
+            need = 4 - len(self.magic)
+            self.magic += data[:need]
+            data = data[need:]
+            if len(self.magic) < 4:
+                return
+            if self.magic != MAGIC_V2:
+                log.error("client(%s) bad protocol magic %r", self.remote_address, self.magic)
+                self._write(frames.encode_frame(frames.FRAME_ERROR, b"E_BAD_PROTOCOL"))
+                self._shutdown()
+                return
+            if not data:
+                return
+        if self._decoder is None:
+            self._ingest(data)
+            return
+        dec = self._decoder
+        try:
+            # Decompress in bounded steps so the parser's size checks stop a bomb early.
+            chunk = dec.decode(data)
+            while True:
+                self._ingest(chunk)
+                if self._closing or dec is not self._decoder or not dec.pending():
+                    break
+                chunk = dec.decode(b"")
+        except ProtocolError as exc:  # corrupt or oversized compressed stream
+            self._fatal(Fatal(exc.code, exc.text))
+
+    def _ingest(self, data: bytes) -> None:
+        if self._blocked:
+            self._raw_backlog.append(data)
+            if sum(map(len, self._raw_backlog)) > self.nsqd.opts.max_body_size and self.transport:
+                self.transport.pause_reading()
+                self._reading_paused = True
+            return
+        self._feed(data)
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    # -- command loop ---------------------------------------------------------------------
+    def _feed(self, data: bytes) -> None:
+        try:
+            cmds = self.parser.feed(data)
+        except ProtocolError as exc:
+            # Commands parsed before the bad one still run first, in order.
+            cmds = list(getattr(exc, "commands", []) or [])
+            self._backlog.extend(cmds)
+            self._run()
+            self._fatal(Fatal(exc.code, exc.text))
+            return
+        if cmds:
+            self._backlog.extend(cmds)
+            self._run()
+
+    def _run(self) -> None:
+        """Execute queued commands in order; an async one blocks the rest until done."""
+        handlers = self._handlers
+        while self._backlog and not self._blocked and not self._closing:
+            cmd = self._backlog.popleft()
+            handler = handlers.get(cmd.name)
+            try:
+                if handler is None:
+                    raise Fatal("E_INVALID", f"invalid command {cmd.name.decode('latin-1')}")
+                if self.nsqd.tls_required_tcp and not self.tls and cmd.name != b"IDENTIFY":
+                    raise Fatal("E_INVALID", f"cannot {cmd.name.decode()} in current state (TLS required)")
+                res = handler(self, cmd)
+            except Fatal as exc:
+                self._fatal(exc)
+                return
+            except ProtocolError as exc:
+                if exc.fatal:
+                    self._fatal(Fatal(exc.code, exc.text))
+                    return
+                self._respond(frames.encode_error(exc.code, exc.text))
+                continue
+            if res is not None and asyncio.iscoroutine(res):
+                self._blocked = True
+                task = self.nsqd.loop.create_task(res)
+                task.add_done_callback(self._async_done)
+
+    def _async_done(self, task: asyncio.Task[Any]) -> None:
+        self._blocked = False
+        if task.cancelled():
+            self._shutdown()
+            return
+        exc = task.exception()
+        if isinstance(exc, Fatal):
+            self._fatal(exc)
+            return
+        if exc is not None:
+            log.error("[%s] internal error: %r", self, exc)
+            self._fatal(Fatal("E_INVALID", "internal error"))
+            return
+        if self._closing:
+            return
+        self._run()
+        if not self._blocked:
+            # The parser stops after IDENTIFY/AUTH; whatever it holds (and what came
+            # while we were busy) is parsed now, through a newly negotiated decoder.
+            held = self.parser.take_buffered()
+            if held and self._decoder is not None and self._decoder_new:
+                try:
+                    held = self._decoder.decode(held)
+                except ProtocolError as exc:
+                    self._fatal(Fatal(exc.code, exc.text))
+                    return
+            self._decoder_new = False
+            raw = held + b"".join(self._raw_backlog)
+            self._raw_backlog = []
+            if self._reading_paused and not self._responses and self.transport is not None:
+                self._reading_paused = False
+                self.transport.resume_reading()
+            self._feed(raw)
+
+    # -- output ---------------------------------------------------------------------------
+    def _write(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self._encoder is not None:
+            data = self._encoder.encode(data)
+        self.transport.write(data)
+
+    def _respond(self, frame: bytes) -> None:
+        """Send a response frame after every earlier pending response (command order)."""
+        if self._responses:
+            self._responses.append([None, frame])
+        else:
+            self._write(frame)
+
+    def _respond_when(self, fut: asyncio.Future[Any], ok: bytes, err: tuple[str, str]) -> None:
+        self._responses.append([fut, ok, err])
+        fut.add_done_callback(self._drain_responses)
+        if len(self._responses) > MAX_PENDING_RESPONSES and not self._reading_paused:
+            self._reading_paused = True
+            if self.transport is not None:
+                self.transport.pause_reading()
+
+    def _drain_responses(self, _fut: Any = None) -> None:
+        out = []
+        q = self._responses
+        while q:
+            head = q[0]
+            fut = head[0]
+            if fut is not None:
+                if not fut.done():
+                    break
+                if fut.cancelled() or fut.exception() is not None:
+                    exc = None if fut.cancelled() else fut.exception()
+                    code, text = head[2]
+                    log.error("[%s] %s: %s", self, text, exc)
+                    q.clear()
+                    if out:
+                        self._write(b"".join(out))
+                    self._fatal(Fatal(code, text))
+                    return
+            q.popleft()
+            out.append(head[1])
+        if out:
+            self._write(b"".join(out))
+        if not q:
+            if self._close_after_responses:
+                self._shutdown()
+            elif self._reading_paused and self.transport is not None:
+                self._reading_paused = False
+                self.transport.resume_reading()
+
+    def _fatal(self, exc: Fatal) -> None:
+        if self._closing:
+            return
+        log.error("[%s] - %s %s", self, exc.code, exc.text)
+        self._respond(frames.encode_error(exc.code, exc.text))
+        self._closing = True
+        self._backlog.clear()
+        if self._responses:
+            self._close_after_responses = True
+        else:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._closing = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def close(self) -> None:
+        """Close from the server side (channel deleted, node exiting)."""
+        self._shutdown()
+
+    def send_messages(self, chunks: list[Any], count: int) -> None:
+        """Write ready message frames (byte ranges from the log)."""
+        if not chunks:
+            return
+        self.message_count += count
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self._encoder is not None:
+            self.transport.write(self._encoder.encode(b"".join(chunks)))
+        else:
+            self.transport.writelines(chunks)
+
+    def ready_room(self) -> int:
+        """How many more messages this client may receive now (RDY is a window)."""
+        if self.state != STATE_SUBSCRIBED or not self._can_write or self._closing or self.channel is None:
+            return 0
+        return self.ready_count - self.channel.cursor.in_flight_of(self.id)
+
+    @property
+    def in_flight_count(self) -> int:
+        return self.channel.cursor.in_flight_of(self.id) if self.channel is not None else 0
+
+    # -- heartbeats -----------------------------------------------------------------------
+    def _schedule_heartbeat(self) -> None:
+        if self._hb_handle is not None:
+            self._hb_handle.cancel()
+            self._hb_handle = None
+        if self.heartbeat_interval > 0:
+            self._hb_handle = self.nsqd.loop.call_later(self.heartbeat_interval, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        if self._closing:
+            return
+        if time.monotonic() - self._last_read > 2 * self.heartbeat_interval:
+            log.error("[%s] missed heartbeats (no data for %.1fs), closing", self, time.monotonic() - self._last_read)
+            self._shutdown()
+            return
+        self._write(frames.HEARTBEAT_FRAME)
+        self._hb_handle = self.nsqd.loop.call_later(self.heartbeat_interval, self._heartbeat)
+
+    # -- commands -------------------------------------------------------------------------
+    def _cmd_nop(self, cmd: Command) -> None:
+        return None
+
+    def _cmd_identify(self, cmd: Command) -> Any:
+        if self.state != STATE_INIT or self.identified:
+            raise Fatal("E_INVALID", "cannot IDENTIFY in current state")
+        try:
+            data = orjson.loads(cmd.body or b"")
+            if not isinstance(data, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            raise Fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from exc
+        return self._identify(data)
+
+    async def _identify(self, data: dict[str, Any]) -> None:
+        opts = self.nsqd.opts
+        await self._wait_responses()
+
+        def intval(key: str) -> int:
+            v = data.get(key, 0)
+            if v is None:
+                return 0
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise Fatal("E_BAD_BODY", f"IDENTIFY failed to decode JSON body ({key} is not a number)")
+            return int(v)
+
+        def strval(key: str) -> str:
+            v = data.get(key, "")
+            return v if isinstance(v, str) else str(v)
+
+        self.client_id = strval("client_id") or strval("short_id") or self.client_id
+        self.hostname = strval("hostname") or strval("long_id")
+        self.user_agent = strval("user_agent")
+        hb = intval("heartbeat_interval")
+        max_hb = int(opts.max_heartbeat_interval * 1000)
+        if hb == -1:
+            self.heartbeat_interval = 0
+        elif hb == 0:
+            pass
+        elif 1000 <= hb <= max_hb:
+            self.heartbeat_interval = hb / 1000
+        else:
+            raise Fatal("E_BAD_BODY", f"IDENTIFY heartbeat interval ({hb}) is invalid")
+        obs = intval("output_buffer_size")
+        if obs == -1:
+            self.output_buffer_size = 1
+        elif obs == 0:
+            pass
+        elif 64 <= obs <= opts.max_output_buffer_size:
+            self.output_buffer_size = obs
+        else:
+            raise Fatal("E_BAD_BODY", f"IDENTIFY output buffer size ({obs}) is invalid")
+        obt = intval("output_buffer_timeout")
+        if obt == -1:
+            self.output_buffer_timeout = 0
+        elif obt == 0:
+            pass
+        elif opts.min_output_buffer_timeout * 1000 <= obt <= opts.max_output_buffer_timeout * 1000:
+            self.output_buffer_timeout = obt / 1000
+        else:
+            raise Fatal("E_BAD_BODY", f"IDENTIFY output buffer timeout ({obt}) is invalid")
+        sample_rate = intval("sample_rate")
+        if not 0 <= sample_rate <= 99:
+            raise Fatal("E_BAD_BODY", f"IDENTIFY sample rate ({sample_rate}) is invalid")
+        self.sample_rate = sample_rate
+        mt = intval("msg_timeout")
+        if mt == 0:
+            pass
+        elif 1000 <= mt <= opts.max_msg_timeout * 1000:
+            self.msg_timeout_ms = mt
+        else:
+            raise Fatal("E_BAD_BODY", f"IDENTIFY msg timeout ({mt}) is invalid")
+        want_deflate = bool(data.get("deflate")) and opts.deflate
+        want_snappy = bool(data.get("snappy")) and opts.snappy
+        if want_deflate and want_snappy:
+            raise Fatal("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")
+        deflate_level = 6
+        if want_deflate:
+            dl = intval("deflate_level")
+            deflate_level = dl if dl > 0 else 6
+            if deflate_level > opts.max_deflate_level:
+                deflate_level = opts.max_deflate_level
+            if not 1 <= deflate_level <= 9:
+                raise Fatal("E_BAD_BODY", f"IDENTIFY deflate level ({deflate_level}) is invalid")
+        tls_ctx = self.nsqd.tls_context
+        want_tls = bool(data.get("tls_v1")) and tls_ctx is not None and not self.tls
+        self.identified = True
+        self._schedule_heartbeat()
+        if not data.get("feature_negotiation"):
+            self._write(frames.OK_FRAME)
+            return
+        resp = {
+            "max_rdy_count": opts.max_rdy_count,
+            "version": NSQ_VERSION,
+            "max_msg_timeout": int(opts.max_msg_timeout * 1000),
+            "msg_timeout": self.msg_timeout_ms,
+            "tls_v1": want_tls,
+            "deflate": want_deflate,
+            "deflate_level": deflate_level,
+            "max_deflate_level": opts.max_deflate_level,
+            "snappy": want_snappy,
+            "sample_rate": self.sample_rate,
+            "auth_required": self.nsqd.auth_enabled,
+            "output_buffer_size": self.output_buffer_size,
+            "output_buffer_timeout": int(self.output_buffer_timeout * 1000),
+            "topology_region": "",
+            "topology_zone": "",
+        }
+        self._write(frames.encode_response(orjson.dumps(resp)))
+        if want_tls:
+            await self._upgrade_tls(tls_ctx)
+            self._write(frames.OK_FRAME)
+        if want_snappy:
+            self._decoder, self._encoder = SnappyDecoder(), SnappyEncoder()
+            self._decoder_new = True
+            self.snappy = True
+            self._write(frames.OK_FRAME)
+        if want_deflate:
+            self._decoder = DeflateDecoder()
+            self._decoder_new = True
+            self._encoder = DeflateEncoder(deflate_level)
+            self.deflate, self.deflate_level = True, deflate_level
+            self._write(frames.OK_FRAME)
+
+    async def _upgrade_tls(self, ctx: ssl.SSLContext) -> None:
+        assert self.transport is not None
+        try:
+            new = await asyncio.wait_for(
+                self.nsqd.loop.start_tls(self.transport, self, ctx, server_side=True), 5.0
+            )
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
+            raise Fatal("E_IDENTIFY_FAILED", f"IDENTIFY failed {exc}") from exc
+        if new is None:
+            raise Fatal("E_IDENTIFY_FAILED", "IDENTIFY failed TLS handshake")
+        self.transport = new
+        self.tls = True
+        self.tls_version = str(new.get_extra_info("ssl_object").version() or "")
+        cipher = new.get_extra_info("cipher")
+        self.tls_cipher_suite = cipher[0] if cipher else ""
+
+    async def _wait_responses(self) -> None:
+        while self._responses:
+            fut = self._responses[-1][0]
+            if fut is None:
+                break
+            try:
+                await asyncio.shield(fut)
+            except Exception:
+                return
+
+    def _cmd_auth(self, cmd: Command) -> Any:
+        if self.state != STATE_INIT:
+            raise Fatal("E_INVALID", "cannot AUTH in current state")
+        if cmd.params:
+            raise Fatal("E_INVALID", "AUTH invalid number of parameters")
+        if not self.nsqd.auth_enabled:
+            raise Fatal("E_AUTH_DISABLED", "AUTH disabled")
+        if self.auth is not None:
+            raise Fatal("E_INVALID", "AUTH already set")
+        return self._auth(cmd.body or b"")
+
+    async def _auth(self, secret: bytes) -> None:
+        state = await self._query_auth(secret.decode("utf-8", "replace"))
+        self.auth = state
+        resp = {
+            "identity": state.identity,
+            "identity_url": state.identity_url,
+            "permission_count": len(state.authorizations),
+        }
+        self._respond(frames.encode_response(orjson.dumps(resp)))
+
+    async def _query_auth(self, secret: str) -> AuthState:
+        common_name = ""
+        if self.tls and self.transport is not None:
+            cert = self.transport.get_extra_info("peercert") or {}
+            for rdn in cert.get("subject", ()):
+                for key, value in rdn:
+                    if key == "commonName":
+                        common_name = value
+        try:
+            state = await query_auth(
+                self.nsqd, secret, self.remote_address.rsplit(":", 1)[0], self.tls, common_name
+            )
+        except Exception as exc:
+            log.warning("[%s] auth failed: %s", self, exc)
+            raise Fatal("E_AUTH_FAILED", "AUTH failed") from exc
+        if not state.authorizations:
+            raise Fatal("E_UNAUTHORIZED", "AUTH no authorizations found")
+        return state
+
+    def _check_auth(self, topic: str, channel: str | None, permission: str, cmd: str) -> Any:
+        """None when allowed now; a coroutine when the authorization must be refreshed."""
+        if not self.nsqd.auth_enabled:
+            return None
+        if self.auth is None:
+            raise Fatal("E_AUTH_FIRST", f"AUTH required before {cmd}")
+        if self.auth.expired():
+            return self._refresh_auth(topic, channel, permission, cmd)
+        if not self.auth.allows(topic, channel, permission):
+            raise Fatal("E_UNAUTHORIZED", f"AUTH failed for {cmd} on \"{topic}\" \"{channel or ''}\"")
+        return None
+
+    async def _refresh_auth(self, topic: str, channel: str | None, permission: str, cmd: str) -> None:
+        assert self.auth is not None
+        self.auth = await self._query_auth(self.auth.secret)
+        if not self.auth.allows(topic, channel, permission):
+            raise Fatal("E_UNAUTHORIZED", f"AUTH failed for {cmd} on \"{topic}\" \"{channel or ''}\"")
+
+    def _cmd_sub(self, cmd: Command) -> Any:
+        if self.state != STATE_INIT:
+            raise Fatal("E_INVALID", "cannot SUB in current state")
+        if self.heartbeat_interval <= 0:
+            raise Fatal("E_INVALID", "cannot SUB with heartbeats disabled")
+        if len(cmd.params) < 2:
+            raise Fatal("E_INVALID", "SUB insufficient number of parameters")
+        topic = cmd.params[0].decode("utf-8", "replace")
+        if not valid_topic_name(topic):
+            raise Fatal("E_BAD_TOPIC", f'SUB topic name "{topic}" is not valid')
+        channel = cmd.params[1].decode("utf-8", "replace")
+        if not valid_channel_name(channel):
+            raise Fatal("E_BAD_CHANNEL", f'SUB channel name "{channel}" is not valid')
+        pending = self._check_auth(topic, channel, "subscribe", "SUB")
+        if pending is not None:
+            return self._after(pending, lambda: self._subscribe(topic, channel))
+        self._subscribe(topic, channel)
+        return None
+
+    async def _after(self, coro: Any, then: Callable[[], None]) -> None:
+        await coro
+        then()
+
+    def _subscribe(self, topic_name: str, channel_name: str) -> None:
+        nsqd = self.nsqd
+        if nsqd.exiting:
+            raise Fatal("E_SUB_FAILED", f"SUB failed to subscribe to {topic_name}:{channel_name}, exiting")
+        topic = nsqd.get_topic(topic_name)
+        assert topic is not None
+        channel = topic.get_channel(channel_name)
+        assert channel is not None
+        limit = nsqd.opts.max_channel_consumers
+        if limit and len(channel.clients) >= limit:
+            raise Fatal("E_SUB_FAILED", f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}")
+        if channel.exiting or topic.exiting:
+            raise Fatal("E_SUB_FAILED", f"SUB failed to subscribe to {topic_name}:{channel_name}")
+        channel.add_client(self)
+        self.channel = channel
+        self.state = STATE_SUBSCRIBED
+        self._respond(frames.OK_FRAME)
+
+    def _cmd_rdy(self, cmd: Command) -> None:
+        if self.state == STATE_CLOSING:
+            return None
+        if self.state != STATE_SUBSCRIBED:
+            raise Fatal("E_INVALID", "cannot RDY in current state")
+        count = 1
+        if cmd.params:
+            try:
+                count = int(cmd.params[0])
+            except ValueError:
+                raise Fatal("E_INVALID", f"RDY could not parse count {cmd.params[0].decode('latin-1')}") from None
+        max_rdy = self.nsqd.opts.max_rdy_count
+        if not 0 <= count <= max_rdy:
+            raise Fatal("E_INVALID", f"RDY count {count} out of range 0-{max_rdy}")
+        self.ready_count = count
+        if count and self.channel is not None:
+            self.channel.wake()
+        return None
+
+    def _msg_offset(self, cmd: Command, name: str) -> int:
+        if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
+            raise Fatal("E_INVALID", f"cannot {name} in current state")
+        if not cmd.params:
+            raise Fatal("E_INVALID", f"{name} insufficient number of params")
+        mid = cmd.params[0]
+        if len(mid) != 16:
+            raise Fatal("E_INVALID", "invalid message ID")
+        try:
+            partition, offset = parse_id(mid)
+        except ValueError:
+            return -1  # 16 bytes but not one of ours: "not in flight"
+        return offset if partition == 0 else -1
+
+    def _cmd_fin(self, cmd: Command) -> None:
+        offset = self._msg_offset(cmd, "FIN")
+        assert self.channel is not None
+        try:
+            if offset < 0:
+                raise NotInFlight
+            self.channel.cursor.finish(self.id, offset)
+        except (NotInFlight, NotOwner) as exc:
+            raise ProtocolError("E_FIN_FAILED", f"FIN {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
+        self.finish_count += 1
+        self.channel.dirty = True
+        self.channel.wake()
+        return None
+
+    def _cmd_fin_batch(self, cmd: Command) -> None:
+        """A run of FIN lines from one read: ids decoded in C, in-order runs finished at once."""
+        if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING) or self.channel is None:
+            raise Fatal("E_INVALID", "cannot FIN in current state")
+        ids = cmd.params
+        n = len(ids)
+        offsets: list[int] | None = None
+        joined = b"".join(ids)
+        if len(joined) == 16 * n:
+            try:
+                values = struct.unpack(f">{n}Q", bytes.fromhex(joined.decode("ascii")))
+            except (ValueError, UnicodeDecodeError):
+                values = None
+            if values is not None and max(values) < (1 << 48) and (joined.islower() or joined.isdigit()):
+                offsets = list(values)
+        if offsets is None:  # general path: one by one, same errors as single FINs
+            for mid in ids:
+                try:
+                    self._cmd_fin(Command(b"FIN", [mid]))
+                except ProtocolError as exc:
+                    self._respond(frames.encode_error(exc.code, exc.text))
+            return None
+        errors = self.channel.cursor.finish_many(self.id, offsets)
+        self.finish_count += n - len(errors)
+        for off, exc in errors:
+            mid = b"%016x" % off
+            self._respond(frames.encode_error(
+                "E_FIN_FAILED", f"FIN {mid.decode()} failed {_reason(exc)}"))
+        self.channel.dirty = True
+        self.channel.wake()
+        return None
+
+    def _cmd_req(self, cmd: Command) -> None:
+        offset = self._msg_offset(cmd, "REQ")
+        if len(cmd.params) < 2:
+            raise Fatal("E_INVALID", "REQ insufficient number of params")
+        try:
+            delay = int(cmd.params[1])
+        except ValueError:
+            raise Fatal("E_INVALID", "REQ could not parse timeout") from None
+        max_ms = int(self.nsqd.opts.max_req_timeout * 1000)
+        delay = max(0, min(delay, max_ms))
+        assert self.channel is not None
+        try:
+            if offset < 0:
+                raise NotInFlight
+            self.channel.cursor.requeue(self.id, offset, delay, now_ms())
+        except (NotInFlight, NotOwner) as exc:
+            raise ProtocolError("E_REQ_FAILED", f"REQ {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
+        self.requeue_count += 1
+        self.channel.dirty = True
+        self.channel.wake()
+        return None
+
+    def _cmd_touch(self, cmd: Command) -> None:
+        offset = self._msg_offset(cmd, "TOUCH")
+        assert self.channel is not None
+        try:
+            if offset < 0:
+                raise NotInFlight
+            self.channel.cursor.touch(self.id, offset, now_ms(), self.msg_timeout_ms,
+                                      None)
+        except (NotInFlight, NotOwner) as exc:
+            raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
+        return None
+
+    def _cmd_cls(self, cmd: Command) -> None:
+        if self.state != STATE_SUBSCRIBED:
+            raise Fatal("E_INVALID", "cannot CLS in current state")
+        self.ready_count = 0
+        self.state = STATE_CLOSING
+        self._respond(frames.CLOSE_WAIT_FRAME)
+        return None
+
+    def _pub_topic(self, cmd: Command, name: str) -> str:
+        if not cmd.params:
+            raise Fatal("E_INVALID", f"{name} insufficient number of parameters")
+        topic = cmd.params[0].decode("utf-8", "replace")
+        if not valid_topic_name(topic):
+            prefix = "E_BAD_TOPIC " if name == "MPUB" else ""
+            raise Fatal("E_BAD_TOPIC", f'{prefix}{name} topic name "{topic}" is not valid')
+        return topic
+
+    def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int, code: str, what: str) -> None:
+        nsqd = self.nsqd
+        if nsqd.exiting:
+            raise Fatal(code, f"{what} failed exiting")
+        topic = nsqd.get_topic(topic_name)
+        assert topic is not None
+        try:
+            fut = topic.publish(bodies, defer_ms)
+        except Exception as exc:
+            log.error("[%s] TOPIC(%s) publish failed: %s", self, topic_name, exc)
+            raise Fatal(code, f"{what} failed {exc}") from exc
+        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+        self._respond_when(fut, frames.OK_FRAME, (code, f"{what} failed"))
+
+    def _cmd_pub(self, cmd: Command) -> Any:
+        topic = self._pub_topic(cmd, "PUB")
+        body = cmd.body or b""
+        pending = self._check_auth(topic, None, "publish", "PUB")
+        if pending is not None:
+            return self._after(pending, lambda: self._publish(topic, [body], 0, "E_PUB_FAILED", "PUB"))
+        self._publish(topic, [body], 0, "E_PUB_FAILED", "PUB")
+        return None
+
+    def _cmd_mpub(self, cmd: Command) -> Any:
+        topic = self._pub_topic(cmd, "MPUB")
+        bodies = cmd.bodies or []
+        pending = self._check_auth(topic, None, "publish", "MPUB")
+        if pending is not None:
+            return self._after(pending, lambda: self._publish(topic, bodies, 0, "E_MPUB_FAILED", "MPUB"))
+        self._publish(topic, bodies, 0, "E_MPUB_FAILED", "MPUB")
+        return None
+
+    def _cmd_dpub(self, cmd: Command) -> Any:
+        if len(cmd.params) < 2:
+            raise Fatal("E_INVALID", "DPUB insufficient number of parameters")
+        topic = self._pub_topic(cmd, "DPUB")
+        try:
+            defer = int(cmd.params[1])
+        except ValueError:
+            raise Fatal("E_INVALID", f"DPUB could not parse timeout {cmd.params[1].decode('latin-1')}") from None
+        max_ms = int(self.nsqd.opts.max_req_timeout * 1000)
+        if not 0 <= defer <= max_ms:
+            raise Fatal("E_INVALID", f"DPUB timeout {defer} out of range 0-{max_ms}")
+        body = cmd.body or b""
+        pending = self._check_auth(topic, None, "publish", "DPUB")
+        if pending is not None:
+            return self._after(pending, lambda: self._publish(topic, [body], defer, "E_DPUB_FAILED", "DPUB"))
+        self._publish(topic, [body], defer, "E_DPUB_FAILED", "DPUB")
+        return None
+
+    _handlers: dict[bytes, Callable[[ClientV2, Command], Any]] = {
+        b"NOP": _cmd_nop,
+        b"IDENTIFY": _cmd_identify,
+        b"AUTH": _cmd_auth,
+        b"SUB": _cmd_sub,
+        b"RDY": _cmd_rdy,
+        b"FIN": _cmd_fin,
+        FIN_BATCH: _cmd_fin_batch,
+        b"REQ": _cmd_req,
+        b"TOUCH": _cmd_touch,
+        b"CLS": _cmd_cls,
+        b"PUB": _cmd_pub,
+        b"MPUB": _cmd_mpub,
+        b"DPUB": _cmd_dpub,
+    }
+
+    # -- stats ----------------------------------------------------------------------------
+    def __str__(self) -> str:
+        ch = self.channel
+        where = f" {ch.topic.name}:{ch.name}" if ch is not None else ""
+        return f"client({self.remote_address}{where})"
+
+    def stats(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "client_id": self.client_id,
+            "hostname": self.hostname,
+            "version": "V2",
+            "remote_address": self.remote_address,
+            "state": self.state,
+            "ready_count": self.ready_count,
+            "in_flight_count": self.in_flight_count,
+            "message_count": self.message_count,
+            "finish_count": self.finish_count,
+            "requeue_count": self.requeue_count,
+            "connect_ts": self.connect_ts,
+            "sample_rate": self.sample_rate,
+            "deflate": self.deflate,
+            "snappy": self.snappy,
+            "user_agent": self.user_agent,
+            "tls": self.tls,
+            "tls_cipher_suite": self.tls_cipher_suite,
+            "tls_version": self.tls_version,
+            "tls_negotiated_protocol": "",
+            "tls_negotiated_protocol_is_mutual": False,
+            "topology_zone": "",
+            "topology_region": "",
+        }
+        if self.auth is not None:
+            d["authed"] = True
+            d["auth_identity"] = self.auth.identity
+            d["auth_identity_url"] = self.auth.identity_url
+        if self.pub_counts:
+            d["pub_counts"] = [{"topic": t, "count": c} for t, c in self.pub_counts.items()]
+        return d
+
+
+def _reason(exc: Exception) -> str:
+    return "client does not own message" if isinstance(exc, NotOwner) else "ID not in flight"
+
+

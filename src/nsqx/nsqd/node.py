@@ -1,0 +1,388 @@
+"""The nsqd node: topics, listeners, background work and shutdown in upstream's order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+import ssl
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from nsqx import NSQ_VERSION
+from nsqx.nsqd.channel import now_ms
+from nsqx.nsqd.lookup import LookupPeers
+from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
+from nsqx.nsqd.topic import Topic
+from nsqx.protocol.names import valid_channel_name, valid_topic_name
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.client_v2 import ClientV2
+    from nsqx.nsqd.options import Options
+
+log = logging.getLogger("nsqx.nsqd")
+
+SCAN_INTERVAL = 0.1  # in-flight timeouts and due deferrals (upstream QueueScanInterval)
+PERSIST_INTERVAL = 1.0  # cursor state to disk
+RETENTION_INTERVAL = 30.0
+
+
+def split_hostport(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]") or default_host
+    return host, int(port)
+
+
+class NSQD:
+    """One broker node. Explicit context: everything it needs is passed in."""
+
+    def __init__(self, opts: Options, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.opts = opts
+        self.loop = loop or asyncio.get_running_loop()
+        self.data_path = Path(opts.data_path or os.getcwd()).resolve()
+        self.start_time = int(time.time())
+        self.topics: dict[str, Topic] = {}
+        self._clients: dict[int, ClientV2] = {}
+        self.exiting = False
+        self.tcp_port = 0
+        self.http_port = 0
+        self.https_port: int | None = None
+        self._servers: list[asyncio.AbstractServer] = []
+        self._runners: list[Any] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._meta_dirty = False
+        self._meta_scheduled = False
+        self._lock_fd: int | None = None
+        self._error: str | None = None
+        self.tls_context = self._make_tls_context()
+        # tls_required: 0 no, 1 TCP only ("tcp-https"), 2 TCP and plain HTTP (upstream's iota).
+        self.tls_required_tcp = opts.tls_required != TLS_NOT_REQUIRED
+        self.tls_required_http = opts.tls_required == TLS_REQUIRED
+        self.lookup = LookupPeers(self)
+        self.statsd: Any = None
+
+    # -- facade used by the TCP and HTTP front ends --------------------------------------
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.opts.auth_http_addresses)
+
+    def health(self) -> str:
+        return "OK" if self._error is None else f"NOK - {self._error}"
+
+    def is_healthy(self) -> bool:
+        return self._error is None
+
+    def set_health(self, error: str | None) -> None:
+        if error != self._error:
+            (log.error if error else log.info)("health: %s", error or "OK")
+        self._error = error
+
+    def clients(self) -> list[ClientV2]:
+        return list(self._clients.values())
+
+    def client_connected(self, client: ClientV2) -> None:
+        self._clients[client.id] = client
+
+    def client_disconnected(self, client: ClientV2) -> None:
+        self._clients.pop(client.id, None)
+
+    def get_topic(self, name: str, create: bool = True) -> Topic | None:
+        topic = self.topics.get(name)
+        if topic is not None or not create or self.exiting:
+            return topic
+        topic = Topic(self, name)
+        self.topics[name] = topic
+        log.info("TOPIC(%s): created", name)
+        # Pre-create the channels lookupd knows of, so messages published before the
+        # consumers reconnect are kept for them (upstream does this synchronously).
+        if not topic.ephemeral:
+            for ch in self.lookup.known_channels(name):
+                if valid_channel_name(ch) and not ch.endswith("#ephemeral"):
+                    topic.get_channel(ch)
+        self.metadata_changed()
+        self.lookup_register(name, None)
+        return topic
+
+    async def delete_topic(self, name: str) -> None:
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            raise KeyError(name)
+        log.info("TOPIC(%s): deleting", name)
+        await topic.close(delete=True)
+        self.metadata_changed()
+        self.lookup_unregister(name, None)
+
+    async def publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+        topic = self.get_topic(topic_name)
+        if topic is None:
+            raise RuntimeError("exiting")
+        await topic.publish(bodies, defer_ms)
+
+    def lookup_register(self, topic: str, channel: str | None) -> None:
+        self.lookup.register(topic, channel)
+
+    def lookup_unregister(self, topic: str, channel: str | None) -> None:
+        self.lookup.unregister(topic, channel)
+
+    def set_lookupd_tcp_addresses(self, addrs: list[str]) -> None:
+        self.opts.nsqlookupd_tcp_addresses = list(addrs)
+        self.lookup.set_addresses(addrs)
+
+    # -- metadata (nsqd.dat) -------------------------------------------------------------
+    def metadata_changed(self) -> None:
+        """Write nsqd.dat soon (once per loop turn): clients SIGKILL servers."""
+        self._meta_dirty = True
+        if not self._meta_scheduled and not self.exiting:
+            self._meta_scheduled = True
+            self.loop.call_soon(self._write_metadata_soon)
+
+    def _write_metadata_soon(self) -> None:
+        self._meta_scheduled = False
+        if self._meta_dirty:
+            self.persist_metadata()
+
+    def persist_metadata(self) -> None:
+        self._meta_dirty = False
+        data = {
+            "topics": [t.metadata() for t in self.topics.values() if not t.ephemeral],
+            "version": NSQ_VERSION,
+        }
+        path = self.data_path / "nsqd.dat"
+        tmp = path.with_name(f"nsqd.dat.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(orjson.dumps(data))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(self.data_path)
+        except OSError as exc:
+            self.set_health(f"failed to persist metadata - {exc}")
+            log.error("failed to persist metadata to %s: %s", path, exc)
+
+    def _load_metadata(self) -> None:
+        path = self.data_path / "nsqd.dat"
+        if not path.exists():
+            return
+        try:
+            data = orjson.loads(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"FATAL: failed to load metadata {path}: {exc}") from exc
+        for t in data.get("topics", []):
+            name = t.get("name", "")
+            if not valid_topic_name(name):
+                log.warning("skipping creation of invalid topic %s", name)
+                continue
+            topic = Topic(self, name, paused=bool(t.get("paused")), pending_from=t.get("pending_from"))
+            self.topics[name] = topic
+            for c in t.get("channels", []):
+                cname = c.get("name", "")
+                if not valid_channel_name(cname):
+                    log.warning("skipping creation of invalid channel %s", cname)
+                    continue
+                ch = topic.get_channel(cname)
+                assert ch is not None
+                ch.cursor.paused = bool(c.get("paused"))
+        log.info("loaded %d topics from %s", len(self.topics), path)
+
+    # -- life cycle ----------------------------------------------------------------------
+    def _make_tls_context(self) -> ssl.SSLContext | None:
+        o = self.opts
+        if not (o.tls_cert and o.tls_key):
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(o.tls_cert, o.tls_key)
+        with contextlib.suppress(ValueError, ssl.SSLError):
+            ctx.minimum_version = o.tls_min_version_ssl
+        policy = o.tls_client_auth_policy
+        if o.tls_root_ca_file:
+            ctx.load_verify_locations(o.tls_root_ca_file)
+        if policy == "require-verify":
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        elif policy == "require":
+            # Go's RequireAnyClientCert: a certificate is demanded but not verified.
+            ctx.verify_mode = ssl.CERT_OPTIONAL if not o.tls_root_ca_file else ssl.CERT_REQUIRED
+        return ctx
+
+    def _lock_data_path(self) -> None:
+        self.data_path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.data_path / ".nsqx.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise SystemExit(f"FATAL: --data-path={self.data_path} in use (possibly by another instance of nsqd)") from None
+        self._lock_fd = fd
+
+    async def start(self) -> None:
+        from nsqx.nsqd.client_v2 import ClientV2
+        from nsqx.nsqd.http import make_app
+
+        self._lock_data_path()
+        self._load_metadata()
+        o = self.opts
+        host, port = split_hostport(o.tcp_address)
+        server = await self.loop.create_server(
+            lambda: ClientV2(self), host, port, reuse_address=True, backlog=1024
+        )
+        self._servers.append(server)
+        self.tcp_port = server.sockets[0].getsockname()[1]
+        log.info("TCP: listening on %s", _fmt_addr(server.sockets[0]))
+        from aiohttp import web
+
+        if o.http_address:
+            runner = web.AppRunner(make_app(self, tls_listener=False), access_log=None,
+                                   handle_signals=False)
+            await runner.setup()
+            host, port = split_hostport(o.http_address)
+            site = web.TCPSite(runner, host, port, reuse_address=True)
+            await site.start()
+            self._runners.append(runner)
+            sock = site._server.sockets[0]  # type: ignore[union-attr]
+            self.http_port = sock.getsockname()[1]
+            log.info("HTTP: listening on %s", _fmt_addr(sock))
+        if self.tls_context is not None and o.https_address:
+            runner = web.AppRunner(make_app(self, tls_listener=True), access_log=None,
+                                   handle_signals=False)
+            await runner.setup()
+            host, port = split_hostport(o.https_address)
+            site = web.TCPSite(runner, host, port, ssl_context=self.tls_context, reuse_address=True)
+            await site.start()
+            self._runners.append(runner)
+            sock = site._server.sockets[0]  # type: ignore[union-attr]
+            self.https_port = sock.getsockname()[1]
+            log.info("HTTPS: listening on %s", _fmt_addr(sock))
+        self._tasks.append(self.loop.create_task(self._scan_loop(), name="queue-scan"))
+        self._tasks.append(self.loop.create_task(self._persist_loop(), name="persist"))
+        self.lookup.start()
+        if o.statsd_address:
+            from nsqx.nsqd.statsd import StatsdEmitter
+
+            self.statsd = StatsdEmitter(self)
+            self.statsd.start()
+        for topic in self.topics.values():
+            self.lookup_register(topic.name, None)
+            for ch in topic.channels:
+                self.lookup_register(topic.name, ch)
+
+    async def _scan_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SCAN_INTERVAL)
+            t = now_ms()
+            for topic in list(self.topics.values()):
+                topic.tick(t)
+
+    async def _persist_loop(self) -> None:
+        last_retention = time.monotonic()
+        while True:
+            await asyncio.sleep(PERSIST_INTERVAL)
+            try:
+                for topic in list(self.topics.values()):
+                    topic.persist_cursors()
+                if time.monotonic() - last_retention > RETENTION_INTERVAL:
+                    last_retention = time.monotonic()
+                    for topic in list(self.topics.values()):
+                        topic.apply_retention()
+            except OSError as exc:
+                self.set_health(f"failed to persist channel state - {exc}")
+
+    async def stop(self) -> None:
+        """Upstream order: stop accepting, close clients, flush + fsync topics, write metadata."""
+        if self.exiting:
+            return
+        self.exiting = True
+        log.info("NSQ: closing")
+        for server in self._servers:
+            server.close()
+        for client in self.clients():
+            client.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.statsd is not None:
+            await self.statsd.close()
+        await self.lookup.close()
+        for runner in self._runners:
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+        self.persist_metadata()
+        for topic in list(self.topics.values()):
+            try:
+                await topic.close()
+            except Exception as exc:  # keep closing the others
+                log.error("TOPIC(%s): close failed: %s", topic.name, exc)
+        self.persist_metadata()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        log.info("NSQ: bye")
+
+    # -- stats ---------------------------------------------------------------------------
+    def stats_dict(self, topic: str | None = None, channel: str | None = None,
+                   include_clients: bool = True, include_mem: bool = True) -> dict[str, Any]:
+        topics = []
+        for t in sorted(self.topics.values(), key=lambda t: t.name):
+            if topic is not None and t.name != topic:
+                continue
+            chans = []
+            for c in sorted(t.channels.values(), key=lambda c: c.name):
+                if channel is not None and c.name != channel:
+                    continue
+                clients = [cl.stats() for cl in c.clients.values()] if include_clients else []
+                depth = c.depth
+                chans.append({
+                    "channel_name": c.name,
+                    "depth": depth,
+                    "backend_depth": depth,
+                    "in_flight_count": c.in_flight_count,
+                    "deferred_count": c.deferred_count,
+                    "message_count": c.message_count,
+                    "requeue_count": c.requeue_count,
+                    "timeout_count": c.timeout_count,
+                    "client_count": len(c.clients),
+                    "clients": clients,
+                    "paused": c.paused,
+                    "e2e_processing_latency": {"count": 0, "percentiles": None},
+                })
+            depth = t.depth
+            topics.append({
+                "topic_name": t.name,
+                "channels": chans,
+                "depth": depth,
+                "backend_depth": depth,
+                "message_count": t.message_count,
+                "message_bytes": t.message_bytes,
+                "paused": t.paused,
+                "e2e_processing_latency": {"count": 0, "percentiles": None},
+            })
+        producers = [c.stats() for c in self._clients.values() if c.pub_counts] if include_clients else []
+        return {
+            "version": NSQ_VERSION,
+            "health": self.health(),
+            "start_time": self.start_time,
+            "topics": topics,
+            "producers": producers,
+        }
+
+
+def _fmt_addr(sock: socket.socket) -> str:
+    name = sock.getsockname()
+    if sock.family == socket.AF_INET6:
+        return f"[{name[0]}]:{name[1]}"
+    return f"{name[0]}:{name[1]}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,205 @@
+"""A topic: its partition log (one partition on a single node) and its channels.
+
+A published batch is appended to the log through the group committer; channels
+are cursors over the same log and are woken when a write lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nsqx.nsqd.channel import Channel, now_ms
+from nsqx.storage.commit import GroupCommitter
+from nsqx.storage.cursor import ChannelCursor
+from nsqx.storage.log import LogConfig, MemoryLog, PartitionLog
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.node import NSQD
+
+log = logging.getLogger("nsqx.nsqd.topic")
+
+
+def topic_dir(data_path: Path, name: str) -> Path:
+    # The prefix keeps names such as "." and ".." (valid NSQ names) from being path tricks.
+    return data_path / "topics" / f"t-{name}"
+
+
+class Topic:
+    """One topic of a node; owns its log, committer and channels."""
+
+    def __init__(self, nsqd: NSQD, name: str, *, paused: bool = False,
+                 pending_from: int | None = None) -> None:
+        self.nsqd = nsqd
+        self.name = name
+        self.ephemeral = name.endswith("#ephemeral")
+        self.paused = paused
+        self.channels: dict[str, Channel] = {}
+        self.exiting = False
+        self.message_count = 0
+        self.message_bytes = 0
+        opts = nsqd.opts
+        self.dir = topic_dir(nsqd.data_path, name)
+        if self.ephemeral:
+            self.log: PartitionLog | MemoryLog = MemoryLog(0, mem_queue_size=max(opts.mem_queue_size, 1))
+        else:
+            config = LogConfig(
+                segment_bytes=opts.max_bytes_per_file,
+                sync_every=max(opts.sync_every, 1),
+                sync_interval=opts.sync_timeout,
+            )
+            self.log = PartitionLog(self.dir / "p0", 0, config)
+        self.committer = GroupCommitter(self.log, nsqd.loop)
+        self.committer.on_flushed.append(self._on_flushed)
+        # Where messages published while the topic has no channel start: the first
+        # channel created receives them (upstream buffers them in the topic).
+        self.pending_from = self.log.start_offset if pending_from is None else pending_from
+
+    def __repr__(self) -> str:
+        return f"<Topic {self.name}>"
+
+    # -- publishing ------------------------------------------------------------------------
+    def publish(self, bodies: list[bytes], defer_ms: int = 0) -> asyncio.Future[int]:
+        """Append a batch; the future resolves once the policy says it is durable."""
+        base = self.log.next_offset
+        fut = self.committer.append(bodies)
+        self.message_count += len(bodies)
+        self.message_bytes += sum(map(len, bodies))
+        if defer_ms > 0:
+            ready_at = now_ms() + defer_ms
+            for ch in self.channels.values():
+                for i in range(len(bodies)):
+                    ch.cursor.defer(base + i, ready_at)
+        return fut
+
+    def _on_flushed(self, _offset: int) -> None:
+        for ch in self.channels.values():
+            ch.wake()
+
+    # -- channels --------------------------------------------------------------------------
+    def get_channel(self, name: str, create: bool = True) -> Channel | None:
+        ch = self.channels.get(name)
+        if ch is not None or not create:
+            return ch
+        ephemeral = name.endswith("#ephemeral")
+        if not self.channels:
+            start = max(self.pending_from, self.log.start_offset)
+        else:
+            start = self.log.next_offset
+        state_path = None
+        if not ephemeral and not self.ephemeral:
+            (self.dir / "channels").mkdir(parents=True, exist_ok=True)
+            state_path = self.dir / "channels" / f"c-{name}.cursor"
+        cursor = ChannelCursor(start, state_path=state_path)
+        ch = Channel(self, name, cursor, ephemeral=ephemeral)
+        self.channels[name] = ch
+        log.info("TOPIC(%s): new channel(%s) at offset %d", self.name, name, cursor.next_read)
+        self.nsqd.metadata_changed()
+        self.nsqd.lookup_register(self.name, name)
+        return ch
+
+    async def delete_channel(self, name: str) -> None:
+        ch = self.channels.pop(name, None)
+        if ch is None:
+            raise KeyError(name)
+        log.info("TOPIC(%s): deleting channel(%s)", self.name, name)
+        ch.exiting = True
+        for client in list(ch.clients.values()):
+            client.close()
+        ch.cursor.close()
+        if ch.cursor.state_path is not None:
+            delete_cursor_files(Path(ch.cursor.state_path))
+        if not self.channels:
+            self.pending_from = self.log.next_offset
+        self.nsqd.metadata_changed()
+        self.nsqd.lookup_unregister(self.name, name)
+        if self.ephemeral and not self.channels and not self.exiting:
+            await self.nsqd.delete_topic(self.name)
+
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def depth(self) -> int:
+        """Messages waiting in the topic itself (only while it has no channel)."""
+        if self.channels:
+            return 0
+        return max(0, self.log.next_offset - max(self.pending_from, self.log.start_offset))
+
+    def pause(self) -> None:
+        self.paused = True
+        self.nsqd.metadata_changed()
+
+    def unpause(self) -> None:
+        self.paused = False
+        self.nsqd.metadata_changed()
+        for ch in self.channels.values():
+            ch.wake()
+
+    def empty(self) -> None:
+        """Drop what waits in the topic (not what its channels hold), as upstream."""
+        self.pending_from = self.log.next_offset
+        self.nsqd.metadata_changed()
+
+    def tick(self, t_ms: int) -> None:
+        for ch in self.channels.values():
+            ch.tick(t_ms)
+
+    def persist_cursors(self) -> None:
+        for ch in self.channels.values():
+            if ch.dirty and not ch.ephemeral:
+                ch.dirty = False
+                ch.cursor.persist()
+
+    def apply_retention(self) -> None:
+        """Let the log drop segments every durable channel has passed."""
+        if self.ephemeral:
+            return
+        floors = [ch.cursor.confirmed for ch in self.channels.values() if not ch.ephemeral]
+        floor = min(floors) if floors else max(self.pending_from, self.log.start_offset)
+        start = self.log.apply_retention(floor, time.time())
+        for ch in self.channels.values():
+            if ch.cursor.confirmed < start:
+                skipped = ch.cursor.skip_to(start)
+                log.warning("TOPIC(%s) CHANNEL(%s): retention skipped %d unconsumed messages",
+                            self.name, ch.name, skipped)
+
+    def metadata(self) -> dict:
+        return {
+            "name": self.name,
+            "paused": self.paused,
+            "channels": [
+                {"name": c.name, "paused": c.paused}
+                for c in self.channels.values() if not c.ephemeral
+            ],
+            "pending_from": self.pending_from,
+        }
+
+    async def close(self, *, delete: bool = False) -> None:
+        """Flush and fsync the log, persist cursors; with delete, remove the files."""
+        self.exiting = True
+        for ch in list(self.channels.values()):
+            ch.exiting = True
+            for client in list(ch.clients.values()):
+                client.close()
+        try:
+            await self.committer.close()
+        finally:
+            for ch in self.channels.values():
+                if delete:
+                    ch.cursor.close()
+                else:
+                    ch.close()
+            self.log.close()
+        if delete and not self.ephemeral:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def delete_cursor_files(path: Path) -> None:
+    for p in path.parent.glob(path.name + "*"):
+        try:
+            p.unlink()
+        except OSError:
+            pass
