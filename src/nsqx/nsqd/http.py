@@ -1,0 +1,611 @@
+"""nsqd's HTTP API (upstream nsqd/http.go, "V1" conventions) on aiohttp.
+
+Everything a stock client or ``curl`` sees is upstream's: query-string params
+even for POST, raw bodies, errors as ``{"message":"CODE"}`` with upstream's
+status, and ``X-NSQ-Content-Type: nsq; version=1.0`` on every response (go-nsq
+needs it to not look for a pre-1.0 envelope). Bodies are read with a cap so a
+huge upload is refused without being buffered. A bug in a handler answers 500
+``INTERNAL_ERROR``; the traceback goes to the log, never to the client.
+
+The handlers talk to the node only through the NSQD/Topic/Channel facade of
+the shared contract (see ``make_app``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import inspect
+import io
+import logging
+import socket
+import struct
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from nsqx import NSQ_VERSION
+from nsqx.nsqd.metrics import memory_stats, prometheus_text
+from nsqx.nsqd.options import LOG_LEVELS, TLS_REQUIRED
+from nsqx.nsqd.stats_text import format_stats
+from nsqx.protocol.names import valid_channel_name, valid_topic_name
+
+__all__ = ["HTTPError", "make_app", "parse_go_query", "parse_mpub_binary"]
+
+log = logging.getLogger("nsqx.nsqd.http")
+
+V1_HEADER = "X-NSQ-Content-Type"
+V1_VALUE = "nsq; version=1.0"
+JSON_TYPE = "application/json"
+
+# upstream's boolParams: anything else means "not given" (or "true" for /mpub binary)
+BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
+
+_PY_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+                  "error": logging.ERROR, "fatal": logging.CRITICAL}
+
+NSQD_KEY = web.AppKey("nsqd", object)
+
+
+class HTTPError(Exception):
+    """An upstream ``http_api.Err``: answered as ``{"message": code}`` with ``status``."""
+
+    def __init__(self, status: int, code: str) -> None:
+        super().__init__(code)
+        self.status = status
+        self.code = code
+
+
+class QueryError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------- helpers
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def _unescape(s: str) -> str:
+    """Go's url.QueryUnescape: '+' is a space, '%XX' must be two hex digits."""
+    if "%" not in s and "+" not in s:
+        return s
+    raw = s.encode("utf-8", "surrogateescape")
+    out = bytearray()
+    i, n = 0, len(raw)
+    while i < n:
+        b = raw[i]
+        if b == 0x25:  # %
+            hexpart = raw[i + 1:i + 3]
+            if len(hexpart) != 2 or not all(c in _HEX for c in hexpart):
+                raise QueryError("invalid URL escape")
+            out.append(int(hexpart, 16))
+            i += 3
+        elif b == 0x2B:  # +
+            out.append(0x20)
+            i += 1
+        else:
+            out.append(b)
+            i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def parse_go_query(query: str) -> dict[str, list[str]]:
+    """Go's url.ParseQuery: '&' separated, ';' refused, bad escapes refused (QueryError)."""
+    values: dict[str, list[str]] = {}
+    error: str | None = None
+    for part in query.split("&"):
+        if ";" in part:
+            error = "invalid semicolon separator in query"
+            continue
+        if not part:
+            continue
+        key, _, value = part.partition("=")
+        try:
+            key = _unescape(key)
+            value = _unescape(value)
+        except QueryError as e:
+            error = error or str(e)
+            continue
+        values.setdefault(key, []).append(value)
+    if error is not None:
+        raise QueryError(error)
+    return values
+
+
+def _query(request: web.Request) -> dict[str, list[str]]:
+    try:
+        return parse_go_query(request.raw_path.partition("?")[2])
+    except QueryError:
+        raise HTTPError(400, "INVALID_REQUEST") from None
+
+
+def _first(params: dict[str, list[str]], key: str) -> str | None:
+    v = params.get(key)
+    return v[0] if v else None
+
+
+async def _read_capped(request: web.Request, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of the body: one byte more tells "too big"."""
+    content = request.content
+    chunks: list[bytes] = []
+    got = 0
+    while got <= limit:
+        chunk = await content.read(min(1 << 18, limit + 1 - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+async def _maybe_await(result: Any) -> Any:
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def _v1_error(status: int, code: str) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps({"message": code}),
+                        content_type=JSON_TYPE, charset="utf-8")
+
+
+def _v1_json(data: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(data), content_type=JSON_TYPE, charset="utf-8")
+
+
+def _ok_text(text: str = "OK") -> web.Response:
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+def _empty() -> web.Response:
+    return web.Response(body=b"")
+
+
+def parse_mpub_binary(body: bytes, max_msg_size: int, max_body_size: int) -> list[bytes]:
+    """An upstream binary MPUB body -> message bodies; HTTPError(413, BAD_BODY/BAD_MESSAGE)."""
+    n = len(body)
+    if n < 4:
+        raise HTTPError(413, "BAD_BODY")
+    (count,) = struct.unpack_from(">i", body, 0)
+    if count <= 0 or count > (max_body_size - 4) // 5:
+        raise HTTPError(413, "BAD_BODY")
+    view = memoryview(body)
+    msgs: list[bytes] = []
+    pos = 4
+    unpack = struct.Struct(">i").unpack_from
+    for _ in range(count):
+        if pos + 4 > n:
+            raise HTTPError(413, "BAD_MESSAGE")
+        (size,) = unpack(body, pos)
+        if size <= 0 or size > max_msg_size or pos + 4 + size > n:
+            raise HTTPError(413, "BAD_MESSAGE")
+        msgs.append(bytes(view[pos + 4:pos + 4 + size]))
+        pos += 4 + size
+    return msgs
+
+
+def _split_text_mpub(body: bytes, max_msg_size: int, max_body_size: int) -> list[bytes]:
+    """Text /mpub: one message per line, empty lines skipped, in upstream's check order."""
+    if len(body) <= max_body_size:
+        msgs = [line for line in body.split(b"\n") if line]
+        if msgs and max(map(len, msgs)) > max_msg_size:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        return msgs
+    # Over the cap: upstream reports whichever limit a line-by-line read hits first.
+    total = 0
+    read_max = max_body_size + 1
+    lines = body.split(b"\n")
+    for i, line in enumerate(lines):
+        total += len(line) + (1 if i < len(lines) - 1 else 0)
+        if total >= read_max:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        if len(line) > max_msg_size:
+            raise HTTPError(413, "MSG_TOO_BIG")
+    raise HTTPError(413, "BODY_TOO_BIG")  # pragma: no cover - the loop always reaches read_max
+
+
+# ---------------------------------------------------------------- the app
+
+class _Handlers:
+    def __init__(self, nsqd: Any) -> None:
+        self.nsqd = nsqd
+
+    @property
+    def opts(self) -> Any:
+        return self.nsqd.opts
+
+    # -- basics ------------------------------------------------------------------------
+    async def ping(self, request: web.Request) -> web.Response:
+        health = self.nsqd.health()
+        if not self.nsqd.is_healthy():
+            return web.Response(status=500, text=health, content_type="text/plain",
+                                charset="utf-8")
+        return _ok_text(health)
+
+    async def info(self, request: web.Request) -> web.Response:
+        o = self.opts
+        return _v1_json({
+            "version": NSQ_VERSION,
+            "broadcast_address": o.broadcast_address,
+            "hostname": socket.gethostname(),
+            "http_port": self.nsqd.http_port,
+            "tcp_port": self.nsqd.tcp_port,
+            "start_time": int(self.nsqd.start_time),
+            "max_heartbeat_interval": round(o.max_heartbeat_interval * 1e9),
+            "max_output_buffer_size": o.max_output_buffer_size,
+            "max_output_buffer_timeout": round(o.max_output_buffer_timeout * 1e9),
+            "max_deflate_level": o.max_deflate_level,
+            "topology_zone": o.topology_zone,
+            "topology_region": o.topology_region,
+        })
+
+    # -- publishing --------------------------------------------------------------------
+    def _topic_for_publish(self, params: dict[str, list[str]]) -> str:
+        name = _first(params, "topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not valid_topic_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        return name
+
+    async def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+        if self.nsqd.get_topic(topic_name) is None:  # None only while exiting
+            raise HTTPError(503, "EXITING")
+        if not bodies:
+            return
+        try:
+            await self.nsqd.publish(topic_name, bodies, defer_ms)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.error("TOPIC(%s): HTTP publish failed - %s", topic_name, exc)
+            raise HTTPError(503, "EXITING") from None
+
+    async def pub(self, request: web.Request) -> web.Response:
+        max_msg = self.opts.max_msg_size
+        if (request.content_length or 0) > max_msg:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        body = await _read_capped(request, max_msg)
+        if len(body) > max_msg:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        if not body:
+            raise HTTPError(400, "MSG_EMPTY")
+        params = _query(request)
+        name = self._topic_for_publish(params)
+        defer_ms = 0
+        ds = _first(params, "defer")
+        if ds is not None:
+            body_ = ds[1:] if ds[:1] in ("+", "-") else ds
+            if not body_.isascii() or not body_.isdigit():
+                raise HTTPError(400, "INVALID_DEFER")
+            defer_ms = int(ds)
+            if defer_ms < 0 or defer_ms >= 2**63 or defer_ms > self.opts.max_req_timeout * 1000:
+                raise HTTPError(400, "INVALID_DEFER")
+        await self._publish(name, [body], defer_ms)
+        return _ok_text()
+
+    async def mpub(self, request: web.Request) -> web.Response:
+        o = self.opts
+        if (request.content_length or 0) > o.max_body_size:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        params = _query(request)
+        name = self._topic_for_publish(params)
+        binary = False
+        bv = _first(params, "binary")
+        if bv is not None:
+            binary = BOOL_PARAMS.get(bv, True)  # unknown values mean true (deprecated)
+        body = await _read_capped(request, o.max_body_size)
+        if binary:
+            if len(body) > o.max_body_size:
+                raise HTTPError(413, "BODY_TOO_BIG")
+            msgs = parse_mpub_binary(body, o.max_msg_size, o.max_body_size)
+        else:
+            msgs = _split_text_mpub(body, o.max_msg_size, o.max_body_size)
+        await self._publish(name, msgs)
+        return _ok_text()
+
+    # -- topics ------------------------------------------------------------------------
+    def _topic_arg(self, request: web.Request, *, validate: bool) -> str:
+        params = _query(request)
+        name = _first(params, "topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if validate and not valid_topic_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        return name
+
+    def _existing_topic(self, name: str) -> Any:
+        topic = self.nsqd.get_topic(name, create=False)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic
+
+    async def topic_create(self, request: web.Request) -> web.Response:
+        name = self._topic_arg(request, validate=True)
+        self.nsqd.get_topic(name)
+        return _empty()
+
+    async def topic_delete(self, request: web.Request) -> web.Response:
+        name = self._topic_arg(request, validate=False)
+        try:
+            await _maybe_await(self.nsqd.delete_topic(name))
+        except KeyError:
+            raise HTTPError(404, "TOPIC_NOT_FOUND") from None
+        return _empty()
+
+    async def topic_empty(self, request: web.Request) -> web.Response:
+        topic = self._existing_topic(self._topic_arg(request, validate=True))
+        await _maybe_await(topic.empty())
+        return _empty()
+
+    async def _topic_pause(self, request: web.Request, pause: bool) -> web.Response:
+        topic = self._existing_topic(self._topic_arg(request, validate=False))
+        await _maybe_await(topic.pause() if pause else topic.unpause())
+        self._persist_metadata()
+        return _empty()
+
+    async def topic_pause(self, request: web.Request) -> web.Response:
+        return await self._topic_pause(request, True)
+
+    async def topic_unpause(self, request: web.Request) -> web.Response:
+        return await self._topic_pause(request, False)
+
+    def _persist_metadata(self) -> None:
+        # upstream persists right away so a crash can't silently (un)pause; failure isn't fatal
+        try:
+            self.nsqd.persist_metadata()
+        except Exception as exc:
+            log.error("failed to persist metadata - %s", exc)
+
+    # -- channels ----------------------------------------------------------------------
+    def _topic_channel(self, request: web.Request) -> tuple[Any, str]:
+        params = _query(request)
+        tname = _first(params, "topic")
+        if tname is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not valid_topic_name(tname):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        cname = _first(params, "channel")
+        if cname is None:
+            raise HTTPError(400, "MISSING_ARG_CHANNEL")
+        if not valid_channel_name(cname):
+            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        return self._existing_topic(tname), cname
+
+    def _existing_channel(self, topic: Any, name: str) -> Any:
+        channel = topic.get_channel(name, create=False)
+        if channel is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        return channel
+
+    async def channel_create(self, request: web.Request) -> web.Response:
+        topic, cname = self._topic_channel(request)
+        topic.get_channel(cname)
+        return _empty()
+
+    async def channel_delete(self, request: web.Request) -> web.Response:
+        topic, cname = self._topic_channel(request)
+        try:
+            await _maybe_await(topic.delete_channel(cname))
+        except KeyError:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND") from None
+        return _empty()
+
+    async def channel_empty(self, request: web.Request) -> web.Response:
+        topic, cname = self._topic_channel(request)
+        channel = self._existing_channel(topic, cname)
+        await _maybe_await(channel.empty())
+        return _empty()
+
+    async def _channel_pause(self, request: web.Request, pause: bool) -> web.Response:
+        topic, cname = self._topic_channel(request)
+        channel = self._existing_channel(topic, cname)
+        await _maybe_await(channel.pause() if pause else channel.unpause())
+        self._persist_metadata()
+        return _empty()
+
+    async def channel_pause(self, request: web.Request) -> web.Response:
+        return await self._channel_pause(request, True)
+
+    async def channel_unpause(self, request: web.Request) -> web.Response:
+        return await self._channel_pause(request, False)
+
+    # -- stats -------------------------------------------------------------------------
+    async def stats(self, request: web.Request) -> web.Response:
+        params = _query(request)
+        json_format = _first(params, "format") == "json"
+        topic = _first(params, "topic") or None
+        channel = _first(params, "channel") or None
+        include_clients = BOOL_PARAMS.get(_first(params, "include_clients") or "", True)
+        include_mem = BOOL_PARAMS.get(_first(params, "include_mem") or "", True)
+        stats = self.nsqd.stats_dict(topic=topic, channel=channel,
+                                     include_clients=include_clients, include_mem=include_mem)
+        health = self.nsqd.health()
+        memory = (stats.get("memory") or memory_stats()) if include_mem else None
+        if not json_format:
+            text = format_stats(stats, memory, health, float(self.nsqd.start_time))
+            return _ok_text(text)
+        out: dict[str, Any] = {
+            "version": NSQ_VERSION,
+            "health": health,
+            "start_time": int(self.nsqd.start_time),
+            "topics": stats.get("topics") or [],
+        }
+        if memory is not None:
+            out["memory"] = memory
+        out["producers"] = stats.get("producers")
+        return _v1_json(out)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        stats = self.nsqd.stats_dict(include_clients=False, include_mem=False)
+        text = prometheus_text(stats, healthy=self.nsqd.is_healthy(),
+                               node_id=getattr(self.opts, "node_id", None),
+                               start_time=float(self.nsqd.start_time))
+        return web.Response(body=text.encode(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    # -- config ------------------------------------------------------------------------
+    async def config(self, request: web.Request) -> web.Response:
+        opt = request.match_info["opt"]
+        if request.method == "PUT":
+            limit = self.opts.max_msg_size
+            body = await _read_capped(request, limit)
+            if len(body) > limit or not body:
+                raise HTTPError(413, "INVALID_VALUE")
+            if opt == "nsqlookupd_tcp_addresses":
+                try:
+                    addrs = orjson.loads(body)
+                except orjson.JSONDecodeError:
+                    raise HTTPError(400, "INVALID_VALUE") from None
+                if addrs is None:
+                    addrs = []
+                if not isinstance(addrs, list) or not all(isinstance(a, str) for a in addrs):
+                    raise HTTPError(400, "INVALID_VALUE")
+                self.nsqd.set_lookupd_tcp_addresses(addrs)
+            elif opt == "log_level":
+                try:
+                    level = body.decode("utf-8").lower()
+                except UnicodeDecodeError:
+                    raise HTTPError(400, "INVALID_VALUE") from None
+                if level not in LOG_LEVELS:
+                    raise HTTPError(400, "INVALID_VALUE")
+                setter = getattr(self.nsqd, "set_log_level", None)
+                if setter is not None:
+                    setter(level)
+                else:
+                    self.opts.log_level = level
+                    logging.getLogger("nsqx").setLevel(_PY_LOG_LEVELS[level])
+            else:
+                raise HTTPError(400, "INVALID_OPTION")
+        try:
+            value = self.opts.go_value(opt)
+        except KeyError:
+            raise HTTPError(400, "INVALID_OPTION") from None
+        return _v1_json(value)
+
+    # -- debug -------------------------------------------------------------------------
+    async def debug_tasks(self, request: web.Request) -> web.Response:
+        """Every asyncio task with its stack: the Python analogue of pprof/goroutine."""
+        buf = io.StringIO()
+        tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
+        buf.write(f"tasks: {len(tasks)}\n")
+        for task in tasks:
+            buf.write(f"\n--- {task.get_name()} {task!r}\n")
+            try:
+                task.print_stack(limit=30, file=buf)
+            except Exception as exc:  # a stack can't always be walked
+                buf.write(f"(no stack: {exc})\n")
+        return _ok_text(buf.getvalue())
+
+    async def free_memory(self, request: web.Request) -> web.Response:
+        gc.collect()
+        return _empty()
+
+
+@web.middleware
+async def _v1_errors(request: web.Request,
+                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                     ) -> web.StreamResponse:
+    start = time.perf_counter()
+    status = 200
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except HTTPError as e:
+        status = e.status
+        return _v1_error(e.status, e.code)
+    except web.HTTPMethodNotAllowed:
+        status = 405
+        return _v1_error(405, "METHOD_NOT_ALLOWED")
+    except web.HTTPNotFound:
+        status = 404
+        return _v1_error(404, "NOT_FOUND")
+    except web.HTTPException as e:
+        status = e.status
+        if e.status >= 400:
+            return _v1_error(e.status, (e.reason or "ERROR").upper().replace(" ", "_"))
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        status = 500
+        log.error("panic in HTTP handler %s %s", request.method, request.path,
+                  exc_info=sys.exc_info())
+        return _v1_error(500, "INTERNAL_ERROR")
+    finally:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%d %s %s (%s) %.3fms", status, request.method, request.raw_path,
+                      request.remote, (time.perf_counter() - start) * 1000)
+
+
+def _tls_required_middleware(nsqd: Any) -> Any:
+    @web.middleware
+    async def tls_required(request: web.Request, handler: Any) -> web.StreamResponse:
+        port = getattr(nsqd, "https_port", None) or 0
+        body = f'{{"message": "TLS_REQUIRED", "https_port": {int(port)}}}'
+        return web.Response(status=403, text=body, content_type=JSON_TYPE, charset="utf-8")
+
+    return tls_required
+
+
+async def _add_v1_header(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers[V1_HEADER] = V1_VALUE
+
+
+def make_app(nsqd: Any, *, tls_listener: bool = False) -> web.Application:
+    """The HTTP API of one node.
+
+    ``tls_listener`` says whether this app serves the HTTPS listener; the plain
+    listener of a node with ``--tls-required=true`` answers every request 403
+    ``TLS_REQUIRED`` (``tcp-https`` keeps plain HTTP).
+
+    Facade used: ``nsqd.opts`` (Options), ``nsqd.health()``, ``nsqd.is_healthy()``,
+    ``nsqd.start_time``, ``nsqd.tcp_port``, ``nsqd.http_port``, ``nsqd.https_port``,
+    ``nsqd.get_topic(name, create=True)``, ``await nsqd.delete_topic(name)``,
+    ``await nsqd.publish(topic, bodies, defer_ms)``, ``nsqd.persist_metadata()``,
+    ``nsqd.set_lookupd_tcp_addresses(list)``, optional ``nsqd.set_log_level(str)``,
+    ``nsqd.stats_dict(topic=, channel=, include_clients=, include_mem=)``;
+    Topic: ``get_channel(name, create=True)``, ``delete_channel(name)`` (KeyError if
+    absent), ``pause()``, ``unpause()``, ``empty()``; Channel: ``pause()``,
+    ``unpause()``, ``empty()``. Any of these may be sync or async.
+    """
+    middlewares: list[Any] = []
+    if not tls_listener and nsqd.opts.tls_required == TLS_REQUIRED:
+        middlewares.append(_tls_required_middleware(nsqd))
+    middlewares.append(_v1_errors)
+    app = web.Application(middlewares=middlewares)
+    app[NSQD_KEY] = nsqd
+    h = _Handlers(nsqd)
+    r = app.router
+
+    def get(path: str, fn: Any) -> None:
+        r.add_get(path, fn, allow_head=False)
+
+    get("/ping", h.ping)
+    get("/info", h.info)
+    r.add_post("/pub", h.pub)
+    r.add_post("/mpub", h.mpub)
+    get("/stats", h.stats)
+    r.add_post("/topic/create", h.topic_create)
+    r.add_post("/topic/delete", h.topic_delete)
+    r.add_post("/topic/empty", h.topic_empty)
+    r.add_post("/topic/pause", h.topic_pause)
+    r.add_post("/topic/unpause", h.topic_unpause)
+    r.add_post("/channel/create", h.channel_create)
+    r.add_post("/channel/delete", h.channel_delete)
+    r.add_post("/channel/empty", h.channel_empty)
+    r.add_post("/channel/pause", h.channel_pause)
+    r.add_post("/channel/unpause", h.channel_unpause)
+    get("/config/{opt}", h.config)
+    r.add_put("/config/{opt}", h.config)
+    get("/metrics", h.metrics)
+    get("/debug/tasks", h.debug_tasks)
+    get("/debug/pprof/goroutine", h.debug_tasks)
+    r.add_post("/debug/freememory", h.free_memory)
+    app.on_response_prepare.append(_add_v1_header)
+    return app

@@ -1,0 +1,456 @@
+"""nsqd's options: every upstream flag, upstream defaults, upstream config file.
+
+Field names are upstream's ``cfg`` names (flag with ``-`` -> ``_``, or the
+explicit cfg tag such as ``nsqlookupd_tcp_addresses``), except ``node_id``
+whose upstream cfg name is ``id`` (accepted in TOML and by ``/config/id``).
+Durations are float seconds; ``Options.go_value`` gives the value the way Go's
+``/config/:opt`` JSON shows it (durations in nanoseconds, enums as numbers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import socket
+import ssl
+import sys
+import tomllib
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from nsqx import NSQ_VERSION, __version__
+from nsqx.cli.flags import Flag, FlagError, FlagSet, parse_go_bool
+
+__all__ = [
+    "LOG_LEVELS",
+    "TLS_NOT_REQUIRED",
+    "TLS_REQUIRED",
+    "TLS_REQUIRED_EXCEPT_HTTP",
+    "Options",
+    "OptionsError",
+    "flag_set",
+    "load",
+    "parse_args",
+    "version_string",
+]
+
+# tls_required values (upstream's iota order: they are what /config/tls_required shows)
+TLS_NOT_REQUIRED = 0
+TLS_REQUIRED_EXCEPT_HTTP = 1
+TLS_REQUIRED = 2
+
+# upstream lg.LogLevel numbers (what /config/log_level shows)
+LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
+
+# tls_min_version names -> Go's uint16 constants
+TLS_VERSIONS = {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304}
+_SSL_VERSIONS = {
+    "tls1.0": ssl.TLSVersion.TLSv1,
+    "tls1.1": ssl.TLSVersion.TLSv1_1,
+    "tls1.2": ssl.TLSVersion.TLSv1_2,
+    "tls1.3": ssl.TLSVersion.TLSv1_3,
+}
+
+EXPERIMENTS = ("topology-aware-consumption",)
+
+
+class OptionsError(ValueError):
+    """Options that upstream nsqd would refuse to start with."""
+
+
+def _default_node_id() -> int:
+    # upstream: crc32(md5(hostname)) % 1024
+    digest = hashlib.md5(socket.gethostname().encode()).digest()
+    return zlib.crc32(digest) % 1024
+
+
+def version_string() -> str:
+    return f"nsqd v{NSQ_VERSION} (built w/python{platform.python_version()}) nsqx/{__version__}"
+
+
+@dataclass
+class Options:
+    # basic options
+    node_id: int = field(default_factory=_default_node_id)
+    log_level: str = "info"
+    log_prefix: str = "[nsqd] "
+
+    tcp_address: str = "0.0.0.0:4150"
+    http_address: str = "0.0.0.0:4151"
+    https_address: str = "0.0.0.0:4152"
+    broadcast_address: str = field(default_factory=socket.gethostname)
+    broadcast_tcp_port: int = 0
+    broadcast_http_port: int = 0
+    nsqlookupd_tcp_addresses: list[str] = field(default_factory=list)
+    auth_http_addresses: list[str] = field(default_factory=list)
+    auth_http_request_method: str = "get"
+    http_client_connect_timeout: float = 2.0
+    http_client_request_timeout: float = 5.0
+    topology_region: str = ""
+    topology_zone: str = ""
+
+    # storage (upstream "diskqueue options", same names and meanings)
+    data_path: str = field(default_factory=os.getcwd)
+    mem_queue_size: int = 10000
+    max_bytes_per_file: int = 104857600
+    sync_every: int = 2500  # fsync after this many messages
+    sync_timeout: float = 2.0  # fsync at least this often when dirty
+
+    queue_scan_interval: float = 0.1  # no flag upstream
+    queue_scan_refresh_interval: float = 5.0  # no flag upstream
+    queue_scan_selection_count: int = 20
+    queue_scan_worker_pool_max: int = 4
+    queue_scan_dirty_percent: float = 0.25  # no flag upstream
+
+    # msg and command options
+    msg_timeout: float = 60.0
+    max_msg_timeout: float = 900.0
+    max_msg_size: int = 1048576
+    max_body_size: int = 5242880
+    max_req_timeout: float = 3600.0
+    client_timeout: float = 60.0  # no flag upstream (default heartbeat = half of it)
+
+    # client overridable configuration options
+    max_heartbeat_interval: float = 60.0
+    max_rdy_count: int = 2500
+    max_output_buffer_size: int = 65536
+    max_output_buffer_timeout: float = 30.0
+    min_output_buffer_timeout: float = 0.025
+    output_buffer_timeout: float = 0.25
+    max_channel_consumers: int = 0
+
+    # statsd
+    statsd_address: str = ""
+    statsd_prefix: str = "nsq.%s"
+    statsd_interval: float = 60.0
+    statsd_mem_stats: bool = True
+    statsd_udp_packet_size: int = 508
+    statsd_exclude_ephemeral: bool = False
+
+    # e2e message latency
+    e2e_processing_latency_window_time: float = 600.0
+    e2e_processing_latency_percentiles: list[float] = field(default_factory=list)
+
+    # TLS
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_auth_policy: str = ""
+    tls_root_ca_file: str = ""
+    tls_required: int = TLS_NOT_REQUIRED
+    tls_min_version: str = "tls1.0"
+
+    # compression
+    deflate: bool = True
+    max_deflate_level: int = 6
+    snappy: bool = True
+
+    # experiments
+    enable_experiment: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ helpers
+    def has_experiment(self, name: str) -> bool:
+        return name in self.enable_experiment
+
+    @property
+    def tls_min_version_ssl(self) -> ssl.TLSVersion:
+        return _SSL_VERSIONS[self.tls_min_version]
+
+    @property
+    def log_level_number(self) -> int:
+        return LOG_LEVELS[self.log_level]
+
+    def validate(self) -> None:
+        """Upstream's start-up checks (nsqd.New); also normalises tls_required."""
+        if not 1 <= self.max_deflate_level <= 9:
+            raise OptionsError("--max-deflate-level must be [1,9]")
+        if not 0 <= self.node_id < 1024:
+            raise OptionsError("--node-id must be [0,1024)")
+        if self.log_level not in LOG_LEVELS:
+            raise OptionsError(
+                f"invalid log level '{self.log_level}' (debug, info, warn, error, fatal)"
+            )
+        if self.tls_min_version not in TLS_VERSIONS:
+            raise OptionsError(f"unknown tlsVersionOption {self.tls_min_version!r}")
+        if self.tls_required not in (TLS_NOT_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP, TLS_REQUIRED):
+            raise OptionsError(f"invalid tls_required {self.tls_required!r}")
+        if self.tls_client_auth_policy not in ("", "require", "require-verify"):
+            raise OptionsError(
+                f"invalid --tls-client-auth-policy {self.tls_client_auth_policy!r}"
+                " (must be 'require' or 'require-verify')"
+            )
+        if self.tls_client_auth_policy and self.tls_required == TLS_NOT_REQUIRED:
+            self.tls_required = TLS_REQUIRED
+        if self.tls_required != TLS_NOT_REQUIRED and not (self.tls_cert and self.tls_key):
+            raise OptionsError("cannot require TLS client connections without TLS key and cert")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise OptionsError("--tls-cert and --tls-key must be given together")
+        if self.auth_http_request_method not in ("get", "post"):
+            raise OptionsError("--auth-http-request-method must be post or get")
+        for p in self.e2e_processing_latency_percentiles:
+            if not 0 < p <= 1:
+                raise OptionsError(f"invalid E2E processing latency percentile: {p:g}")
+        for e in self.enable_experiment:
+            if e not in EXPERIMENTS:
+                raise OptionsError(f"unknown experiment {e!r} (valid: {', '.join(EXPERIMENTS)})")
+        for name in ("max_bytes_per_file", "sync_every", "max_msg_size", "max_body_size",
+                     "max_rdy_count", "statsd_udp_packet_size", "queue_scan_worker_pool_max",
+                     "queue_scan_selection_count"):
+            if getattr(self, name) <= 0:
+                raise OptionsError(f"--{name.replace('_', '-')} must be > 0")
+        if self.mem_queue_size < 0:
+            raise OptionsError("--mem-queue-size must be >= 0")
+        for name in ("msg_timeout", "max_msg_timeout", "max_req_timeout", "sync_timeout",
+                     "max_heartbeat_interval", "statsd_interval"):
+            if getattr(self, name) < 0:
+                raise OptionsError(f"--{name.replace('_', '-')} must not be negative")
+        if self.statsd_address and self.statsd_interval <= 0:
+            raise OptionsError("--statsd-interval must be > 0")
+
+    def go_value(self, cfg_name: str) -> Any:
+        """The option as upstream's ``GET /config/:opt`` shows it; KeyError if no such option."""
+        flag = _CFG_INDEX.get(cfg_name)
+        if flag is None:
+            raise KeyError(cfg_name)
+        v = getattr(self, flag.dest)
+        if flag.kind == "duration":
+            return round(v * 1e9)
+        if flag.dest == "log_level":
+            return LOG_LEVELS.get(v, 0)
+        if flag.dest == "tls_min_version":
+            return TLS_VERSIONS.get(v, 0)
+        if isinstance(v, list):
+            return list(v)
+        return v
+
+
+# ---------------------------------------------------------------- flag table
+
+def _parse_tls_required(s: str) -> int:
+    s = s.lower()
+    if s == "tcp-https":
+        return TLS_REQUIRED_EXCEPT_HTTP
+    return TLS_REQUIRED if parse_go_bool(s) else TLS_NOT_REQUIRED
+
+
+def _parse_tls_min_version(s: str) -> str:
+    s = s.lower()
+    if s not in TLS_VERSIONS:
+        raise FlagError(f"unknown tlsVersionOption {s!r}")
+    return s
+
+
+def _parse_log_level(s: str) -> str:
+    s = s.lower()
+    if s not in LOG_LEVELS:
+        raise FlagError(f"invalid log level '{s}' (debug, info, warn, error, fatal)")
+    return s
+
+
+def _flags() -> list[Flag]:
+    d = Options(node_id=0, broadcast_address="", data_path="")
+    STR, INT, DUR, BOOL = "string", "int", "duration", "bool"
+    return [
+        # basic options
+        Flag("version", BOOL, False, "print version string", dest="version"),
+        Flag("config", STR, "", "path to config file", dest="config"),
+        Flag("log-level", "custom", "info", "set log verbosity: debug, info, warn, error, or fatal",
+             parse=_parse_log_level, default_text="info"),
+        Flag("log-prefix", STR, d.log_prefix, "log message prefix"),
+        Flag("verbose", BOOL, False, "[deprecated] has no effect, use --log-level", deprecated=True),
+        Flag("node-id", INT, 0, "unique part for message IDs, (int) in range [0,1024) "
+             "(default is hash of hostname)", dest="node_id", cfg="id", default_text=""),
+        Flag("worker-id", BOOL, False, "[deprecated] use --node-id", deprecated=True),
+        Flag("https-address", STR, d.https_address, "<addr>:<port> to listen on for HTTPS clients"),
+        Flag("http-address", STR, d.http_address, "address to listen on for HTTP clients "
+             "(<addr>:<port> for TCP/IP or <path> for unix socket)"),
+        Flag("tcp-address", STR, d.tcp_address, "address to listen on for TCP clients "
+             "(<addr>:<port> for TCP/IP or <path> for unix socket)"),
+        Flag("auth-http-address", "strings", [], "<addr>:<port> or a full url to query auth "
+             "server (may be given multiple times)", dest="auth_http_addresses"),
+        Flag("auth-http-request-method", STR, d.auth_http_request_method,
+             "HTTP method to use for auth server requests"),
+        Flag("broadcast-address", STR, "", "address that will be registered with lookupd "
+             "(defaults to the OS hostname)"),
+        Flag("broadcast-tcp-port", INT, 0, "TCP port that will be registered with lookupd "
+             "(defaults to the TCP port that this nsqd is listening on)"),
+        Flag("broadcast-http-port", INT, 0, "HTTP port that will be registered with lookupd "
+             "(defaults to the HTTP port that this nsqd is listening on)"),
+        Flag("lookupd-tcp-address", "strings", [], "lookupd TCP address (may be given multiple "
+             "times)", dest="nsqlookupd_tcp_addresses"),
+        Flag("http-client-connect-timeout", DUR, d.http_client_connect_timeout,
+             "timeout for HTTP connect"),
+        Flag("http-client-request-timeout", DUR, d.http_client_request_timeout,
+             "timeout for HTTP request"),
+        Flag("topology-region", STR, "", "A region represents a larger domain, made up of one or "
+             "more zones for preferring closer consumer"),
+        Flag("topology-zone", STR, "", "A zone represents a logical failure domain for preferring "
+             "closer consumer"),
+        # storage
+        Flag("data-path", STR, "", "path to store disk-backed messages (default is the current "
+             "directory)"),
+        Flag("mem-queue-size", INT, d.mem_queue_size, "number of messages to keep in memory "
+             "(per topic/channel)"),
+        Flag("max-bytes-per-file", INT, d.max_bytes_per_file, "number of bytes per log segment "
+             "file before rolling"),
+        Flag("sync-every", INT, d.sync_every, "number of messages per fsync"),
+        Flag("sync-timeout", DUR, d.sync_timeout, "duration of time per fsync (fsync at least "
+             "this often when there are unsynced writes)"),
+        Flag("queue-scan-worker-pool-max", INT, d.queue_scan_worker_pool_max, "max concurrency "
+             "for checking in-flight and deferred message timeouts"),
+        Flag("queue-scan-selection-count", INT, d.queue_scan_selection_count, "number of channels "
+             "to check per cycle (every 100ms) for in-flight and deferred timeouts"),
+        # msg and command options
+        Flag("msg-timeout", DUR, d.msg_timeout, "default duration to wait before auto-requeing "
+             "a message"),
+        Flag("max-msg-timeout", DUR, d.max_msg_timeout, "maximum duration before a message will "
+             "timeout"),
+        Flag("max-msg-size", INT, d.max_msg_size, "maximum size of a single message in bytes"),
+        Flag("max-req-timeout", DUR, d.max_req_timeout, "maximum requeuing timeout for a message"),
+        Flag("max-body-size", INT, d.max_body_size, "maximum size of a single command body"),
+        # client overridable configuration options
+        Flag("max-heartbeat-interval", DUR, d.max_heartbeat_interval, "maximum client "
+             "configurable duration of time between client heartbeats"),
+        Flag("max-rdy-count", INT, d.max_rdy_count, "maximum RDY count for a client"),
+        Flag("max-output-buffer-size", INT, d.max_output_buffer_size, "maximum client "
+             "configurable size (in bytes) for a client output buffer"),
+        Flag("max-output-buffer-timeout", DUR, d.max_output_buffer_timeout, "maximum client "
+             "configurable duration of time between flushing to a client"),
+        Flag("min-output-buffer-timeout", DUR, d.min_output_buffer_timeout, "minimum client "
+             "configurable duration of time between flushing to a client"),
+        Flag("output-buffer-timeout", DUR, d.output_buffer_timeout, "default duration of time "
+             "between flushing data to clients"),
+        Flag("max-channel-consumers", INT, 0, "maximum channel consumer connection count per nsqd "
+             "instance (default 0, i.e., unlimited)"),
+        # statsd
+        Flag("statsd-address", STR, "", "UDP <addr>:<port> of a statsd daemon for pushing stats"),
+        Flag("statsd-interval", DUR, d.statsd_interval, "duration between pushing to statsd"),
+        Flag("statsd-mem-stats", BOOL, d.statsd_mem_stats, "toggle sending memory and GC stats "
+             "to statsd"),
+        Flag("statsd-prefix", STR, d.statsd_prefix, "prefix used for keys sent to statsd "
+             "(%s for host replacement)"),
+        Flag("statsd-udp-packet-size", INT, d.statsd_udp_packet_size, "the size in bytes of "
+             "statsd UDP packets"),
+        Flag("statsd-exclude-ephemeral", BOOL, False, "Skip ephemeral topics and channels when "
+             "sending stats to statsd"),
+        # e2e
+        Flag("e2e-processing-latency-percentile", "floats", [], "message processing time "
+             "percentiles (as float (0, 1.0]) to track (can be specified multiple times or "
+             "comma separated '1.0,0.99,0.95', default none)",
+             dest="e2e_processing_latency_percentiles"),
+        Flag("e2e-processing-latency-window-time", DUR, d.e2e_processing_latency_window_time,
+             "calculate end to end latency quantiles for this duration of time (ie: 60s would "
+             "only show quantile calculations from the past 60 seconds)"),
+        # TLS
+        Flag("tls-cert", STR, "", "path to certificate file"),
+        Flag("tls-key", STR, "", "path to key file"),
+        Flag("tls-client-auth-policy", STR, "", "client certificate auth policy ('require' or "
+             "'require-verify')"),
+        Flag("tls-root-ca-file", STR, "", "path to certificate authority file"),
+        Flag("tls-required", "custom", TLS_NOT_REQUIRED, "require TLS for client connections "
+             "(true, false, tcp-https)", parse=_parse_tls_required, is_bool=True,
+             default_text=""),
+        Flag("tls-min-version", "custom", "tls1.0", "minimum SSL/TLS version acceptable "
+             "('tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')", parse=_parse_tls_min_version,
+             default_text="tls1.0"),
+        # compression
+        Flag("deflate", BOOL, True, "enable deflate feature negotiation (client compression)"),
+        Flag("max-deflate-level", INT, d.max_deflate_level, "max deflate compression level a "
+             "client can negotiate (> values == > nsqd CPU usage)"),
+        Flag("snappy", BOOL, True, "enable snappy feature negotiation (client compression)"),
+        Flag("enable-experiment", "strings", [], "enable experimental feature (may be given "
+             "multiple times) (valid options: " + ", ".join(f'"{e}"' for e in EXPERIMENTS) + ")"),
+    ]
+
+
+_NON_OPTION_FLAGS = {"version", "config", "verbose", "worker-id"}
+
+
+def flag_set() -> FlagSet:
+    return FlagSet("nsqd", _flags())
+
+
+_CFG_INDEX: dict[str, Flag] = {
+    f.cfg: f for f in _flags() if f.name not in _NON_OPTION_FLAGS
+}
+_FIELD_NAMES = {f.name for f in fields(Options)}
+assert all(f.dest in _FIELD_NAMES for f in _CFG_INDEX.values())
+
+
+# ---------------------------------------------------------------- loading
+
+def _load_config(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as e:
+        raise FlagError(f"failed to load config file {path} - {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise FlagError(f"failed to load config file {path} - {e}") from None
+
+
+def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
+    """Parse argv (+ ``--config``) -> (validated Options, extras {help, version}).
+
+    Raises FlagError/OptionsError with a user-facing message. Precedence is
+    upstream's: command line > config file > default.
+    """
+    fs = flag_set()
+    given, positional = fs.parse(argv)
+    extras = {"help": given.pop("help", False), "version": given.pop("version", False)}
+    if extras["help"] or extras["version"]:
+        return Options(), extras
+    if positional:
+        raise FlagError(f"unexpected argument {positional[0]!r} (flags take the form -name=value)")
+    config_path = given.pop("config", "")
+    given.pop("verbose", None)
+    given.pop("worker_id", None)
+
+    values: dict[str, Any] = {}
+    if config_path:
+        cfg = _load_config(config_path)
+        for key, raw in cfg.items():
+            flag = _CFG_INDEX.get(key)
+            if flag is None:
+                # upstream ignores unknown keys; a typo deserves a word at least
+                print(f"[nsqd] WARNING: config file {config_path}: unknown option {key!r} ignored",
+                      file=sys.stderr)
+                continue
+            try:
+                values[flag.dest] = flag.coerce_config(raw)
+            except FlagError as e:
+                raise FlagError(f"config file {config_path}: failed parsing {key} - {e}") from None
+    values.update(given)
+    if "e2e_processing_latency_percentiles" in values:
+        # upstream FloatArray keeps them sorted, largest first
+        values["e2e_processing_latency_percentiles"] = sorted(
+            values["e2e_processing_latency_percentiles"], reverse=True
+        )
+    for key in ("broadcast_address", "data_path"):
+        if values.get(key) == "":
+            del values[key]  # "" means the default (hostname / current directory)
+    opts = Options(**values)
+    opts.validate()
+    return opts, extras
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    """The nsqd command line -> Options; ``--help``/``--version`` print and exit 0,
+    a bad flag or option prints the problem and exits 2."""
+    if argv is None:
+        argv = sys.argv[1:]
+    try:
+        opts, extras = load(argv)
+    except (FlagError, OptionsError) as e:
+        print(f"nsqd: {e}", file=sys.stderr)
+        print("Run 'nsqd --help' for the list of flags.", file=sys.stderr)
+        raise SystemExit(2) from None
+    if extras["help"]:
+        sys.stdout.write(flag_set().usage())
+        raise SystemExit(0)
+    if extras["version"]:
+        print(version_string())
+        raise SystemExit(0)
+    return opts
