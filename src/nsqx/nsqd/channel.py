@@ -12,6 +12,7 @@ import random
 import time
 from typing import TYPE_CHECKING
 
+from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.storage.cursor import ChannelCursor, Delivery
 from nsqx.storage.message_id import parse_id
 
@@ -45,6 +46,11 @@ class Channel:
         self._pump_scheduled = False
         self._rr = 0
         self.dirty = False  # cursor changed since it was last persisted
+        opts = topic.nsqd.opts
+        self.e2e: LatencyWindow | None = None
+        if opts.e2e_processing_latency_percentiles:
+            self.e2e = LatencyWindow(opts.e2e_processing_latency_window_time,
+                                     list(opts.e2e_processing_latency_percentiles))
 
     # -- state exposed to stats / http -------------------------------------------------
     @property
@@ -179,6 +185,17 @@ class Channel:
             else:
                 kept.append(frame)
         return kept
+
+    def record_finished(self, offset: int, count: int = 1) -> None:
+        """e2e latency of a FIN (one sample stands for a batch of in-order FINs)."""
+        if self.e2e is None:
+            return
+        try:
+            frame = self.topic.log.read_frame(offset)
+        except (KeyError, ValueError):
+            return
+        published = int.from_bytes(frame[8:16], "big")
+        self.e2e.add(max(0, time.time_ns() - published), count)
 
     # -- timers --------------------------------------------------------------------------
     def tick(self, t_ms: int) -> None:

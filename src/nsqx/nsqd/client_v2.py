@@ -671,6 +671,8 @@ class ClientV2(asyncio.Protocol):
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_FIN_FAILED", f"FIN {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
         self.finish_count += 1
+        if self.channel.e2e is not None:
+            self.channel.record_finished(offset)
         self.channel.dirty = True
         self.channel.wake()
         return None
@@ -699,6 +701,8 @@ class ClientV2(asyncio.Protocol):
             return None
         errors = self.channel.cursor.finish_many(self.id, offsets)
         self.finish_count += n - len(errors)
+        if self.channel.e2e is not None and len(errors) < n:
+            self.channel.record_finished(offsets[-1], n - len(errors))
         for off, exc in errors:
             mid = b"%016x" % off
             self._respond(frames.encode_error(

@@ -17,6 +17,7 @@ import orjson
 
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.channel import now_ms
+from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
 from nsqx.nsqd.topic import Topic
@@ -350,7 +351,7 @@ class NSQD:
                     "client_count": len(c.clients),
                     "clients": clients,
                     "paused": c.paused,
-                    "e2e_processing_latency": {"count": 0, "percentiles": None},
+                    "e2e_processing_latency": c.e2e.snapshot() if c.e2e else _NO_E2E,
                 })
             depth = t.depth
             topics.append({
@@ -361,7 +362,9 @@ class NSQD:
                 "message_count": t.message_count,
                 "message_bytes": t.message_bytes,
                 "paused": t.paused,
-                "e2e_processing_latency": {"count": 0, "percentiles": None},
+                "e2e_processing_latency": LatencyWindow.merge(
+                    [c.e2e for c in t.channels.values() if c.e2e is not None],
+                    list(self.opts.e2e_processing_latency_percentiles)),
             })
         producers = [c.stats() for c in self._clients.values() if c.pub_counts] if include_clients else []
         return {
@@ -371,6 +374,9 @@ class NSQD:
             "topics": topics,
             "producers": producers,
         }
+
+
+_NO_E2E = {"count": 0, "percentiles": None}
 
 
 def _fmt_addr(sock: socket.socket) -> str:
