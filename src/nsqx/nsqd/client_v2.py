@@ -27,7 +27,16 @@ from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
-from nsqx.protocol.v2 import FIN_BATCH, MAGIC_V2, Command, CommandParser
+from nsqx.protocol.v2 import (
+    FIN_BATCH,
+    MAGIC_V2,
+    Command,
+    CommandParser,
+    IdentifyLimits,
+    IdentifySettings,
+    identify_response,
+    parse_identify,
+)
 from nsqx.storage.cursor import NotInFlight, NotOwner
 from nsqx.storage.message_id import parse_id
 
@@ -61,8 +70,9 @@ class ClientV2(asyncio.Protocol):
         self.nsqd = nsqd
         opts = nsqd.opts
         self.transport: asyncio.Transport | None = None
-        self.parser = CommandParser(max_body_size=opts.max_body_size, max_msg_size=opts.max_msg_size,
-                                    batch_fin=True)
+        self.parser = CommandParser(
+            max_body_size=opts.max_body_size, max_msg_size=opts.max_msg_size, batch_fin=True,
+            max_req_timeout_ms=int(opts.max_req_timeout * 1000), precheck=self._precheck)
         self.state = STATE_INIT
         self.magic = b""
         self.remote_address = ""
@@ -158,7 +168,7 @@ class ClientV2(asyncio.Protocol):
                 return
             if self.magic != MAGIC_V2:
                 log.error("client(%s) bad protocol magic %r", self.remote_address, self.magic)
-                self._write(frames.encode_frame(frames.FRAME_ERROR, b"E_BAD_PROTOCOL"))
+                self._write(frames.BAD_PROTOCOL_FRAME)
                 self._shutdown()
                 return
             if not data:
@@ -190,6 +200,11 @@ class ClientV2(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         return None
 
+    def _precheck(self, name: bytes, params: list[bytes]) -> None:
+        """Upstream's checks made before a body is read (TLS required, state, auth)."""
+        if self.nsqd.tls_required_tcp and not self.tls and name != b"IDENTIFY":
+            raise ProtocolError("E_INVALID", f"cannot {name.decode('latin-1')} in current state (TLS required)")
+
     # -- command loop ---------------------------------------------------------------------
     def _feed(self, data: bytes) -> None:
         try:
@@ -215,7 +230,7 @@ class ClientV2(asyncio.Protocol):
                 if handler is None:
                     raise Fatal("E_INVALID", f"invalid command {cmd.name.decode('latin-1')}")
                 if self.nsqd.tls_required_tcp and not self.tls and cmd.name != b"IDENTIFY":
-                    raise Fatal("E_INVALID", f"cannot {cmd.name.decode()} in current state (TLS required)")
+                    raise Fatal("E_INVALID", f"cannot {cmd.name.decode('latin-1')} in current state (TLS required)")
                 res = handler(self, cmd)
             except Fatal as exc:
                 self._fatal(exc)
@@ -385,122 +400,58 @@ class ClientV2(asyncio.Protocol):
     def _cmd_identify(self, cmd: Command) -> Any:
         if self.state != STATE_INIT or self.identified:
             raise Fatal("E_INVALID", "cannot IDENTIFY in current state")
-        try:
-            data = orjson.loads(cmd.body or b"")
-            if not isinstance(data, dict):
-                raise ValueError("not an object")
-        except ValueError as exc:
-            raise Fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from exc
-        return self._identify(data)
+        o = self.nsqd.opts
+        limits = IdentifyLimits(
+            heartbeat_interval_ms=int(o.client_timeout * 500),
+            max_heartbeat_interval_ms=int(o.max_heartbeat_interval * 1000),
+            max_output_buffer_size=o.max_output_buffer_size,
+            output_buffer_timeout_ms=int(o.output_buffer_timeout * 1000),
+            min_output_buffer_timeout_ms=int(o.min_output_buffer_timeout * 1000),
+            max_output_buffer_timeout_ms=int(o.max_output_buffer_timeout * 1000),
+            msg_timeout_ms=int(o.msg_timeout * 1000),
+            max_msg_timeout_ms=int(o.max_msg_timeout * 1000),
+            tls_available=self.nsqd.tls_context is not None and not self.tls,
+            deflate_enabled=o.deflate,
+            max_deflate_level=o.max_deflate_level,
+            snappy_enabled=o.snappy,
+        )
+        return self._identify(parse_identify(cmd.body or b"", limits))
 
-    async def _identify(self, data: dict[str, Any]) -> None:
-        opts = self.nsqd.opts
+    async def _identify(self, st: IdentifySettings) -> None:
+        """Apply the settings, answer, then upgrade in upstream's order: TLS, snappy, deflate."""
         await self._wait_responses()
-
-        def intval(key: str) -> int:
-            v = data.get(key, 0)
-            if v is None:
-                return 0
-            if isinstance(v, bool) or not isinstance(v, int | float):
-                raise Fatal("E_BAD_BODY", f"IDENTIFY failed to decode JSON body ({key} is not a number)")
-            return int(v)
-
-        def strval(key: str) -> str:
-            v = data.get(key, "")
-            return v if isinstance(v, str) else str(v)
-
-        self.client_id = strval("client_id") or strval("short_id") or self.client_id
-        self.hostname = strval("hostname") or strval("long_id")
-        self.user_agent = strval("user_agent")
-        hb = intval("heartbeat_interval")
-        max_hb = int(opts.max_heartbeat_interval * 1000)
-        if hb == -1:
-            self.heartbeat_interval = 0
-        elif hb == 0:
-            pass
-        elif 1000 <= hb <= max_hb:
-            self.heartbeat_interval = hb / 1000
-        else:
-            raise Fatal("E_BAD_BODY", f"IDENTIFY heartbeat interval ({hb}) is invalid")
-        obs = intval("output_buffer_size")
-        if obs == -1:
-            self.output_buffer_size = 1
-        elif obs == 0:
-            pass
-        elif 64 <= obs <= opts.max_output_buffer_size:
-            self.output_buffer_size = obs
-        else:
-            raise Fatal("E_BAD_BODY", f"IDENTIFY output buffer size ({obs}) is invalid")
-        obt = intval("output_buffer_timeout")
-        if obt == -1:
-            self.output_buffer_timeout = 0
-        elif obt == 0:
-            pass
-        elif opts.min_output_buffer_timeout * 1000 <= obt <= opts.max_output_buffer_timeout * 1000:
-            self.output_buffer_timeout = obt / 1000
-        else:
-            raise Fatal("E_BAD_BODY", f"IDENTIFY output buffer timeout ({obt}) is invalid")
-        sample_rate = intval("sample_rate")
-        if not 0 <= sample_rate <= 99:
-            raise Fatal("E_BAD_BODY", f"IDENTIFY sample rate ({sample_rate}) is invalid")
-        self.sample_rate = sample_rate
-        mt = intval("msg_timeout")
-        if mt == 0:
-            pass
-        elif 1000 <= mt <= opts.max_msg_timeout * 1000:
-            self.msg_timeout_ms = mt
-        else:
-            raise Fatal("E_BAD_BODY", f"IDENTIFY msg timeout ({mt}) is invalid")
-        want_deflate = bool(data.get("deflate")) and opts.deflate
-        want_snappy = bool(data.get("snappy")) and opts.snappy
-        if want_deflate and want_snappy:
-            raise Fatal("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")
-        deflate_level = 6
-        if want_deflate:
-            dl = intval("deflate_level")
-            deflate_level = dl if dl > 0 else 6
-            if deflate_level > opts.max_deflate_level:
-                deflate_level = opts.max_deflate_level
-            if not 1 <= deflate_level <= 9:
-                raise Fatal("E_BAD_BODY", f"IDENTIFY deflate level ({deflate_level}) is invalid")
-        tls_ctx = self.nsqd.tls_context
-        want_tls = bool(data.get("tls_v1")) and tls_ctx is not None and not self.tls
+        o = self.nsqd.opts
+        self.client_id = st.client_id or self.client_id
+        self.hostname = st.hostname
+        self.user_agent = st.user_agent
+        self.heartbeat_interval = st.heartbeat_interval_ms / 1000
+        self.output_buffer_size = st.output_buffer_size
+        self.output_buffer_timeout = st.output_buffer_timeout_ms / 1000
+        self.sample_rate = st.sample_rate
+        self.msg_timeout_ms = st.msg_timeout_ms
         self.identified = True
         self._schedule_heartbeat()
-        if not data.get("feature_negotiation"):
+        if not st.feature_negotiation:
             self._write(frames.OK_FRAME)
             return
-        resp = {
-            "max_rdy_count": opts.max_rdy_count,
-            "version": NSQ_VERSION,
-            "max_msg_timeout": int(opts.max_msg_timeout * 1000),
-            "msg_timeout": self.msg_timeout_ms,
-            "tls_v1": want_tls,
-            "deflate": want_deflate,
-            "deflate_level": deflate_level,
-            "max_deflate_level": opts.max_deflate_level,
-            "snappy": want_snappy,
-            "sample_rate": self.sample_rate,
-            "auth_required": self.nsqd.auth_enabled,
-            "output_buffer_size": self.output_buffer_size,
-            "output_buffer_timeout": int(self.output_buffer_timeout * 1000),
-            "topology_region": "",
-            "topology_zone": "",
-        }
-        self._write(frames.encode_response(orjson.dumps(resp)))
-        if want_tls:
-            await self._upgrade_tls(tls_ctx)
+        self._write(frames.encode_response(identify_response(
+            st, max_rdy_count=o.max_rdy_count, version=NSQ_VERSION,
+            max_msg_timeout_ms=int(o.max_msg_timeout * 1000),
+            max_deflate_level=o.max_deflate_level, auth_required=self.nsqd.auth_enabled)))
+        if st.tls_v1:
+            assert self.nsqd.tls_context is not None
+            await self._upgrade_tls(self.nsqd.tls_context)
             self._write(frames.OK_FRAME)
-        if want_snappy:
+        if st.snappy:
             self._decoder, self._encoder = SnappyDecoder(), SnappyEncoder()
             self._decoder_new = True
             self.snappy = True
             self._write(frames.OK_FRAME)
-        if want_deflate:
+        if st.deflate:
             self._decoder = DeflateDecoder()
             self._decoder_new = True
-            self._encoder = DeflateEncoder(deflate_level)
-            self.deflate, self.deflate_level = True, deflate_level
+            self._encoder = DeflateEncoder(st.deflate_level)
+            self.deflate, self.deflate_level = True, st.deflate_level
             self._write(frames.OK_FRAME)
 
     async def _upgrade_tls(self, ctx: ssl.SSLContext) -> None:

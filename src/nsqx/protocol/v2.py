@@ -1,0 +1,876 @@
+"""nsqd TCP protocol V2, sans-IO: a command parser for the server, encoders for clients.
+
+Texts and validation order follow upstream ``nsqd/protocol_v2.go`` and ``client_v2.go``.
+The parser does what framing needs (line split, body commands' params, sizes) and checks
+sizes *before* buffering a body. Checks that depend on server state or options (client
+state, RDY/REQ ranges, IDENTIFY fields) are pure helpers below that the server calls when
+it executes a command, in upstream order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ProtocolError, go_quote, raw_text
+from .names import valid_channel_name, valid_topic_name
+
+__all__ = [
+    "BODY_COMMANDS",
+    "COMMANDS",
+    "FIN_BATCH",
+    "MAGIC_V2",
+    "Command",
+    "CommandParser",
+    "IdentifyLimits",
+    "IdentifySettings",
+    "auth",
+    "base10",
+    "cannot_in_state",
+    "cls",
+    "dpub",
+    "fin",
+    "fin_failed",
+    "identify",
+    "identify_response",
+    "mpub",
+    "nop",
+    "parse_dpub_timeout",
+    "parse_fin",
+    "parse_identify",
+    "parse_rdy",
+    "parse_req",
+    "parse_sub",
+    "parse_touch",
+    "pub",
+    "rdy",
+    "req",
+    "req_failed",
+    "split_mpub",
+    "sub",
+    "tls_required",
+    "touch",
+    "touch_failed",
+    "validate_message_id",
+]
+
+MAGIC_V2 = b"  V2"
+
+# Name of the synthetic command a parser built with batch_fin=True emits for a run of two
+# or more well-formed consecutive ``FIN <16-byte id>`` lines; params = the ids, in order.
+# It can never come from the wire ("FIN*" is not a valid command there).
+FIN_BATCH = b"FIN*"
+
+LINE_COMMANDS = frozenset({b"SUB", b"RDY", b"FIN", b"REQ", b"TOUCH", b"CLS", b"NOP"})
+BODY_COMMANDS = frozenset({b"IDENTIFY", b"AUTH", b"PUB", b"MPUB", b"DPUB"})
+COMMANDS = LINE_COMMANDS | BODY_COMMANDS
+
+MSG_ID_LENGTH = 16
+
+_I32 = struct.Struct(">i")
+_I32_unpack_from = _I32.unpack_from
+_U32 = struct.Struct(">I")
+_TWO_I32 = struct.Struct(">ii")
+_MASK64 = (1 << 64) - 1
+
+# a run of well-formed FIN lines (ids never contain space, CR or LF) and the ids in it
+_FIN_RUN = re.compile(rb"(?:FIN [^ \r\n]{16}\r?\n)+")
+_FIN_ID = re.compile(rb"FIN ([^ \r\n]{16})\r?\n")
+
+
+class Command:
+    """One client command. ``params`` are the arguments after the name (bytes, unparsed).
+
+    ``body`` is set for IDENTIFY/AUTH/PUB/DPUB, ``bodies`` (list of message bodies) for MPUB.
+    """
+
+    __slots__ = ("name", "params", "body", "bodies")
+
+    def __init__(
+        self,
+        name: bytes,
+        params: list[bytes],
+        body: bytes | None = None,
+        bodies: list[bytes] | None = None,
+    ) -> None:
+        self.name = name
+        self.params = params
+        self.body = body
+        self.bodies = bodies
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Command):
+            return NotImplemented
+        return (self.name, self.params, self.body, self.bodies) == (
+            other.name, other.params, other.body, other.bodies)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        extra = ""
+        if self.body is not None:
+            extra = f", body=<{len(self.body)} bytes>"
+        if self.bodies is not None:
+            extra += f", bodies=<{len(self.bodies)} messages>"
+        return f"Command({self.name!r}, {self.params!r}{extra})"
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def base10(b: bytes) -> int | None:
+    """Upstream ``protocol.ByteToBase10``: ASCII digits only, ``b""`` is 0, wraps at 2**64.
+
+    Returns None where upstream returns an error.
+    """
+    if not b:
+        return 0
+    if not b.isdigit():  # bytes.isdigit is ASCII-only
+        return None
+    return int(b) & _MASK64
+
+
+def _to_int64(n: int) -> int:
+    n &= _MASK64
+    return n - (1 << 64) if n >= 1 << 63 else n
+
+
+# --------------------------------------------------------------------------- parser
+
+
+Precheck = Callable[[bytes, list[bytes]], None]
+
+
+class CommandParser:
+    """Incremental V2 command parser (after the 4-byte magic): ``feed(bytes) -> [Command]``.
+
+    * A line longer than ``max_line`` bytes including its ``\\n`` (upstream's 16 KiB bufio
+      buffer) is a fatal ``E_INVALID``; an unknown command is fatal
+      ``E_INVALID invalid command <NAME>``.
+    * Body sizes are validated as soon as the size field arrives; nothing bigger than
+      ``max_line + 8 + max(max_body_size, max_msg_size)`` is ever buffered.
+    * ``feed()`` stops right after an IDENTIFY or AUTH command (always last in the returned
+      list): the stream may switch to TLS/snappy/deflate after IDENTIFY, and later commands
+      may depend on AUTH. Take the raw leftover with ``take_buffered()`` (to decompress it)
+      or call ``feed(b"")`` to continue.
+    * On an error ``feed()`` raises ProtocolError whose ``commands`` are the commands
+      completed before it in this call (execute them first); later feeds raise it again.
+    * ``precheck(name, params)``, if given, is called for each body command and unknown
+      command right after its line is split, before validation and before its body is
+      buffered; raising ProtocolError there aborts as above. Use it for upstream's earlier
+      checks (TLS required, client state, MPUB auth). It may run before commands earlier in
+      the same feed are executed, so the server must repeat state checks on execution.
+    * ``max_req_timeout_ms``, if given, makes DPUB's range check happen before its body.
+    * ``batch_fin=True`` emits runs of FIN lines as one ``Command(FIN_BATCH, ids)``.
+    """
+
+    def __init__(
+        self,
+        max_body_size: int = 5 * 1024 * 1024,
+        max_msg_size: int = 1024 * 1024,
+        max_line: int = 16384,
+        *,
+        batch_fin: bool = False,
+        max_req_timeout_ms: int | None = None,
+        precheck: Precheck | None = None,
+    ) -> None:
+        self.max_body_size = max_body_size
+        self.max_msg_size = max_msg_size
+        self.max_line = max_line
+        # the FIN fast path skips the line-length check: only valid when a FIN line fits
+        self.batch_fin = batch_fin and max_line > 22
+        self.max_req_timeout_ms = max_req_timeout_ms
+        self.precheck = precheck
+        self._buf = bytearray()
+        self._need = 1  # do not parse again before the buffer holds this many bytes
+        self._prechecked = False  # precheck already ran for the command at buffer start
+        self._await_line = False  # the buffer is an incomplete line (no \n in it)
+        self.error: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held (one incomplete command, or the leftover after IDENTIFY/AUTH)."""
+        return len(self._buf)
+
+    def take_buffered(self) -> bytes:
+        """Remove and return raw unparsed bytes (e.g. to decompress them after an upgrade)."""
+        data = bytes(self._buf)
+        self._buf.clear()
+        self._need = 1
+        self._prechecked = False
+        self._await_line = False
+        return data
+
+    def feed(self, data: bytes) -> list[Command]:
+        if self.error is not None:
+            raise self.error
+        if self._buf:
+            self._buf += data
+            if len(self._buf) < self._need:
+                return []
+            if self._await_line and b"\n" not in data:
+                # still inside one line: O(new bytes), no rescan or copy of the buffer
+                if len(self._buf) >= self.max_line:
+                    self.error = _line_too_long(self.max_line)
+                    self._buf.clear()
+                    raise self.error
+                return []
+            buf = bytes(self._buf)
+            self._buf.clear()
+        elif not data:
+            return []
+        else:
+            buf = data if type(data) is bytes else bytes(data)
+        out: list[Command] = []
+        self._await_line = False
+        try:
+            pos = self._parse(buf, out)
+        except ProtocolError as e:
+            self.error = e
+            self._buf.clear()
+            e.commands = out
+            raise
+        if pos < len(buf):
+            self._buf += memoryview(buf)[pos:]
+        return out
+
+    def _parse(self, buf: bytes, out: list[Command]) -> int:
+        """Parse complete commands from ``buf``; return the offset of the first unparsed byte."""
+        pos = 0
+        end = len(buf)
+        max_line = self.max_line
+        find = buf.find
+        append = out.append
+        batch_fin = self.batch_fin
+        while pos < end:
+            if batch_fin and buf.startswith(b"FIN ", pos):
+                m = _FIN_RUN.match(buf, pos)
+                if m is not None:
+                    ids = _FIN_ID.findall(buf, pos, m.end())
+                    if len(ids) == 1:
+                        append(Command(b"FIN", ids))
+                    else:
+                        append(Command(FIN_BATCH, ids))
+                    pos = m.end()
+                    continue
+            nl = find(b"\n", pos)
+            if nl < 0:
+                if end - pos >= max_line:
+                    raise _line_too_long(max_line)
+                self._need = end - pos + 1
+                self._await_line = True
+                return pos
+            if nl - pos >= max_line:
+                raise _line_too_long(max_line)
+            if nl > pos and buf[nl - 1] == 13:  # strip one trailing \r
+                params = buf[pos : nl - 1].split(b" ")
+            else:
+                params = buf[pos:nl].split(b" ")
+            name = params[0]
+            if name in LINE_COMMANDS:
+                del params[0]
+                append(Command(name, params))
+                pos = nl + 1
+                continue
+            del params[0]
+            if self.precheck is not None and not self._prechecked:
+                self.precheck(name, params)
+                self._prechecked = True
+            if name not in BODY_COMMANDS:
+                raise ProtocolError("E_INVALID", f"invalid command {raw_text(name)}")
+            res = self._body_command(buf, pos, nl + 1, name, params)
+            if res is None:
+                return pos
+            cmd, pos = res
+            self._prechecked = False
+            append(cmd)
+            if name == b"IDENTIFY" or name == b"AUTH":
+                self._need = 1
+                return pos
+        self._need = 1
+        return pos
+
+    def _body_command(
+        self, buf: bytes, start: int, p: int, name: bytes, params: list[bytes]
+    ) -> tuple[Command, int] | None:
+        """Validate a body command whose line ends at ``p``; None = wait for more bytes."""
+        end = len(buf)
+        if name == b"PUB" or name == b"DPUB":
+            cmd_s = name.decode()
+            if name == b"PUB":
+                if len(params) < 1:
+                    raise ProtocolError("E_INVALID", "PUB insufficient number of parameters")
+            elif len(params) < 2:
+                raise ProtocolError("E_INVALID", "DPUB insufficient number of parameters")
+            if not valid_topic_name(params[0]):
+                raise ProtocolError(
+                    "E_BAD_TOPIC", f"{cmd_s} topic name {go_quote(params[0])} is not valid")
+            if name == b"DPUB":
+                _dpub_timeout(params[1], self.max_req_timeout_ms)
+            if end - p < 4:
+                return self._need_more(start, p, 4)
+            size = _I32_unpack_from(buf, p)[0]
+            if size <= 0:
+                raise ProtocolError("E_BAD_MESSAGE", f"{cmd_s} invalid message body size {size}")
+            if size > self.max_msg_size:
+                raise ProtocolError(
+                    "E_BAD_MESSAGE", f"{cmd_s} message too big {size} > {self.max_msg_size}")
+            if end - p - 4 < size:
+                return self._need_more(start, p, 4 + size)
+            return Command(name, params, buf[p + 4 : p + 4 + size]), p + 4 + size
+        if name == b"MPUB":
+            if len(params) < 1:
+                raise ProtocolError("E_INVALID", "MPUB insufficient number of parameters")
+            if not valid_topic_name(params[0]):
+                # upstream quirk: the code is repeated inside the text
+                raise ProtocolError(
+                    "E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(params[0])} is not valid")
+            if end - p < 4:
+                return self._need_more(start, p, 4)
+            size = _I32_unpack_from(buf, p)[0]
+            if size <= 0:
+                raise ProtocolError("E_BAD_BODY", f"MPUB invalid body size {size}")
+            if size > self.max_body_size:
+                raise ProtocolError(
+                    "E_BAD_BODY", f"MPUB body too big {size} > {self.max_body_size}")
+            if size >= 4:
+                if end - p < 8:
+                    return self._need_more(start, p, 8)
+                _check_mpub_count(_I32_unpack_from(buf, p + 4)[0], self.max_body_size)
+            if end - p - 4 < size:
+                return self._need_more(start, p, 4 + size)
+            body = buf[p + 4 : p + 4 + size]
+            return Command(name, params, None, split_mpub(body, self.max_msg_size, self.max_body_size)), p + 4 + size
+        # IDENTIFY / AUTH: upstream checks "too big" before "<= 0" here
+        if name == b"AUTH" and len(params) != 0:
+            raise ProtocolError("E_INVALID", "AUTH invalid number of parameters")
+        cmd_s = name.decode()
+        if end - p < 4:
+            return self._need_more(start, p, 4)
+        size = _I32_unpack_from(buf, p)[0]
+        if size > self.max_body_size:
+            raise ProtocolError(
+                "E_BAD_BODY", f"{cmd_s} body too big {size} > {self.max_body_size}")
+        if size <= 0:
+            raise ProtocolError("E_BAD_BODY", f"{cmd_s} invalid body size {size}")
+        if end - p - 4 < size:
+            return self._need_more(start, p, 4 + size)
+        return Command(name, params, buf[p + 4 : p + 4 + size]), p + 4 + size
+
+    def _need_more(self, start: int, p: int, n: int) -> None:
+        # the parse resumes at the command's line start, so count from there
+        self._need = p + n - start
+        return None
+
+
+def _line_too_long(max_line: int) -> ProtocolError:
+    # upstream just drops the connection (bufio.ErrBufferFull); we say why first
+    return ProtocolError("E_INVALID", f"command line too long (max {max_line} bytes)")
+
+
+# --------------------------------------------------------------------------- MPUB
+
+
+def _check_mpub_count(count: int, max_body_size: int) -> None:
+    # 4 == total num, 5 == length + min 1
+    if count <= 0 or count > (max_body_size - 4) // 5:
+        raise ProtocolError("E_BAD_BODY", f"MPUB invalid message count {count}")
+
+
+def split_mpub(body: bytes, max_msg_size: int, max_body_size: int | None = None) -> list[bytes]:
+    """MPUB body ``[4B count]([4B size][bytes])*`` -> message bodies, upstream's checks/texts.
+
+    Uniform batches (every size equal) take a path with no per-message Python code;
+    anything else takes the general path, which gives identical results.
+    """
+    if len(body) < 4:
+        raise ProtocolError("E_BAD_BODY", "MPUB failed to read message count")
+    count = _I32_unpack_from(body, 0)[0]
+    _check_mpub_count(count, len(body) + 4 if max_body_size is None else max_body_size)
+    res = _split_uniform(body, count, max_msg_size)
+    if res is not None:
+        return res
+    return _split_general(body, count, max_msg_size)
+
+
+def _split_uniform(body: bytes, count: int, max_msg_size: int) -> list[bytes] | None:
+    """All sizes equal: 4 strided slice compares check every size field in C."""
+    total = len(body) - 4
+    stride, rem = divmod(total, count)
+    if rem or stride < 5:
+        return None
+    size = stride - 4
+    hdr = _I32.pack(size)
+    for k in range(4):
+        if body[4 + k :: stride] != hdr[k : k + 1] * count:
+            return None
+    if size > max_msg_size:
+        raise ProtocolError("E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg_size}")
+    if count == 1:
+        return [body[8:]]
+    end = len(body)
+    return list(map(body.__getitem__, map(slice, range(8, end, stride), range(8 + size, end + 1, stride))))
+
+
+def _split_general(body: bytes, count: int, max_msg_size: int) -> list[bytes]:
+    end = len(body)
+    off = 4
+    out: list[bytes] = []
+    append = out.append
+    for i in range(count):
+        if end - off < 4:
+            raise ProtocolError("E_BAD_MESSAGE", f"MPUB failed to read message({i}) body size")
+        size = _I32_unpack_from(body, off)[0]
+        off += 4
+        if size <= 0:
+            raise ProtocolError("E_BAD_MESSAGE", f"MPUB invalid message({i}) body size {size}")
+        if size > max_msg_size:
+            raise ProtocolError("E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg_size}")
+        if end - off < size:
+            raise ProtocolError("E_BAD_MESSAGE", "MPUB failed to read message body")
+        append(body[off : off + size])
+        off += size
+    if off != end:
+        # upstream ignores the declared size and would parse the rest as commands; we keep
+        # the body bounded by its size, so leftover bytes are a bad body
+        raise ProtocolError("E_BAD_BODY", f"MPUB invalid body size {end + 0}")
+    return out
+
+
+# --------------------------------------------------------------------------- helpers the server calls
+
+
+def cannot_in_state(command: str | bytes) -> ProtocolError:
+    """``E_INVALID cannot <CMD> in current state`` (fatal)."""
+    if isinstance(command, bytes):
+        command = raw_text(command)
+    return ProtocolError("E_INVALID", f"cannot {command} in current state")
+
+
+def tls_required(command: str | bytes) -> ProtocolError:
+    """``--tls-required`` and not upgraded: every command but IDENTIFY gets this (fatal)."""
+    if isinstance(command, bytes):
+        command = raw_text(command)
+    return ProtocolError("E_INVALID", f"cannot {command} in current state (TLS required)")
+
+
+def fin_failed(msg_id: bytes, reason: str) -> ProtocolError:
+    """Non-fatal; reasons upstream uses: ``ID not in flight``, ``client does not own message``."""
+    return ProtocolError("E_FIN_FAILED", f"FIN {raw_text(msg_id)} failed {reason}", False)
+
+
+def req_failed(msg_id: bytes, reason: str) -> ProtocolError:
+    return ProtocolError("E_REQ_FAILED", f"REQ {raw_text(msg_id)} failed {reason}", False)
+
+
+def touch_failed(msg_id: bytes, reason: str) -> ProtocolError:
+    return ProtocolError("E_TOUCH_FAILED", f"TOUCH {raw_text(msg_id)} failed {reason}", False)
+
+
+def validate_message_id(mid: bytes) -> bytes:
+    """Upstream only checks the length (16); E_INVALID ``invalid message ID``."""
+    if len(mid) != MSG_ID_LENGTH:
+        raise ProtocolError("E_INVALID", "invalid message ID")
+    return mid
+
+
+def parse_sub(params: Sequence[bytes]) -> tuple[str, str]:
+    """SUB params -> (topic, channel); call after the state/heartbeat checks."""
+    if len(params) < 2:
+        raise ProtocolError("E_INVALID", "SUB insufficient number of parameters")
+    topic, channel = params[0], params[1]
+    if not valid_topic_name(topic):
+        raise ProtocolError("E_BAD_TOPIC", f"SUB topic name {go_quote(topic)} is not valid")
+    if not valid_channel_name(channel):
+        raise ProtocolError("E_BAD_CHANNEL", f"SUB channel name {go_quote(channel)} is not valid")
+    return topic.decode("ascii"), channel.decode("ascii")
+
+
+def parse_rdy(params: Sequence[bytes], max_rdy_count: int) -> int:
+    """RDY count (1 if absent); out of range is fatal on purpose (client/server agree)."""
+    count = 1
+    if params:
+        n = base10(params[0])
+        if n is None:
+            raise ProtocolError("E_INVALID", f"RDY could not parse count {raw_text(params[0])}")
+        count = _to_int64(n)
+    if count < 0 or count > max_rdy_count:
+        raise ProtocolError("E_INVALID", f"RDY count {count} out of range 0-{max_rdy_count}")
+    return count
+
+
+def parse_fin(params: Sequence[bytes]) -> bytes:
+    if not params:
+        raise ProtocolError("E_INVALID", "FIN insufficient number of params")
+    return validate_message_id(params[0])
+
+
+def parse_touch(params: Sequence[bytes]) -> bytes:
+    if not params:
+        raise ProtocolError("E_INVALID", "TOUCH insufficient number of params")
+    return validate_message_id(params[0])
+
+
+def parse_req(params: Sequence[bytes], max_req_timeout_ms: int) -> tuple[bytes, int]:
+    """REQ params -> (id, timeout_ms); the timeout is clamped to [0, max], never an error."""
+    if len(params) < 2:
+        raise ProtocolError("E_INVALID", "REQ insufficient number of params")
+    mid = validate_message_id(params[0])
+    n = base10(params[1])
+    if n is None:
+        raise ProtocolError("E_INVALID", f"REQ could not parse timeout {raw_text(params[1])}")
+    # time.Duration(timeoutMs) * time.Millisecond, with Go's int64 wrap-around
+    dur = _to_int64(_to_int64(n) * 1_000_000)
+    if dur < 0:
+        return mid, 0
+    if dur > max_req_timeout_ms * 1_000_000:
+        return mid, max_req_timeout_ms
+    return mid, dur // 1_000_000
+
+
+def _dpub_timeout(raw: bytes, max_req_timeout_ms: int | None) -> int:
+    n = base10(raw)
+    if n is None:
+        raise ProtocolError("E_INVALID", f"DPUB could not parse timeout {raw_text(raw)}")
+    dur = _to_int64(_to_int64(n) * 1_000_000)
+    if max_req_timeout_ms is not None and (dur < 0 or dur > max_req_timeout_ms * 1_000_000):
+        raise ProtocolError(
+            "E_INVALID", f"DPUB timeout {n} out of range 0-{max_req_timeout_ms}")
+    return dur // 1_000_000
+
+
+def parse_dpub_timeout(params: Sequence[bytes], max_req_timeout_ms: int) -> int:
+    """DPUB params (topic, defer_ms) -> defer ms; out of range is fatal, not clamped."""
+    if len(params) < 2:
+        raise ProtocolError("E_INVALID", "DPUB insufficient number of parameters")
+    return _dpub_timeout(params[1], max_req_timeout_ms)
+
+
+# --------------------------------------------------------------------------- IDENTIFY
+
+_GO_INT = (-(1 << 63), (1 << 63) - 1)
+_GO_INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
+class _Pairs(list):  # type: ignore[type-arg]
+    """A JSON object's (key, value) pairs, in order (keeps duplicates like Go's decoder)."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"invalid JSON constant {name}")
+
+
+def go_json_object(body: bytes, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Decode ``body`` like Go's ``json.Unmarshal`` into a struct with ``fields``.
+
+    ``fields`` maps JSON key -> ``bool`` | ``str`` | ``(lo, hi)`` int range. Like Go: keys
+    match case-insensitively, unknown keys and ``null`` values are ignored, a top-level
+    ``null`` gives all defaults, a wrong type or an out-of-range int is an error.
+    Raises ValueError.
+    """
+    pairs = json.loads(
+        body.decode("utf-8", "replace"),
+        object_pairs_hook=_Pairs,
+        parse_constant=_reject_constant,
+    )
+    if pairs is None:
+        return {}
+    if not isinstance(pairs, _Pairs):
+        raise ValueError("cannot unmarshal non-object")
+    out: dict[str, Any] = {}
+    folded = {k.lower(): k for k in fields}
+    for key, value in pairs:
+        fname = key if key in fields else folded.get(key.lower())
+        if fname is None or value is None:
+            continue
+        kind = fields[fname]
+        if kind is bool:
+            if type(value) is not bool:
+                raise ValueError(f"{fname}: want bool")
+        elif kind is str:
+            if type(value) is not str:
+                raise ValueError(f"{fname}: want string")
+        else:
+            lo, hi = kind
+            if type(value) is not int or not lo <= value <= hi:
+                raise ValueError(f"{fname}: want int")
+        out[fname] = value
+    return out
+
+
+_IDENTIFY_FIELDS: dict[str, Any] = {
+    "client_id": str,
+    "hostname": str,
+    "heartbeat_interval": _GO_INT,
+    "output_buffer_size": _GO_INT,
+    "output_buffer_timeout": _GO_INT,
+    "feature_negotiation": bool,
+    "tls_v1": bool,
+    "deflate": bool,
+    "deflate_level": _GO_INT,
+    "snappy": bool,
+    "sample_rate": _GO_INT32,
+    "user_agent": str,
+    "msg_timeout": _GO_INT,
+    "topology_region": str,
+    "topology_zone": str,
+}
+
+
+@dataclass(frozen=True)
+class IdentifyLimits:
+    """Server options IDENTIFY is validated against (upstream defaults, in ms)."""
+
+    heartbeat_interval_ms: int = 30_000  # default: --client-timeout / 2
+    max_heartbeat_interval_ms: int = 60_000
+    output_buffer_size: int = 16 * 1024
+    max_output_buffer_size: int = 64 * 1024
+    output_buffer_timeout_ms: int = 250
+    min_output_buffer_timeout_ms: int = 25
+    max_output_buffer_timeout_ms: int = 30_000
+    msg_timeout_ms: int = 60_000
+    max_msg_timeout_ms: int = 15 * 60_000
+    tls_available: bool = False  # server has a TLS config
+    deflate_enabled: bool = True
+    max_deflate_level: int = 6
+    snappy_enabled: bool = True
+
+
+@dataclass(frozen=True)
+class IdentifySettings:
+    """Normalized client settings after IDENTIFY (0 ms = disabled for heartbeat/flush)."""
+
+    client_id: str
+    hostname: str
+    user_agent: str
+    topology_region: str
+    topology_zone: str
+    heartbeat_interval_ms: int
+    output_buffer_size: int
+    output_buffer_timeout_ms: int
+    sample_rate: int
+    msg_timeout_ms: int
+    feature_negotiation: bool
+    # negotiated upgrades (False when feature_negotiation is False)
+    tls_v1: bool
+    snappy: bool
+    deflate: bool
+    deflate_level: int
+
+
+def parse_identify(body: bytes, limits: IdentifyLimits | None = None) -> IdentifySettings:
+    """IDENTIFY JSON body -> settings, with upstream's checks, order and texts.
+
+    Call after the state check; unknown keys are ignored (clients send short_id/long_id).
+    """
+    lim = limits or IdentifyLimits()
+    try:
+        d = go_json_object(body, _IDENTIFY_FIELDS)
+    except (ValueError, RecursionError):
+        raise ProtocolError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
+
+    hb = d.get("heartbeat_interval", 0)
+    if hb == -1:
+        heartbeat = 0
+    elif hb == 0:
+        heartbeat = lim.heartbeat_interval_ms
+    elif 1000 <= hb <= lim.max_heartbeat_interval_ms:
+        heartbeat = hb
+    else:
+        raise ProtocolError("E_BAD_BODY", f"IDENTIFY heartbeat interval ({hb}) is invalid")
+
+    obt = d.get("output_buffer_timeout", 0)
+    if obt == -1:
+        out_timeout = 0
+    elif obt == 0:
+        out_timeout = lim.output_buffer_timeout_ms
+    elif lim.min_output_buffer_timeout_ms <= obt <= lim.max_output_buffer_timeout_ms:
+        out_timeout = obt
+    else:
+        raise ProtocolError("E_BAD_BODY", f"IDENTIFY output buffer timeout ({obt}) is invalid")
+
+    obs = d.get("output_buffer_size", 0)
+    if obs == -1:
+        out_size = 1
+        out_timeout = 0
+    elif obs == 0:
+        out_size = lim.output_buffer_size
+    elif 64 <= obs <= lim.max_output_buffer_size:
+        out_size = obs
+    else:
+        raise ProtocolError("E_BAD_BODY", f"IDENTIFY output buffer size ({obs}) is invalid")
+
+    sample_rate = d.get("sample_rate", 0)
+    if sample_rate < 0 or sample_rate > 99:
+        raise ProtocolError("E_BAD_BODY", f"IDENTIFY sample rate ({sample_rate}) is invalid")
+
+    mt = d.get("msg_timeout", 0)
+    if mt == 0:
+        msg_timeout = lim.msg_timeout_ms
+    elif 1000 <= mt <= lim.max_msg_timeout_ms:
+        msg_timeout = mt
+    else:
+        raise ProtocolError("E_BAD_BODY", f"IDENTIFY msg timeout ({mt}) is invalid")
+
+    negotiate = d.get("feature_negotiation", False)
+    tls = deflate = snappy = False
+    level = 6
+    if negotiate:
+        tls = lim.tls_available and d.get("tls_v1", False)
+        deflate = lim.deflate_enabled and d.get("deflate", False)
+        req_level = d.get("deflate_level", 0)
+        if deflate and req_level > 0:
+            level = req_level
+        level = min(level, lim.max_deflate_level)
+        snappy = lim.snappy_enabled and d.get("snappy", False)
+        if deflate and snappy:
+            raise ProtocolError(
+                "E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")
+    else:
+        level = min(level, lim.max_deflate_level)
+
+    return IdentifySettings(
+        client_id=d.get("client_id", ""),
+        hostname=d.get("hostname", ""),
+        user_agent=d.get("user_agent", ""),
+        topology_region=d.get("topology_region", ""),
+        topology_zone=d.get("topology_zone", ""),
+        heartbeat_interval_ms=heartbeat,
+        output_buffer_size=out_size,
+        output_buffer_timeout_ms=out_timeout,
+        sample_rate=sample_rate,
+        msg_timeout_ms=msg_timeout,
+        feature_negotiation=negotiate,
+        tls_v1=tls,
+        snappy=snappy,
+        deflate=deflate,
+        deflate_level=level,
+    )
+
+
+def go_json_string(s: str) -> str:
+    """JSON string as Go's encoder writes it (HTML-safe escapes)."""
+    return (
+        json.dumps(s, ensure_ascii=False)
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+
+
+def identify_response(
+    settings: IdentifySettings,
+    *,
+    max_rdy_count: int,
+    version: str,
+    max_msg_timeout_ms: int,
+    max_deflate_level: int,
+    auth_required: bool,
+    topology_region: str = "",
+    topology_zone: str = "",
+) -> bytes:
+    """The JSON IDENTIFY response (feature negotiation), keys in upstream's order."""
+    def b(v: bool) -> str:
+        return "true" if v else "false"
+
+    return (
+        f'{{"max_rdy_count":{max_rdy_count},"version":{go_json_string(version)},'
+        f'"max_msg_timeout":{max_msg_timeout_ms},"msg_timeout":{settings.msg_timeout_ms},'
+        f'"tls_v1":{b(settings.tls_v1)},"deflate":{b(settings.deflate)},'
+        f'"deflate_level":{settings.deflate_level},"max_deflate_level":{max_deflate_level},'
+        f'"snappy":{b(settings.snappy)},"sample_rate":{settings.sample_rate},'
+        f'"auth_required":{b(auth_required)},"output_buffer_size":{settings.output_buffer_size},'
+        f'"output_buffer_timeout":{settings.output_buffer_timeout_ms},'
+        f'"topology_region":{go_json_string(topology_region)},'
+        f'"topology_zone":{go_json_string(topology_zone)}}}'
+    ).encode()
+
+
+def auth_response(identity: str, identity_url: str, permission_count: int) -> bytes:
+    """AUTH success JSON, upstream's key order."""
+    return (
+        f'{{"identity":{go_json_string(identity)},"identity_url":{go_json_string(identity_url)},'
+        f'"permission_count":{permission_count}}}'
+    ).encode()
+
+
+# --------------------------------------------------------------------------- client encoders
+
+
+def _b(s: str | bytes) -> bytes:
+    return s.encode() if isinstance(s, str) else s
+
+
+def _line(*parts: str | bytes | int) -> bytes:
+    return b" ".join(p if isinstance(p, bytes) else str(p).encode() if isinstance(p, int) else p.encode()
+                     for p in parts) + b"\n"
+
+
+def identify(data: Mapping[str, Any] | bytes) -> bytes:
+    body = data if isinstance(data, bytes) else json.dumps(dict(data), separators=(",", ":")).encode()
+    return b"IDENTIFY\n" + _U32.pack(len(body)) + body
+
+
+def auth(secret: str | bytes) -> bytes:
+    body = _b(secret)
+    return b"AUTH\n" + _U32.pack(len(body)) + body
+
+
+def sub(topic: str | bytes, channel: str | bytes) -> bytes:
+    return _line(b"SUB", _b(topic), _b(channel))
+
+
+def rdy(count: int) -> bytes:
+    return b"RDY %d\n" % count
+
+
+def fin(msg_id: bytes | str) -> bytes:
+    return b"FIN " + _b(msg_id) + b"\n"
+
+
+def req(msg_id: bytes | str, delay_ms: int = 0) -> bytes:
+    return b"REQ %s %d\n" % (_b(msg_id), int(delay_ms))
+
+
+def touch(msg_id: bytes | str) -> bytes:
+    return b"TOUCH " + _b(msg_id) + b"\n"
+
+
+def cls() -> bytes:
+    return b"CLS\n"
+
+
+def nop() -> bytes:
+    return b"NOP\n"
+
+
+def pub(topic: str | bytes, body: bytes) -> bytes:
+    return b"PUB " + _b(topic) + b"\n" + _U32.pack(len(body)) + body
+
+
+def dpub(topic: str | bytes, delay_ms: int, body: bytes) -> bytes:
+    return b"DPUB %s %d\n" % (_b(topic), int(delay_ms)) + _U32.pack(len(body)) + body
+
+
+def mpub_body(bodies: Iterable[bytes]) -> bytes:
+    """``[4B count]([4B size][bytes])*``."""
+    bodies = list(bodies)
+    if bodies and all(len(x) == len(bodies[0]) for x in bodies):
+        hdr = _U32.pack(len(bodies[0]))
+        return _U32.pack(len(bodies)) + hdr + hdr.join(bodies)
+    parts = [_U32.pack(len(bodies))]
+    for x in bodies:
+        parts.append(_U32.pack(len(x)))
+        parts.append(x)
+    return b"".join(parts)
+
+
+def mpub(topic: str | bytes, bodies: Iterable[bytes]) -> bytes:
+    body = mpub_body(bodies)
+    return b"MPUB " + _b(topic) + b"\n" + _U32.pack(len(body)) + body

@@ -1,0 +1,153 @@
+"""Property tests: arbitrary input only ever raises ProtocolError, buffering stays bounded,
+and results do not depend on how the stream is split."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nsqx.protocol import lookup_v1, v2
+from nsqx.protocol.errors import ProtocolError
+from nsqx.protocol.frames import FrameReader
+from nsqx.protocol.v2 import FIN_BATCH, Command, CommandParser
+
+LIMITS = {"max_body_size": 300, "max_msg_size": 60, "max_line": 64}
+BOUND = LIMITS["max_line"] + 8 + LIMITS["max_body_size"]
+
+names = st.text(alphabet="abcXYZ09._-", min_size=1, max_size=12)
+ids = st.binary(min_size=16, max_size=16).map(lambda b: b.hex()[:16].encode())
+small = st.binary(min_size=1, max_size=60)
+
+command = st.one_of(
+    st.builds(v2.nop),
+    st.builds(v2.cls),
+    st.builds(v2.rdy, st.integers(0, 3000)),
+    st.builds(v2.sub, names, names),
+    st.builds(v2.fin, ids),
+    st.builds(v2.fin, ids),
+    st.builds(v2.req, ids, st.integers(0, 10**7)),
+    st.builds(v2.touch, ids),
+    st.builds(v2.pub, names, small),
+    st.builds(v2.dpub, names, st.integers(0, 10**7), small),
+    st.builds(v2.mpub, names, st.lists(small, min_size=1, max_size=4)),
+    st.builds(v2.mpub, names, st.integers(1, 5).flatmap(
+        lambda n: st.binary(min_size=1, max_size=20).map(lambda b: [b] * n))),
+    st.builds(v2.identify, st.dictionaries(st.sampled_from(["a", "snappy"]), st.booleans(), max_size=2)),
+    st.builds(v2.auth, st.binary(min_size=1, max_size=30)),
+    st.sampled_from([b"FIN " + b"0" * 16 + b"\r\n", b"RDY\r\n", b"\n", b"BOGUS\n", b"PUB\n"]),
+)
+streams = st.lists(command, max_size=25).map(b"".join)
+
+
+@st.composite
+def mutated(draw):
+    data = bytearray(draw(streams))
+    for _ in range(draw(st.integers(0, 4))):
+        op = draw(st.integers(0, 2))
+        i = draw(st.integers(0, len(data)))
+        if op == 0 and i < len(data):
+            data[i] = draw(st.integers(0, 255))
+        elif op == 1:
+            data[i:i] = draw(st.binary(min_size=1, max_size=8))
+        elif i < len(data):
+            del data[i : i + draw(st.integers(1, 8))]
+    return bytes(data)
+
+
+def split(data, cuts):
+    prev = 0
+    for c in sorted(cuts):
+        yield data[prev:c]
+        prev = c
+    yield data[prev:]
+
+
+def run(data, cuts, **kw):
+    """Feed in pieces; returns (commands, error payload or None); checks the memory bound."""
+    p = CommandParser(**LIMITS, **kw)
+    out: list[Command] = []
+    try:
+        for piece in split(data, cuts):
+            got = p.feed(piece)
+            while got:
+                out += got
+                if got[-1].name not in (b"IDENTIFY", b"AUTH"):
+                    break
+                got = p.feed(b"")  # continue after the IDENTIFY/AUTH barrier
+            assert p.buffered <= BOUND
+    except ProtocolError as e:
+        out += e.commands
+        return out, e.payload
+    return out, None
+
+
+def expand(cmds):
+    res = []
+    for c in cmds:
+        if c.name == FIN_BATCH:
+            res += [Command(b"FIN", [i]) for i in c.params]
+        else:
+            res.append(c)
+    return res
+
+
+cuts_for = st.lists(st.integers(0, 4000), max_size=12)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(streams, cuts_for)
+def test_valid_streams_chunking_invariant(data, cuts):
+    whole = run(data, [])
+    assert run(data, [c % (len(data) + 1) for c in cuts]) == whole
+    assert run(data, list(range(len(data)))) == whole  # byte by byte
+    batched = run(data, [c % (len(data) + 1) for c in cuts], batch_fin=True)
+    assert (expand(batched[0]), batched[1]) == whole
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated(), cuts_for)
+def test_mutated_streams_only_protocol_errors(data, cuts):
+    whole = run(data, [])  # anything but ProtocolError propagates and fails the test
+    assert run(data, [c % (len(data) + 1) for c in cuts]) == whole
+    batched = run(data, [c % (len(data) + 1) for c in cuts], batch_fin=True)
+    assert (expand(batched[0]), batched[1]) == whole
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=2000), cuts_for)
+def test_random_bytes(data, cuts):
+    whole = run(data, [])
+    assert run(data, [c % (len(data) + 1) for c in cuts]) == whole
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=500), cuts_for)
+def test_random_bytes_lookup_and_frames(data, cuts):
+    p = lookup_v1.LookupCommandParser(max_body_size=100, max_line=64)
+    r = FrameReader(max_frame_size=100)
+    for piece in split(data, [c % (len(data) + 1) for c in cuts]):
+        try:
+            p.feed(piece)
+        except ProtocolError:
+            pass
+        try:
+            r.feed(piece)
+        except ProtocolError:
+            pass
+        assert p.buffered <= 64 + 4 + 100
+        assert r.buffered <= 8 + 100
+
+
+@settings(max_examples=100)
+@given(st.lists(st.binary(min_size=1, max_size=30), min_size=1, max_size=40), st.booleans())
+def test_mpub_fast_and_general_paths_agree(bodies, uniform):
+    if uniform:
+        bodies = [bodies[0]] * len(bodies)
+    body = v2.mpub_body(bodies)
+    n = len(bodies)
+    fast = v2._split_uniform(body, n, 1 << 20)
+    general = v2._split_general(body, n, 1 << 20)
+    assert general == bodies
+    if uniform:
+        assert fast == bodies
+    else:
+        assert fast in (None, bodies)
+    assert v2.split_mpub(body, 1 << 20) == bodies
