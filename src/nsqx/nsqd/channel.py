@@ -30,7 +30,8 @@ MAX_READ_BYTES = 4 << 20
 
 
 def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
+    """Wall-clock ms: deadlines and delays are persisted, so they must survive a restart."""
+    return time.time_ns() // 1_000_000
 
 
 class Channel:

@@ -690,8 +690,9 @@ class ClientV2(asyncio.Protocol):
         try:
             if offset < 0:
                 raise NotInFlight
-            self.channel.cursor.touch(self.id, offset, now_ms(), self.msg_timeout_ms,
-                                      None)
+            self.channel.cursor.touch(
+                self.id, offset, now_ms(), self.msg_timeout_ms,
+                max_msg_timeout_ms=int(self.nsqd.opts.max_msg_timeout * 1000))
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
         return None
