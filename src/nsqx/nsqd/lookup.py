@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("nsqx.nsqd.lookup")
 
 PING_INTERVAL = 15.0
-IO_TIMEOUT = 1.0 * 5
+IO_TIMEOUT = 1.0  # upstream's dial/read/write deadline
 
 
 class LookupPeer:
@@ -37,6 +37,7 @@ class LookupPeer:
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.http_address: str | None = None
         self.task: asyncio.Task[None] | None = None
+        self.closing = False
 
     def start(self) -> None:
         self.task = self.nsqd.loop.create_task(self._run(), name=f"lookupd-{self.addr}")
@@ -45,14 +46,15 @@ class LookupPeer:
         self.queue.put_nowait(line)
 
     async def close(self) -> None:
+        self.closing = True
         if self.task is not None:
             self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
+            # Bounded: a cancel must never hold up the node's shutdown.
+            await asyncio.wait([self.task], timeout=2.0)
 
     async def _run(self) -> None:
         backoff = 1.0
-        while True:
+        while not self.closing:
             try:
                 await self._session()
                 backoff = 1.0
@@ -65,7 +67,8 @@ class LookupPeer:
 
     async def _session(self) -> None:
         host, _, port = self.addr.rpartition(":")
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), IO_TIMEOUT)
+        async with asyncio.timeout(IO_TIMEOUT):
+            reader, writer = await asyncio.open_connection(host, int(port))
         try:
             log.info("LOOKUP(%s): connected", self.addr)
             nsqd = self.nsqd
@@ -76,14 +79,19 @@ class LookupPeer:
                 "http_port": o.broadcast_http_port or nsqd.http_port,
                 "hostname": socket.gethostname(),
                 "broadcast_address": o.broadcast_address or socket.gethostname(),
-                "topology_zone": "",
-                "topology_region": "",
+                "topology_zone": o.topology_zone,
+                "topology_region": o.topology_region,
             }
             body = orjson.dumps(ident)
             writer.write(b"  V1IDENTIFY\n" + struct.pack(">I", len(body)) + body)
             resp = await self._response(reader)
+            if resp.startswith(b"E_"):
+                raise ConnectionError(f"IDENTIFY refused: {resp.decode('latin-1')}")
             with contextlib.suppress(ValueError):
                 info = orjson.loads(resp)
+                # Upstream dials the lookupd's broadcast address; we use the address we
+                # reached it at, which also works when lookupd broadcasts a name we cannot
+                # resolve (e.g. tests on loopback).
                 if isinstance(info, dict) and info.get("http_port"):
                     self.http_address = f"{host}:{info['http_port']}"
             # Drop commands queued while disconnected: the full registration replaces them.
@@ -98,11 +106,20 @@ class LookupPeer:
             for line in lines:
                 writer.write(line)
                 await self._response(reader)
-            while True:
-                try:
-                    line = await asyncio.wait_for(self.queue.get(), PING_INTERVAL)
-                except TimeoutError:
-                    line = b"PING\n"
+            loop = asyncio.get_running_loop()
+            next_ping = loop.time() + PING_INTERVAL
+            while not self.closing:
+                # PING on a fixed 15 s timer, busy or not (lookupd expires silent peers).
+                wait = next_ping - loop.time()
+                line = b"PING\n"
+                if wait > 0:
+                    try:
+                        async with asyncio.timeout(wait):
+                            line = await self.queue.get()
+                    except TimeoutError:
+                        pass
+                if line == b"PING\n":
+                    next_ping = loop.time() + PING_INTERVAL
                 writer.write(line)
                 resp = await self._response(reader)
                 if resp != b"OK":
@@ -113,10 +130,11 @@ class LookupPeer:
                 await writer.wait_closed()
 
     async def _response(self, reader: asyncio.StreamReader) -> bytes:
-        size = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), IO_TIMEOUT))[0]
-        if size > 1 << 20:
-            raise ValueError(f"response too large ({size} bytes)")
-        return await asyncio.wait_for(reader.readexactly(size), IO_TIMEOUT)
+        async with asyncio.timeout(IO_TIMEOUT):
+            size = struct.unpack(">I", await reader.readexactly(4))[0]
+            if size > 1 << 20:
+                raise ValueError(f"response too large ({size} bytes)")
+            return await reader.readexactly(size)
 
 
 class LookupPeers:

@@ -1,0 +1,155 @@
+"""Upstream's "V1" HTTP API conventions (``internal/http_api``), shared by the servers.
+
+* query-string params even for POST, parsed like Go's ``url.ParseQuery``;
+* success bodies are raw (``OK`` text, JSON, or empty);
+* errors are ``{"message":"CODE"}`` with upstream's status;
+* every response carries ``X-NSQ-Content-Type: nsq; version=1.0``;
+* JSON is written like Go's ``encoding/json`` (``<``, ``>``, ``&``, U+2028/9 escaped;
+  map keys sorted when asked).
+
+Since nsq 1.0 there is no ``Accept`` negotiation any more: a client sending
+``Accept: application/vnd.nsq; version=1.0`` (go-nsq, pynsq, nsqjs) and one sending
+nothing get the same V1 answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+__all__ = [
+    "JSON_TYPE",
+    "V1_HEADER",
+    "V1_VALUE",
+    "HTTPError",
+    "QueryError",
+    "add_v1_header",
+    "empty",
+    "first",
+    "go_json",
+    "parse_go_query",
+    "query",
+    "text",
+    "v1_error",
+    "v1_json",
+]
+
+V1_HEADER = "X-NSQ-Content-Type"
+V1_VALUE = "nsq; version=1.0"
+JSON_TYPE = "application/json"
+
+
+class HTTPError(Exception):
+    """An upstream ``http_api.Err``: answered as ``{"message": code}`` with ``status``."""
+
+    def __init__(self, status: int, code: str) -> None:
+        super().__init__(code)
+        self.status = status
+        self.code = code
+
+
+class QueryError(ValueError):
+    pass
+
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def _unescape(s: str) -> str:
+    """Go's url.QueryUnescape: '+' is a space, '%XX' must be two hex digits."""
+    if "%" not in s and "+" not in s:
+        return s
+    raw = s.encode("utf-8", "surrogateescape")
+    out = bytearray()
+    i, n = 0, len(raw)
+    while i < n:
+        b = raw[i]
+        if b == 0x25:  # %
+            hexpart = raw[i + 1:i + 3]
+            if len(hexpart) != 2 or not all(c in _HEX for c in hexpart):
+                raise QueryError("invalid URL escape")
+            out.append(int(hexpart, 16))
+            i += 3
+        elif b == 0x2B:  # +
+            out.append(0x20)
+            i += 1
+        else:
+            out.append(b)
+            i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def parse_go_query(q: str) -> dict[str, list[str]]:
+    """Go's url.ParseQuery: '&' separated, ';' refused, bad escapes refused (QueryError)."""
+    values: dict[str, list[str]] = {}
+    error: str | None = None
+    for part in q.split("&"):
+        if ";" in part:
+            error = error or "invalid semicolon separator in query"
+            continue
+        if not part:
+            continue
+        key, _, value = part.partition("=")
+        try:
+            key = _unescape(key)
+            value = _unescape(value)
+        except QueryError as e:
+            error = error or str(e)
+            continue
+        values.setdefault(key, []).append(value)
+    if error is not None:
+        raise QueryError(error)
+    return values
+
+
+def query(request: web.Request) -> dict[str, list[str]]:
+    """The request's query (upstream ``NewReqParams``); 400 ``INVALID_REQUEST`` if malformed."""
+    try:
+        return parse_go_query(request.raw_path.partition("?")[2].partition("#")[0])
+    except QueryError:
+        raise HTTPError(400, "INVALID_REQUEST") from None
+
+
+def first(params: dict[str, list[str]], key: str) -> str | None:
+    """``ReqParams.Get``: the first value, or None when the key is absent ("" if empty)."""
+    v = params.get(key)
+    return v[0] if v else None
+
+
+_GO_ESCAPES = ((b"<", b"\\u003c"), (b">", b"\\u003e"), (b"&", b"\\u0026"),
+               ("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))
+
+
+def go_json(data: Any, *, sort_keys: bool = False) -> bytes:
+    """JSON as Go's ``json.Marshal`` writes it (``sort_keys`` for Go maps)."""
+    out = orjson.dumps(data, option=orjson.OPT_SORT_KEYS if sort_keys else 0)
+    # those bytes can only occur inside JSON strings, so a plain replace is exact
+    for raw, esc in _GO_ESCAPES:
+        if raw in out:
+            out = out.replace(raw, esc)
+    return out
+
+
+def v1_json(data: Any, *, sort_keys: bool = False) -> web.Response:
+    return web.Response(body=go_json(data, sort_keys=sort_keys), content_type=JSON_TYPE,
+                        charset="utf-8")
+
+
+def v1_error(status: int, code: str) -> web.Response:
+    return web.Response(status=status, body=go_json({"message": code}), content_type=JSON_TYPE,
+                        charset="utf-8")
+
+
+def text(body: str = "OK", status: int = 200) -> web.Response:
+    return web.Response(status=status, text=body, content_type="text/plain", charset="utf-8")
+
+
+def empty() -> web.Response:
+    return web.Response(body=b"")
+
+
+async def add_v1_header(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare`` hook: the V1 marker on every response."""
+    response.headers[V1_HEADER] = V1_VALUE

@@ -1,0 +1,154 @@
+"""One nsqlookupd: the registration DB, the TCP listener for nsqds, the HTTP API
+(upstream ``nsqlookupd/nsqlookupd.go``).
+
+``start()`` binds both listeners first (port 0 allowed; the real ports are in
+``tcp_port``/``http_port`` and in the ``TCP: listening on``/``HTTP: listening on``
+log lines), then serves. ``stop()`` follows upstream's ``Exit``: stop accepting,
+close every nsqd connection (dropping its registrations), close HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from nsqx import NSQ_VERSION
+
+from .http import make_app
+from .options import Options, version_string
+from .registry import RegistrationDB
+from .tcp import LookupProtocol, format_address
+
+__all__ = ["NSQLookupd", "bind_listener"]
+
+log = logging.getLogger("nsqx.lookupd")
+
+HTTP_SHUTDOWN_TIMEOUT = 5.0
+
+
+def bind_listener(address: str, backlog: int = 1024) -> socket.socket:
+    """A listening TCP socket for ``host:port`` like Go's ``net.Listen("tcp", ...)``
+    (``:port`` and an empty host mean every interface; ``[v6]:port`` works)."""
+    host, sep, port_s = address.rpartition(":")
+    if not sep:
+        raise OSError(f"address {address}: missing port in address")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise OSError(f"address {address}: invalid port") from None
+    if not 0 <= port <= 65535:
+        raise OSError(f"address {address}: invalid port")
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    if not host:
+        # Go's ":port" listens on every interface: prefer a dual-stack IPv6 socket
+        infos.sort(key=lambda i: i[0] != socket.AF_INET6)
+    last: OSError | None = None
+    for family, kind, proto, _, sockaddr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and not host:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(sockaddr)
+            sock.listen(backlog)
+            sock.setblocking(False)
+            return sock
+        except OSError as e:
+            sock.close()
+            last = e
+    raise last or OSError(f"address {address}: no usable address")
+
+
+class NSQLookupd:
+    def __init__(self, opts: Options | None = None, *,
+                 clock: Callable[[], int] = time.time_ns) -> None:
+        self.opts = opts or Options()
+        self.db = RegistrationDB(clock=clock)
+        self.version = NSQ_VERSION
+        self.hostname = socket.gethostname()
+        self.connections: set[LookupProtocol] = set()
+        self.tcp_port = 0
+        self.http_port = 0
+        self.tcp_address = ""
+        self.http_address = ""
+        self._tcp_server: asyncio.AbstractServer | None = None
+        self._runner: web.AppRunner | None = None
+        self._started = False
+        self._stopped = False
+
+    async def start(self) -> None:
+        """Bind and serve; raises OSError (``listen (addr) failed - ...``) if a bind fails."""
+        if self._started:
+            return
+        self._started = True
+        loop = asyncio.get_running_loop()
+        log.info("%s", version_string())
+        o = self.opts
+        tcp_sock = http_sock = None
+        try:
+            try:
+                tcp_sock = bind_listener(o.tcp_address)
+            except OSError as e:
+                raise OSError(f"listen ({o.tcp_address}) failed - {e}") from e
+            try:
+                http_sock = bind_listener(o.http_address)
+            except OSError as e:
+                raise OSError(f"listen ({o.http_address}) failed - {e}") from e
+            self.tcp_address = format_address(tcp_sock.getsockname())
+            self.tcp_port = tcp_sock.getsockname()[1]
+            self.http_address = format_address(http_sock.getsockname())
+            self.http_port = http_sock.getsockname()[1]
+
+            self._tcp_server = await loop.create_server(lambda: LookupProtocol(self),
+                                                        sock=tcp_sock)
+            tcp_sock = None
+            log.info("TCP: listening on %s", self.tcp_address)
+
+            runner = web.AppRunner(make_app(self), access_log=None, handle_signals=False,
+                                   shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT)
+            await runner.setup()
+            self._runner = runner
+            await web.SockSite(runner, http_sock).start()
+            http_sock = None
+            log.info("HTTP: listening on %s", self.http_address)
+        finally:
+            for s in (tcp_sock, http_sock):
+                if s is not None:
+                    s.close()
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._tcp_server is not None:
+            self._tcp_server.close()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+        if self.connections:
+            await asyncio.sleep(0)  # let connection_lost run
+        if self._tcp_server is not None:
+            log.info("TCP: closing %s", self.tcp_address)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._tcp_server.wait_closed(), 5.0)
+        if self._runner is not None:
+            with contextlib.suppress(Exception):
+                await self._runner.cleanup()
+            log.info("HTTP: closing %s", self.http_address)
+
+    async def __aenter__(self) -> NSQLookupd:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

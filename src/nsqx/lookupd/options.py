@@ -1,0 +1,150 @@
+"""nsqlookupd's options: upstream's flags, defaults and config file (``apps/nsqlookupd``).
+
+Precedence is go-options': command line > ``--config`` TOML file > default.
+Durations are float seconds.
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+import sys
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nsqx import NSQ_VERSION, __version__
+from nsqx.cli.flags import Flag, FlagError, FlagSet
+
+__all__ = ["LOG_LEVELS", "Options", "OptionsError", "flag_set", "load", "parse_args",
+           "version_string"]
+
+LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
+
+
+class OptionsError(ValueError):
+    """Options nsqlookupd refuses to start with."""
+
+
+def version_string() -> str:
+    return f"nsqlookupd v{NSQ_VERSION} (built w/python{platform.python_version()}) nsqx/{__version__}"
+
+
+@dataclass
+class Options:
+    log_level: str = "info"
+    log_prefix: str = "[nsqlookupd] "
+    tcp_address: str = "0.0.0.0:4160"
+    http_address: str = "0.0.0.0:4161"
+    broadcast_address: str = field(default_factory=socket.gethostname)
+    inactive_producer_timeout: float = 300.0
+    tombstone_lifetime: float = 45.0
+
+    def validate(self) -> None:
+        if self.log_level not in LOG_LEVELS:
+            raise OptionsError(
+                f"invalid log level '{self.log_level}' (debug, info, warn, error, fatal)")
+
+
+def _parse_log_level(s: str) -> str:
+    s = s.lower()
+    if s not in LOG_LEVELS:
+        raise FlagError(f"invalid log level '{s}' (debug, info, warn, error, fatal)")
+    return s
+
+
+def _flags() -> list[Flag]:
+    d = Options(broadcast_address="")
+    return [
+        Flag("config", "string", "", "path to config file"),
+        Flag("version", "bool", False, "print version string"),
+        Flag("log-level", "custom", "info", "set log verbosity: debug, info, warn, error, or fatal",
+             parse=_parse_log_level, default_text="info"),
+        Flag("log-prefix", "string", d.log_prefix, "log message prefix"),
+        Flag("verbose", "bool", False, "[deprecated] has no effect, use --log-level",
+             deprecated=True),
+        Flag("tcp-address", "string", d.tcp_address, "<addr>:<port> to listen on for TCP clients"),
+        Flag("http-address", "string", d.http_address,
+             "<addr>:<port> to listen on for HTTP clients"),
+        Flag("broadcast-address", "string", "",
+             "address of this lookupd node, (default to the OS hostname)",
+             default_text=f'"{socket.gethostname()}"'),
+        Flag("inactive-producer-timeout", "duration", d.inactive_producer_timeout,
+             "duration of time a producer will remain in the active list since its last ping"),
+        Flag("tombstone-lifetime", "duration", d.tombstone_lifetime,
+             "duration of time a producer will remain tombstoned if registration remains"),
+    ]
+
+
+_NON_OPTION_FLAGS = {"config", "version", "verbose"}
+
+
+def flag_set() -> FlagSet:
+    return FlagSet("nsqlookupd", _flags())
+
+
+_CFG_INDEX: dict[str, Flag] = {f.cfg: f for f in _flags() if f.name not in _NON_OPTION_FLAGS}
+
+
+def _load_config(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as e:
+        raise FlagError(f"failed to load config file {path} - {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise FlagError(f"failed to load config file {path} - {e}") from None
+
+
+def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
+    """argv (+ ``--config``) -> (validated Options, extras {help, version}).
+
+    Raises FlagError/OptionsError with a user-facing message.
+    """
+    given, positional = flag_set().parse(argv)
+    extras = {"help": given.pop("help", False), "version": given.pop("version", False)}
+    if extras["help"] or extras["version"]:
+        return Options(), extras
+    if positional:
+        raise FlagError(f"unexpected argument {positional[0]!r} (flags take the form -name=value)")
+    config_path = given.pop("config", "")
+    given.pop("verbose", None)
+    values: dict[str, Any] = {}
+    if config_path:
+        for key, raw in _load_config(config_path).items():
+            flag = _CFG_INDEX.get(key)
+            if flag is None:
+                print(f"[nsqlookupd] WARNING: config file {config_path}: unknown option {key!r} "
+                      "ignored", file=sys.stderr)
+                continue
+            try:
+                values[flag.dest] = flag.coerce_config(raw)
+            except FlagError as e:
+                raise FlagError(f"config file {config_path}: failed parsing {key} - {e}") from None
+    values.update(given)
+    if values.get("broadcast_address") == "":
+        del values["broadcast_address"]  # "" means the default: the hostname
+    opts = Options(**values)
+    opts.validate()
+    return opts, extras
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    """The command line -> Options; ``--help``/``--version`` print and exit 0, a bad flag or
+    option prints the problem and exits 2."""
+    if argv is None:
+        argv = sys.argv[1:]
+    try:
+        opts, extras = load(argv)
+    except (FlagError, OptionsError) as e:
+        print(f"nsqlookupd: {e}", file=sys.stderr)
+        print("Run 'nsqlookupd --help' for the list of flags.", file=sys.stderr)
+        raise SystemExit(2) from None
+    if extras["help"]:
+        sys.stdout.write(flag_set().usage())
+        raise SystemExit(0)
+    if extras["version"]:
+        print(version_string())
+        raise SystemExit(0)
+    return opts
