@@ -1,0 +1,1 @@
+"""Test support: real nsqd processes, TLS material, an auth server, HTTP helpers, client runners."""
