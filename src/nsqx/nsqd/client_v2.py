@@ -182,7 +182,7 @@ class ClientV2(asyncio.Protocol):
             chunk = dec.decode(data)
             while True:
                 self._ingest(chunk)
-                if self._closing or dec is not self._decoder or not dec.pending():
+                if self._closing or dec is not self._decoder or not dec.pending:
                     break
                 chunk = dec.decode(b"")
         except ProtocolError as exc:  # corrupt or oversized compressed stream
@@ -434,6 +434,10 @@ class ClientV2(asyncio.Protocol):
         if not st.feature_negotiation:
             self._write(frames.OK_FRAME)
             return
+        if st.tls_v1 and self.transport is not None:
+            # The client sends its ClientHello as soon as it reads this response: stop
+            # reading now so those bytes reach the TLS layer, not the V2 parser.
+            self.transport.pause_reading()
         self._write(frames.encode_response(identify_response(
             st, max_rdy_count=o.max_rdy_count, version=NSQ_VERSION,
             max_msg_timeout_ms=int(o.max_msg_timeout * 1000),

@@ -180,7 +180,8 @@ class NSQD:
             if not valid_topic_name(name):
                 log.warning("skipping creation of invalid topic %s", name)
                 continue
-            topic = Topic(self, name, paused=bool(t.get("paused")), pending_from=t.get("pending_from"))
+            topic = Topic(self, name, paused=bool(t.get("paused")), pending_from=t.get("pending_from"),
+                          pending_deferred=t.get("pending_deferred"))
             self.topics[name] = topic
             for c in t.get("channels", []):
                 cname = c.get("name", "")

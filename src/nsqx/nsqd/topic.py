@@ -33,7 +33,8 @@ class Topic:
     """One topic of a node; owns its log, committer and channels."""
 
     def __init__(self, nsqd: NSQD, name: str, *, paused: bool = False,
-                 pending_from: int | None = None) -> None:
+                 pending_from: int | None = None,
+                 pending_deferred: list[list[int]] | None = None) -> None:
         self.nsqd = nsqd
         self.name = name
         self.ephemeral = name.endswith("#ephemeral")
@@ -58,6 +59,9 @@ class Topic:
         # Where messages published while the topic has no channel start: the first
         # channel created receives them (upstream buffers them in the topic).
         self.pending_from = self.log.start_offset if pending_from is None else pending_from
+        # Deferred messages published while the topic had no channel: the first channel
+        # inherits their delays (upstream's topic pump does PutMessageDeferred).
+        self.pending_deferred: list[tuple[int, int]] = [tuple(x) for x in pending_deferred or ()]
 
     def __repr__(self) -> str:
         return f"<Topic {self.name}>"
@@ -71,9 +75,13 @@ class Topic:
         self.message_bytes += sum(map(len, bodies))
         if defer_ms > 0:
             ready_at = now_ms() + defer_ms
+            offsets = range(base, base + len(bodies))
             for ch in self.channels.values():
-                for i in range(len(bodies)):
-                    ch.cursor.defer(base + i, ready_at)
+                for off in offsets:
+                    ch.cursor.defer(off, ready_at)
+            if not self.channels:
+                self.pending_deferred.extend((off, ready_at) for off in offsets)
+                self.nsqd.metadata_changed()
         return fut
 
     def _on_flushed(self, _offset: int) -> None:
@@ -95,6 +103,12 @@ class Topic:
             (self.dir / "channels").mkdir(parents=True, exist_ok=True)
             state_path = self.dir / "channels" / f"c-{name}.cursor"
         cursor = ChannelCursor(start, state_path=state_path)
+        if not self.channels and self.pending_deferred:
+            t = now_ms()
+            for off, ready_at in self.pending_deferred:
+                if off >= cursor.next_read and ready_at > t:
+                    cursor.defer(off, ready_at)
+            self.pending_deferred = []
         ch = Channel(self, name, cursor, ephemeral=ephemeral)
         self.channels[name] = ch
         log.info("TOPIC(%s): new channel(%s) at offset %d", self.name, name, cursor.next_read)
@@ -141,6 +155,7 @@ class Topic:
     def empty(self) -> None:
         """Drop what waits in the topic (not what its channels hold), as upstream."""
         self.pending_from = self.log.next_offset
+        self.pending_deferred = []
         self.nsqd.metadata_changed()
 
     def tick(self, t_ms: int) -> None:
@@ -175,6 +190,7 @@ class Topic:
                 for c in self.channels.values() if not c.ephemeral
             ],
             "pending_from": self.pending_from,
+            "pending_deferred": [list(x) for x in self.pending_deferred],
         }
 
     async def close(self, *, delete: bool = False) -> None:

@@ -1,0 +1,255 @@
+"""Producer: PUB/MPUB/DPUB over one or more nsqd, pipelined, with failover.
+
+* One connection per nsqd address, each kept open by a supervisor task that reconnects
+  with exponential backoff (``reconnect_interval`` is the cap).
+* Each publish picks a random open connection (pynsq ``Writer``); commands are pipelined
+  and matched to responses in order (go-nsq ``Producer``).
+* If the connection fails before the response arrives, the publish is retried on another
+  open connection, at most ``retries`` times (the message may then be stored twice:
+  at-least-once). Error frames from nsqd are never retried: they raise
+  :class:`~nsqx.client.errors.NSQError` with nsqd's code.
+* Backpressure: at most ``max_pending`` commands are in flight over all connections;
+  ``publish`` waits for a slot, and also waits while a socket's write buffer is full.
+* With no open connection, a publish waits up to ``wait_timeout`` for one, then raises
+  :class:`~nsqx.client.errors.NoConnectionsError` (or, when every nsqd refused the
+  connection itself, e.g. ``E_AUTH_FAILED``, that error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from nsqx.protocol import v2
+from nsqx.protocol.names import valid_topic_name
+
+from .conn import ConnConfig, Connection, make_config
+from .errors import ClosedError, ConnectionClosedError, NoConnectionsError, NSQError
+
+__all__ = ["Producer"]
+
+log = logging.getLogger("nsqx.client")
+
+
+class Producer:
+    """``async with Producer(["127.0.0.1:4150"]) as p: await p.publish("topic", b"body")``.
+
+    ``nsqd_tcp_addresses``: one ``"host:port"`` or a list. Connection options
+    (``tls``, ``snappy``, ``deflate``, ``auth_secret``, ``heartbeat_interval``, ...; see
+    :class:`~nsqx.client.conn.ConnConfig`) are keyword arguments or ``config=``.
+    """
+
+    def __init__(
+        self,
+        nsqd_tcp_addresses: str | Sequence[str],
+        *,
+        max_pending: int = 1024,
+        retries: int = 2,
+        wait_timeout: float = 5.0,
+        reconnect_interval: float = 15.0,
+        config: ConnConfig | None = None,
+        **options: Any,
+    ) -> None:
+        if isinstance(nsqd_tcp_addresses, str):
+            nsqd_tcp_addresses = [nsqd_tcp_addresses]
+        if not nsqd_tcp_addresses:
+            raise ValueError("at least one nsqd address is needed")
+        self.addresses = list(dict.fromkeys(nsqd_tcp_addresses))
+        self.config = make_config(config, options)
+        self.max_pending = max_pending
+        self.retries = retries
+        self.wait_timeout = wait_timeout
+        self.reconnect_interval = reconnect_interval
+        self._conns: dict[str, Connection] = {}
+        self._supervisors: list[asyncio.Task[None]] = []
+        self._slots: asyncio.Semaphore | None = None
+        self._changed: asyncio.Event | None = None  # set whenever a connection opens
+        self._started = False
+        self._closed = False
+        self._closing = False
+        self._inflight: set[asyncio.Future[bytes]] = set()
+        self._last_error: dict[str, Exception] = {}  # per address, cleared on connect
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def connect(self) -> None:
+        """Start the connection supervisors and wait (up to ``wait_timeout``) for the first
+        connection. Publishing connects implicitly; call this to fail fast."""
+        self._start()
+        await self._wait_open()
+
+    def _start(self) -> None:
+        if self._closed or self._closing:
+            raise ClosedError("producer closed")
+        if self._started:
+            return
+        self._started = True
+        self._slots = asyncio.Semaphore(self.max_pending)
+        self._changed = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for addr in self.addresses:
+            self._supervisors.append(
+                loop.create_task(self._supervise(addr), name=f"nsqx-producer-{addr}"))
+
+    async def __aenter__(self) -> Producer:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def connections(self) -> list[Connection]:
+        """Open connections."""
+        return [c for c in self._conns.values() if c.is_open]
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Wait (up to ``timeout``) for responses to publishes in flight, then close."""
+        if self._closed:
+            return
+        self._closing = True
+        if self._inflight:
+            with contextlib.suppress(Exception):
+                await asyncio.wait(list(self._inflight), timeout=timeout)
+        self._closed = True
+        for t in self._supervisors:
+            t.cancel()
+        for t in self._supervisors:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        conns = list(self._conns.values())
+        self._conns.clear()
+        for c in conns:
+            c.close()
+        for c in conns:
+            await c.wait_closed()
+        if self._changed is not None:
+            self._changed.set()  # wake waiters: they see _closed
+
+    async def _supervise(self, addr: str) -> None:
+        delay = min(0.25, self.reconnect_interval)
+        while not self._closed:
+            conn = Connection(addr, self.config)
+            try:
+                await conn.connect()
+            except asyncio.CancelledError:
+                conn.close()
+                raise
+            except Exception as e:
+                log.warning("[%s] producer connect failed: %s; retrying in %.2fs", addr, e, delay)
+                self._last_error[addr] = e
+                if self._changed is not None:
+                    self._changed.set()
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, self.reconnect_interval)
+                continue
+            log.info("[%s] producer connected", addr)
+            self._last_error.pop(addr, None)
+            delay = min(0.25, self.reconnect_interval)
+            self._conns[addr] = conn
+            assert self._changed is not None
+            self._changed.set()
+            try:
+                await conn.wait_closed()
+            finally:
+                if self._conns.get(addr) is conn:
+                    del self._conns[addr]
+                if self._closed:
+                    conn.close()
+            if not self._closed:
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+
+    async def _wait_open(self) -> Connection:
+        """An open connection, chosen at random; waits up to wait_timeout for one."""
+        assert self._changed is not None
+        deadline = asyncio.get_running_loop().time() + self.wait_timeout
+        while True:
+            if self._closed:
+                raise ClosedError("producer closed")
+            conns = [c for c in self._conns.values() if c.is_open]
+            if conns:
+                return random.choice(conns)
+            remaining = deadline - asyncio.get_running_loop().time()
+            errors = [self._last_error.get(a) for a in self.addresses]
+            if remaining <= 0 or all(e is not None for e in errors):
+                # every nsqd refused us: surface nsqd's own error (E_AUTH_FAILED, ...)
+                refused = [e for e in errors if isinstance(e, NSQError) and not e.retriable]
+                if refused and all(e is not None for e in errors):
+                    raise refused[0]
+                if remaining <= 0:
+                    detail = "; ".join(f"{a}: {e}" for a, e in self._last_error.items())
+                    raise NoConnectionsError(
+                        f"no open connection to any of {', '.join(self.addresses)}"
+                        + (f" ({detail})" if detail else ""))
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._changed.wait()
+
+    # -- publishing -----------------------------------------------------------------------
+    async def publish(self, topic: str, body: bytes) -> None:
+        """PUB one message; returns when nsqd acknowledged it (``OK``)."""
+        _check_topic(topic)
+        await self._send(v2.pub(topic, _bytes(body)))
+
+    async def mpublish(self, topic: str, bodies: Iterable[bytes]) -> None:
+        """MPUB: several messages, atomically (all or none)."""
+        _check_topic(topic)
+        bodies = [_bytes(b) for b in bodies]
+        if not bodies:
+            raise ValueError("mpublish needs at least one message")
+        await self._send(v2.mpub(topic, bodies))
+
+    async def dpublish(self, topic: str, delay: float, body: bytes) -> None:
+        """DPUB: deliver after ``delay`` seconds (nsqd rejects delays over its max)."""
+        _check_topic(topic)
+        if delay < 0:
+            raise ValueError("delay must be >= 0")
+        await self._send(v2.dpub(topic, round(delay * 1000), _bytes(body)))
+
+    async def _send(self, data: bytes) -> bytes:
+        if self._closing:
+            raise ClosedError("producer closed")
+        self._start()
+        assert self._slots is not None
+        async with self._slots:
+            attempt = 0
+            while True:
+                conn = await self._wait_open()
+                try:
+                    fut = conn.command(data)
+                except ConnectionClosedError:
+                    continue
+                self._inflight.add(fut)
+                try:
+                    if conn.write_buffer_size > 1 << 20:
+                        with contextlib.suppress(ConnectionClosedError):
+                            await conn.drain()
+                    return await fut
+                except ConnectionClosedError as e:
+                    attempt += 1
+                    if attempt > self.retries or self._closed:
+                        raise
+                    log.warning("[%s] publish failed (%s); retrying on another nsqd",
+                                conn.address, e)
+                except NSQError:
+                    raise
+                finally:
+                    self._inflight.discard(fut)
+
+
+def _check_topic(topic: str) -> None:
+    # what nsqd would answer, without sending a line that could break the framing
+    if not valid_topic_name(topic.encode("utf-8", "surrogateescape")):
+        raise NSQError("E_BAD_TOPIC", f"topic name {topic!r} is not valid")
+
+
+def _bytes(b: bytes | bytearray | memoryview | str) -> bytes:
+    if isinstance(b, bytes):
+        return b
+    if isinstance(b, str):
+        return b.encode()
+    return bytes(b)
