@@ -1,0 +1,602 @@
+"""PartitionLog: one topic partition as an append-only log of NSQ message frames in a directory.
+
+append() builds a batch's frames in memory (offsets assigned at once); flush() writes every
+buffered batch with one os.writev per segment plus the metadata; sync() fsyncs and moves the
+recovery point. Reads are served from the in-memory tail while readers keep up, otherwise by
+pread with read-ahead; locate() gives (fd, position, nbytes, count) for sendfile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import sys
+import threading
+import time
+import zlib
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from itertools import accumulate, repeat
+from operator import add
+from pathlib import Path
+
+from nsqx.storage.memlog import MemoryLog
+from nsqx.storage.message_id import ids_for_range
+from nsqx.storage.records import (
+    FRAME_OVERHEAD,
+    BatchInfo,
+    Chunk,
+    LogConfig,
+    LogError,
+    ReadResult,
+    build_frames,
+    decode_headers,
+    encode_headers,
+    log_error,
+    read_chunks,
+    take_from_chunk,
+)
+from nsqx.storage.segment import SUFFIXES, Segment, list_segments, seg_name, write_all
+
+__all__ = ["LogConfig", "LogError", "PartitionLog", "MemoryLog", "ReadResult", "BatchInfo"]
+
+log = logging.getLogger("nsqx.storage.log")
+_CKPT = struct.Struct(">QI")
+_PREFIX = struct.Struct(">IIqH")
+_U32 = struct.Struct(">I")
+_LITTLE = sys.byteorder == "little"
+CHECKPOINT = "recovery-point"
+READ_AHEAD = 1 << 20
+_DISK_CACHE = 8  # read-ahead chunks kept for lagging readers
+
+
+class _Pending:
+    __slots__ = ("base", "count", "data", "rel", "flen", "ts", "epoch", "headers", "sizes")
+
+    def __init__(self, base, count, data, rel, flen, ts, epoch, headers, sizes=None):
+        self.base, self.count, self.data, self.rel = base, count, data, rel
+        self.flen, self.ts, self.epoch, self.headers = flen, ts, epoch, headers
+        self.sizes = sizes  # frame lengths, 4B BE each (mixed batches)
+
+    def frame_sizes(self) -> bytes:
+        return self.sizes if self.sizes is not None else _U32.pack(self.flen) * self.count
+
+
+class PartitionLog:
+    """Segment files + sparse indexes + group-writable tail; see module doc."""
+
+    def __init__(self, path: str | Path, partition: int = 0, config: LogConfig | None = None
+                 ) -> None:
+        self.path = Path(path)
+        self.partition = partition
+        self.config = config or LogConfig()
+        self._lock = threading.Lock()  # guards the sync bookkeeping shared with sync threads
+        self._segments: list[Segment] = []
+        self._seg_bases: list[int] = []
+        self._pending: list[_Pending] = []
+        self._tail: list[Chunk] = []
+        self._tail_bases: list[int] = []
+        self._tail_head = 0
+        self._tail_bytes = 0
+        self._disk_chunks: list[Chunk] = []
+        self._dirty: set[Segment] = set()
+        self._dir_dirty = False
+        self._last_sync = time.monotonic()
+        self._closed = False
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._recover()
+        except OSError as e:
+            for s in self._segments:
+                s.close()
+            raise log_error("opening log", self.path, e) from e
+        self._flushed = self._segments[-1].next_offset
+        self.next_offset = self._flushed
+        self._synced = self._flushed  # what survived recovery is on disk
+        self._commit_id = max(s.last_commit_id for s in self._segments) + 1
+
+    # -- recovery ------------------------------------------------------------------------
+    def _read_checkpoint(self) -> int:
+        try:
+            raw = (self.path / CHECKPOINT).read_bytes()
+            off, crc = _CKPT.unpack(raw)
+            if zlib.crc32(raw[:8]) == crc:
+                return off
+        except (OSError, struct.error):
+            pass
+        return 0
+
+    def _recover(self) -> None:
+        ckpt = self._read_checkpoint()
+        bases = list_segments(self.path)
+        cut_at: int | None = None
+        for base in bases:
+            if cut_at is not None and base >= cut_at:
+                log.warning("%s: segment after a torn tail at offset %d; deleting it",
+                            self.path / (seg_name(base) + ".log"), cut_at)
+                Segment(self.path, base, self.partition, self.config.index_interval_bytes).delete()
+                continue
+            seg = Segment(self.path, base, self.partition, self.config.index_interval_bytes)
+            if self._segments and base != self._segments[-1].next_offset:
+                log.warning("%s: gap or overlap before this segment (expected base %d); deleting "
+                            "it and later ones", seg.paths[0], self._segments[-1].next_offset)
+                seg.delete()
+                cut_at = base
+                continue
+            cut = seg.recover(ckpt)
+            self._segments.append(seg)
+            if cut:
+                cut_at = seg.next_offset
+        if not self._segments:
+            self._segments.append(self._new_segment(0))
+        self._seg_bases = [s.base for s in self._segments]
+        for p in self.path.iterdir():  # orphans of deleted segments, stale checkpoint temps
+            if ((p.suffix in SUFFIXES[1:] and p.stem.isdigit()
+                 and int(p.stem) not in self._seg_bases)
+                    or (p.name.startswith(CHECKPOINT + ".") and p.suffix == ".tmp")):
+                p.unlink()
+
+    def _new_segment(self, base: int) -> Segment:
+        seg = Segment(self.path, base, self.partition, self.config.index_interval_bytes)
+        self._dir_dirty = True
+        return seg
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def start_offset(self) -> int:
+        return self._segments[0].base
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flushed
+
+    @property
+    def synced_offset(self) -> int:
+        return self._synced
+
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    # -- append / flush ------------------------------------------------------------------
+    def append(self, bodies: Sequence[bytes], timestamp_ns: int | None = None, *, epoch: int = 0,
+               headers: Sequence[dict[str, bytes] | None] | None = None) -> int:
+        """Buffer one batch as frames (ids from offsets); returns its base offset."""
+        if self._closed:
+            raise LogError(f"log {self.path} is closed")
+        n = len(bodies)
+        base = self.next_offset
+        if n == 0:
+            return base
+        ts = time.time_ns() if timestamp_ns is None else timestamp_ns
+        if n == 1:  # single PUB: same bytes as build_frames, less overhead
+            body = bodies[0]
+            data = b"".join((_PREFIX.pack(len(body) + 30, 2, ts, 1),
+                             b"%016x" % ((self.partition << 48) | base), body))
+            flen, rel, sizes = len(data), None, None
+        else:
+            data, flen = build_frames(bodies, ids_for_range(self.partition, base, n), ts)
+            rel = sizes = None
+            if not flen:
+                fl = list(map(add, map(len, bodies), repeat(FRAME_OVERHEAD)))
+                rel = list(accumulate(fl, initial=0))
+                a = array("I", fl)
+                if _LITTLE:
+                    a.byteswap()
+                sizes = a.tobytes()
+        if headers is not None and len(headers) != n:
+            raise ValueError("headers must have one entry per body")
+        self._pending.append(_Pending(base, n, data, rel, flen, ts, epoch,
+                                      headers if headers and any(headers) else None, sizes))
+        self.next_offset = base + n
+        return base
+
+    def flush(self) -> int:
+        """Write every buffered batch (one os.writev per segment touched) plus metadata."""
+        pending = self._pending
+        if not pending:
+            return 0
+        self._pending = []
+        seg = self._segments[-1]
+        created: list[Segment] = []
+        saved = {}  # segment -> file sizes before the write, for rollback
+        applied: list[tuple[Segment, list[Chunk], tuple]] = []
+
+        def remember(s: Segment) -> None:
+            if s not in saved:
+                saved[s] = list(s.sizes)
+
+        try:
+            groups: list[tuple[Segment, list[list[_Pending]]]] = []
+            size = seg.size
+            cur: list[_Pending] = []
+            commits: list[list[_Pending]] = []
+            for p in pending:
+                if size > 0 and size + len(p.data) > self.config.segment_bytes:
+                    if cur:
+                        commits.append(cur)
+                    groups.append((seg, commits))
+                    seg = self._new_segment(p.base)
+                    created.append(seg)
+                    size, cur, commits = 0, [], []
+                if cur and cur[-1].epoch != p.epoch:
+                    commits.append(cur)
+                    cur = []
+                cur.append(p)
+                size += len(p.data)
+            if cur:
+                commits.append(cur)
+            groups.append((seg, commits))
+            for s, cs in groups:
+                remember(s)
+                snap = s.snapshot()
+                applied.append((s, self._write_commits(s, cs), snap))
+        except OSError as e:
+            for s, _, snap in applied:
+                s.restore(snap)  # earlier groups of this flush are undone too
+            self._rollback(saved, created)
+            raise log_error("writing", self.path, e) from e
+        # success: publish
+        with self._lock:
+            self._dirty.update(s for s, _, _ in applied)
+        for _, chunks, _ in applied:
+            for ch in chunks:
+                self._add_tail(ch)
+        if created:
+            self._segments.extend(created)
+            self._seg_bases = [s.base for s in self._segments]
+        n = self.next_offset - self._flushed
+        self._flushed = self.next_offset
+        return n
+
+    def _write_commits(self, s: Segment, commits: list[list[_Pending]]):
+        """Plan + apply in memory, then write: frames with one writev, metadata after."""
+        snap = s.snapshot()
+        chunks = []
+        log_bufs: list = []
+        metas, idxs, tidxs, hdrs = [], [], [], []
+        hdr_pos = s.sizes[4]
+        sizes_pos = s.sizes[5]
+        szs: list[bytes] = []
+        commit_id = self._commit_id
+        try:
+            for batch in commits:
+                pos = s.log_end
+                first = batch[0]
+                target = s._next_idx_pos
+                idx: list[tuple[int, int]] = []
+                crc = 0
+                p = pos
+                flen = first.flen
+                count = 0
+                max_ts = first.ts
+                for b in batch:
+                    if b.flen != flen:
+                        flen = 0
+                    if b.ts > max_ts:
+                        max_ts = b.ts
+                    e, target = s.plan_index(b.base, p, b.rel, b.flen, b.count, target)
+                    if e:
+                        idx += e
+                    crc = zlib.crc32(b.data, crc)
+                    chunks.append(Chunk(b.base, b.count, b.data, b.rel, b.flen, s.base, p, b.ts))
+                    log_bufs.append(b.data)
+                    p += len(b.data)
+                    count += b.count
+                hdr = (b"".join(encode_headers(b.headers, b.base - first.base) for b in batch
+                                if b.headers) if any(b.headers for b in batch) else b"")
+                sz = b"" if flen else b"".join([b.frame_sizes() for b in batch])
+                plan = s.plan_commit(first.base, count, p - pos, first.ts, max_ts, first.epoch,
+                                     commit_id, crc, hdr, hdr_pos, flen, idx, target, sz,
+                                     sizes_pos)
+                commit_id += 1
+                hdr_pos += len(hdr)
+                if sz:
+                    szs.append(sz)
+                    sizes_pos += len(sz)
+                m, i, t = s.meta_bytes(plan)
+                metas.append(m)
+                if i:
+                    idxs.append(i)
+                if t:
+                    tidxs.append(t)
+                if hdr:
+                    hdrs.append(hdr)
+                s.apply(plan)
+            for k in range(0, len(log_bufs), 1024):  # IOV_MAX: one writev per 1024 batches
+                write_all(s.log_fd, log_bufs[k : k + 1024])
+            s.sizes[0] = s.log_end
+            for k, bufs in ((4, hdrs), (5, szs), (1, metas), (2, idxs), (3, tidxs)):
+                if bufs:
+                    write_all(s.fds[k], bufs)
+                    s.sizes[k] += sum(map(len, bufs))
+        except BaseException:
+            s.restore(snap)
+            raise
+        self._commit_id = commit_id
+        return chunks
+
+    def _rollback(self, saved: dict, created: list[Segment]) -> None:
+        """Undo a failed flush: truncate files to their pre-batch sizes, drop the batches."""
+        for s, sizes in saved.items():
+            if s in created:
+                continue
+            for fd, size in zip(s.fds, sizes, strict=True):
+                try:
+                    os.ftruncate(fd, size)
+                    os.lseek(fd, size, os.SEEK_SET)
+                except OSError as e:  # pragma: no cover - nothing more we can do
+                    log.error("%s: rollback truncate failed: %s", s.paths[0], e)
+            s.sizes = list(sizes)
+        for s in created:
+            s.delete()
+        self.next_offset = self._flushed
+        self._commit_id = max(s.last_commit_id for s in self._segments) + 1
+
+    # -- tail / read-ahead ---------------------------------------------------------------
+    def _add_tail(self, ch: Chunk) -> None:
+        self._tail.append(ch)
+        self._tail_bases.append(ch.base)
+        self._tail_bytes += len(ch.data)
+        limit = self.config.mem_tail_bytes
+        while self._tail_bytes > limit and self._tail_head < len(self._tail) - 1:
+            old = self._tail[self._tail_head]
+            self._tail_bytes -= len(old.data)
+            self._tail[self._tail_head] = None  # type: ignore[call-overload]
+            self._tail_head += 1
+        if self._tail_head > 1024 and self._tail_head * 2 > len(self._tail):
+            del self._tail[: self._tail_head], self._tail_bases[: self._tail_head]
+            self._tail_head = 0
+
+    def _drop_caches(self) -> None:
+        self._tail, self._tail_bases, self._tail_head, self._tail_bytes = [], [], 0, 0
+        self._disk_chunks = []
+
+    def _segment_for(self, offset: int) -> Segment:
+        return self._segments[bisect_right(self._seg_bases, offset) - 1]
+
+    def _get_chunk(self, offset: int) -> Chunk:
+        if self._tail_head < len(self._tail) and offset >= self._tail_bases[self._tail_head]:
+            return self._tail[bisect_right(self._tail_bases, offset, self._tail_head) - 1]
+        for ch in self._disk_chunks:
+            if ch.base <= offset < ch.end:
+                return ch
+        ch = self._load_chunk(offset)
+        self._disk_chunks.append(ch)
+        if len(self._disk_chunks) > _DISK_CACHE:
+            del self._disk_chunks[0]
+        return ch
+
+    def _load_chunk(self, offset: int) -> Chunk:
+        """Read ahead (one large pread) from the frame at offset; frames located per commit."""
+        seg = self._segment_for(offset)
+        pos = seg.position_of(offset)
+        n = min(READ_AHEAD, seg.log_end - pos)
+        data = os.pread(seg.log_fd, n, pos)
+        P = seg.positions_in(data, offset, pos)
+        if len(P) == 1:  # the frame alone is bigger than the read-ahead
+            (size,) = struct.unpack_from(">I", data)
+            data = os.pread(seg.log_fd, size + 4, pos)
+            P = array("q", [0, size + 4])
+        return Chunk(offset, len(P) - 1, data, P, 0, seg.base, pos)
+
+    # -- reads ---------------------------------------------------------------------------
+    def read(self, offset: int, max_bytes: int, max_count: int | None = None) -> ReadResult:
+        """Whole frames from offset (at least one if any is readable)."""
+        offset = max(offset, self.start_offset)
+        if offset >= self._flushed or (max_count is not None and max_count <= 0):
+            return ReadResult(b"", offset, 0, offset)
+        try:
+            data, n, nxt = read_chunks(self._get_chunk, offset, self._flushed, max_bytes,
+                                       max_count)
+        except OSError as e:
+            raise log_error("reading", self.path, e) from e
+        return ReadResult(data, offset, n, nxt)
+
+    def locate(self, offset: int, max_bytes: int, max_count: int | None = None
+               ) -> tuple[int, int, int, int]:
+        """(fd, file position, nbytes, count) of whole frames from offset within one segment
+        (for sendfile). count=0 when nothing is readable. The fd stays owned by the log."""
+        offset = max(offset, self.start_offset)
+        seg = self._segment_for(min(offset, self._flushed))
+        if offset >= self._flushed:
+            return seg.log_fd, seg.log_end, 0, 0
+        seg = self._segment_for(offset)
+        start = -1
+        n = nbytes = 0
+        cur = offset
+        end = min(self._flushed, seg.next_offset)
+        try:
+            while cur < end and (max_count is None or n < max_count):
+                ch = self._get_chunk(cur)
+                rem = None if max_count is None else max_count - n
+                i, j, b = take_from_chunk(ch, cur, max_bytes - nbytes, rem, n == 0)
+                fpos = ch.file_pos + ch.at(i) - ch.at(0)
+                if j == i or (start >= 0 and fpos != start + nbytes):
+                    break
+                if start < 0:
+                    start = fpos
+                n += j - i
+                nbytes += b
+                cur = ch.base + j
+                if j < ch.count:
+                    break
+        except OSError as e:
+            raise log_error("reading", self.path, e) from e
+        return seg.log_fd, start, nbytes, n
+
+    def read_frame(self, offset: int) -> bytes:
+        if not self.start_offset <= offset < self._flushed:
+            raise KeyError(offset)
+        r = self.read(offset, 0, 1)
+        return bytes(r.data)
+
+    def offset_for_time(self, timestamp_ns: int) -> int:
+        """First offset with timestamp >= ts (running max, so a clock step back is harmless)."""
+        for seg in self._segments:
+            off = seg.offset_for_time(timestamp_ns)
+            if off is not None:
+                return max(off, self.start_offset)
+        return self._flushed
+
+    def batches(self, from_offset: int = 0) -> Iterator[BatchInfo]:
+        """Commits (the unit of write, crc and epoch) holding offsets >= from_offset."""
+        for seg in list(self._segments):
+            if seg.next_offset <= from_offset or not seg.bases:
+                continue
+            first = seg.commit_of(max(from_offset, seg.base))
+            for e in seg.entries(first):
+                yield BatchInfo(e[0], e[1], e[4], e[6], e[7], e[8])
+
+    def headers(self, offset: int) -> dict[str, bytes] | None:
+        if not self.start_offset <= offset < self._flushed:
+            return None
+        seg = self._segment_for(offset)
+        c = seg.commit_of(offset)
+        e = seg.entry(c)
+        if not e[10]:
+            return None
+        blob = os.pread(seg.hdr_fd, e[10], e[9])
+        return decode_headers(blob, offset - e[0])
+
+    # -- durability ----------------------------------------------------------------------
+    def needs_sync(self) -> bool:
+        behind = self._flushed - self._synced
+        if behind <= 0:
+            return False
+        if behind >= self.config.sync_every:
+            return True
+        iv = self.config.sync_interval
+        return iv > 0 and time.monotonic() - self._last_sync >= iv
+
+    def sync(self) -> None:
+        """fsync data + metadata of every written segment, then move the recovery point.
+
+        Safe to run in a thread while the loop keeps appending (fds are dup'ed)."""
+        with self._lock:
+            target = self._flushed
+            segs = list(self._dirty)
+            self._dirty.clear()
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+            fds = []
+            for s in segs:
+                if s.fds:
+                    fds.extend(s.fsync_fds())
+        try:
+            for fd in fds:
+                os.fdatasync(fd)
+            if dir_dirty:
+                self._fsync_dir()
+            if target > self._synced:
+                self._write_checkpoint(target)
+        except OSError as e:
+            with self._lock:
+                self._dirty.update(s for s in segs if s.fds)
+                self._dir_dirty |= dir_dirty
+            raise log_error("fsync", self.path, e) from e
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self._last_sync = time.monotonic()
+        with self._lock:
+            if target > self._synced:
+                self._synced = target
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_checkpoint(self, offset: int) -> None:
+        raw = struct.pack(">Q", offset)
+        tmp = self.path / f"{CHECKPOINT}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, raw + struct.pack(">I", zlib.crc32(raw)))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path / CHECKPOINT)
+
+    # -- truncation / retention ----------------------------------------------------------
+    def truncate_to(self, offset: int) -> None:
+        """Drop records >= offset (replication divergence); pending batches above go too."""
+        offset = max(offset, 0)
+        self._pending = [p for p in self._pending if p.base + p.count <= offset]
+        if offset < self._flushed and any(p.base >= offset for p in self._pending):
+            self._pending = []
+        try:
+            if offset <= self.start_offset:
+                for s in self._segments:
+                    s.delete()
+                self._segments = [self._new_segment(offset)]
+            else:
+                while len(self._segments) > 1 and self._segments[-1].base >= offset:
+                    self._segments.pop().delete()
+                self._segments[-1].truncate_to(offset)
+            self._seg_bases = [s.base for s in self._segments]
+            self._write_checkpoint(min(self._read_checkpoint(), offset))
+        except OSError as e:
+            raise log_error("truncating", self.path, e) from e
+        self._drop_caches()
+        self._flushed = min(self._flushed, offset)
+        self._synced = min(self._synced, offset)
+        self.next_offset = max(self._flushed, max((p.base + p.count for p in self._pending),
+                                                  default=self._flushed))
+        self._commit_id = max(s.last_commit_id for s in self._segments) + 1
+        self._dirty.add(self._segments[-1])
+
+    def apply_retention(self, floor_offset: int, now: float | None = None) -> int:
+        """Delete old segments; returns the new start_offset (see LogConfig for the policy)."""
+        cfg = self.config
+        now = time.time() if now is None else now
+        total = self.size_bytes()
+        while len(self._segments) > 1:
+            seg, nxt = self._segments[0], self._segments[1]
+            hard = cfg.hard_size_cap is not None and total > cfg.hard_size_cap
+            if not hard:
+                if nxt.base > floor_offset:
+                    break
+                if cfg.retention_seconds is not None or cfg.retention_bytes is not None:
+                    old = (cfg.retention_seconds is not None
+                           and seg.max_ts <= (now - cfg.retention_seconds) * 1e9)
+                    big = cfg.retention_bytes is not None and total > cfg.retention_bytes
+                    if not (old or big):
+                        break
+            total -= seg.size
+            self._segments.pop(0)
+            self._dirty.discard(seg)
+            seg.delete()
+        self._seg_bases = [s.base for s in self._segments]
+        start = self.start_offset
+        self._disk_chunks = [c for c in self._disk_chunks if c.base >= start]
+        while self._tail_head < len(self._tail) and self._tail[self._tail_head].end <= start:
+            self._tail_bytes -= len(self._tail[self._tail_head].data)
+            self._tail_head += 1
+        return start
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.flush()
+            self.sync()
+        finally:
+            self._closed = True
+            for s in self._segments:
+                s.close()
+            self._drop_caches()
+
+    def __enter__(self) -> PartitionLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"PartitionLog({str(self.path)!r}, partition={self.partition}, "
+                f"start={self.start_offset}, next={self.next_offset})")
+

@@ -1,0 +1,628 @@
+"""One log segment: frames file plus its metadata and indexes, all named by the base offset.
+
+Files of segment ``B`` (20-digit zero padded):
+
+* ``B.log``        the frames, back to back (a range of records is one contiguous byte range)
+* ``B.batches``    one fixed-size entry per commit (see ``ENTRY``), each with its own crc
+* ``B.index``      sparse offset index: (offset, file position) every ``index_interval_bytes``
+* ``B.timeindex``  sparse time index: (max timestamp before offset, offset, commit number)
+* ``B.headers``    extension headers blobs, referenced from the commit entries
+* ``B.sizes``      frame lengths (4B BE each) of mixed-size commits, so a cold read finds frame
+                   boundaries without walking the frames (optional: crc-checked, else a scan)
+
+Metadata and indexes are kept apart from the frames so that the frame run stays sendable as is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import sys
+import zlib
+from array import array
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
+from pathlib import Path
+
+from nsqx.storage.message_id import ids_for_range
+from nsqx.storage.records import scan_positions
+
+log = logging.getLogger("nsqx.storage.log")
+
+# base, count, position, length, first_ts, max_ts, epoch, commit_id, data_crc,
+# headers_pos, headers_len, headers_crc, uniform frame length (0 = mixed),
+# frame sizes pos (NO_SIZES = none), frame sizes crc ; + entry crc
+ENTRY_BODY = struct.Struct(">QIQQqqIQIQIIIQI")
+NO_SIZES = (1 << 64) - 1
+ENTRY_SIZE = ENTRY_BODY.size + 4
+IDX_BODY = struct.Struct(">QQ")  # offset, position
+IDX_SIZE = IDX_BODY.size + 4
+TIDX_BODY = struct.Struct(">qQQ")  # max ts before offset, offset, commit number
+TIDX_SIZE = TIDX_BODY.size + 4
+_U32 = struct.Struct(">I")
+_FRAME_HEAD = struct.Struct(">IIqH16s")
+SUFFIXES = (".log", ".batches", ".index", ".timeindex", ".headers", ".sizes")
+READ_CHUNK = 1 << 20
+_LITTLE = sys.byteorder == "little"
+
+
+def seg_name(base: int) -> str:
+    return f"{base:020d}"
+
+
+def _with_crc(body: bytes) -> bytes:
+    return body + _U32.pack(zlib.crc32(body))
+
+
+def _open(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+def write_all(fd: int, bufs: list) -> None:
+    """os.writev until every byte is written (writev may write less than asked)."""
+    total = sum(map(len, bufs))
+    done = os.writev(fd, bufs)
+    while done < total:
+        rest = memoryview(b"".join(bufs))[done:]
+        done += os.write(fd, rest)
+
+
+class Segment:
+    """Files and in-memory lookup arrays of one segment (per-commit arrays, sparse indexes)."""
+
+    def __init__(self, directory: Path, base: int, partition: int, interval: int) -> None:
+        self.dir = directory
+        self.base = base
+        self.partition = partition
+        self.interval = interval
+        stem = directory / seg_name(base)
+        self.paths = [stem.with_suffix(s) for s in SUFFIXES]
+        self.fds: list[int] = []
+        try:
+            for p in self.paths:
+                self.fds.append(_open(p))
+        except OSError:
+            self.close()
+            raise
+        self.log_fd, self.meta_fd, self.idx_fd, self.tidx_fd, self.hdr_fd, self.sizes_fd = self.fds
+        self.sizes = [os.fstat(fd).st_size for fd in self.fds]
+        self._reset_memory()
+
+    # -- state --------------------------------------------------------------------------
+    def _reset_memory(self) -> None:
+        self.bases = array("q")  # first offset of each commit
+        self.poss = array("q")  # file position of each commit
+        self.runmax = array("q")  # max timestamp up to and including each commit
+        self.flens = array("q")  # uniform frame length of each commit (0 = mixed)
+        self.spos: list[int] = []  # position of each commit's frame sizes in .sizes
+        self.scrc: list[int] = []
+        self.sizes_end = 0
+        self.idx_off = array("q")
+        self.idx_pos = array("q")
+        self.tidx_ts = array("q")
+        self.tidx_off = array("q")
+        self.tidx_bidx = array("q")
+        self.next_offset = self.base
+        self.log_end = 0  # end of the last commit (== sizes[0] once recovered)
+        self.last_commit_id = -1
+        self.last_epoch = 0
+        self._next_idx_pos = 0
+        self._next_tidx_pos = 0
+        self.hdr_end = 0
+
+    @property
+    def size(self) -> int:
+        return self.sizes[0]
+
+    @property
+    def max_ts(self) -> int:
+        return self.runmax[-1] if self.runmax else -(1 << 63)
+
+    @property
+    def count(self) -> int:
+        return self.next_offset - self.base
+
+    def commit_end(self, c: int) -> int:
+        return self.poss[c + 1] if c + 1 < len(self.poss) else self.log_end
+
+    def commit_of(self, offset: int) -> int:
+        """Index of the commit holding offset (offset must be in this segment)."""
+
+        return bisect_right(self.bases, offset) - 1
+
+    def entry(self, c: int) -> tuple:
+        raw = os.pread(self.meta_fd, ENTRY_SIZE, c * ENTRY_SIZE)
+        return ENTRY_BODY.unpack_from(raw)
+
+    def entries(self, first: int = 0):
+        n = len(self.bases)
+        c = first
+        while c < n:
+            k = min(n - c, 4096)
+            raw = os.pread(self.meta_fd, k * ENTRY_SIZE, c * ENTRY_SIZE)
+            for i in range(k):
+                yield ENTRY_BODY.unpack_from(raw, i * ENTRY_SIZE)
+            c += k
+
+    # -- planning a commit (pure) and applying it after the write succeeded -----------------
+    def plan_index(self, base: int, pos: int, rel: array | None, flen: int, count: int,
+                   target: int) -> tuple[list[tuple[int, int]], int]:
+        """Offset-index entries for frames at file position pos: the first frame starting at or
+        after target, then one per interval (deterministic, so a rebuild writes the same)."""
+        out: list[tuple[int, int]] = []
+        end = pos + (count * flen if flen else rel[-1])
+        while target < end:
+            # first frame starting at or after target: ceil((target-pos)/flen) or a bisect
+            k = max(0, -((pos - target) // flen)) if flen else bisect_left(rel, target - pos)
+            if k >= count:
+                break
+            fpos = pos + (k * flen if flen else rel[k])
+            out.append((base + k, fpos))
+            target = fpos + self.interval
+        return out, target
+
+    def plan_commit(self, base: int, count: int, length: int, first_ts: int, max_ts: int,
+                    epoch: int, commit_id: int, crc: int, hdr: bytes, hdr_pos: int, flen: int,
+                    idx: list[tuple[int, int]], next_idx: int, sizes: bytes = b"",
+                    sizes_pos: int = NO_SIZES) -> dict:
+        pos = self.log_end
+        spos = sizes_pos if sizes else NO_SIZES
+        scrc = zlib.crc32(sizes) if sizes else 0
+        entry = _with_crc(ENTRY_BODY.pack(base, count, pos, length, first_ts, max_ts, epoch,
+                                          commit_id, crc, hdr_pos, len(hdr),
+                                          zlib.crc32(hdr) if hdr else 0, flen, spos, scrc))
+        tidx = None
+        if pos >= self._next_tidx_pos:
+            tidx = (self.max_ts, base, len(self.bases))
+        return {"base": base, "count": count, "pos": pos, "length": length, "max_ts": max_ts,
+                "epoch": epoch, "commit_id": commit_id, "flen": flen, "spos": spos,
+                "scrc": scrc,
+                "entry": entry, "idx": idx, "next_idx": next_idx, "tidx": tidx}
+
+    def snapshot(self) -> tuple:
+        return (self.log_end, self._next_idx_pos, self._next_tidx_pos, len(self.bases),
+                len(self.idx_off), len(self.tidx_ts), self.next_offset, self.last_commit_id,
+                self.last_epoch, list(self.sizes))
+
+    def restore(self, snap: tuple) -> None:
+        (self.log_end, self._next_idx_pos, self._next_tidx_pos, nb, ni, nt, self.next_offset,
+         self.last_commit_id, self.last_epoch, sizes) = snap
+        self.sizes = list(sizes)
+        del self.bases[nb:], self.poss[nb:], self.runmax[nb:], self.flens[nb:]
+        del self.spos[nb:], self.scrc[nb:]
+        del self.idx_off[ni:], self.idx_pos[ni:]
+        del self.tidx_ts[nt:], self.tidx_off[nt:], self.tidx_bidx[nt:]
+
+    def meta_bytes(self, plan: dict) -> tuple[bytes, bytes, bytes]:
+        idx = b"".join(_with_crc(IDX_BODY.pack(o, p)) for o, p in plan["idx"])
+        tidx = _with_crc(TIDX_BODY.pack(*plan["tidx"])) if plan["tidx"] else b""
+        return plan["entry"], idx, tidx
+
+    def apply(self, plan: dict) -> None:
+        self.bases.append(plan["base"])
+        self.poss.append(plan["pos"])
+        self.runmax.append(max(self.max_ts, plan["max_ts"]))
+        self.flens.append(plan["flen"])
+        self.spos.append(plan["spos"])
+        self.scrc.append(plan["scrc"])
+        for o, p in plan["idx"]:
+            self.idx_off.append(o)
+            self.idx_pos.append(p)
+        self._next_idx_pos = plan["next_idx"]
+        if plan["tidx"]:
+            ts, off, bidx = plan["tidx"]
+            self.tidx_ts.append(ts)
+            self.tidx_off.append(off)
+            self.tidx_bidx.append(bidx)
+            self._next_tidx_pos = plan["pos"] + self.interval
+        self.next_offset = plan["base"] + plan["count"]
+        self.log_end = plan["pos"] + plan["length"]
+        self.last_commit_id = plan["commit_id"]
+        self.last_epoch = plan["epoch"]
+
+    # -- reads ---------------------------------------------------------------------------
+    def position_of(self, offset: int) -> int:
+        """File position of the frame at offset: arithmetic for uniform commits, else index+scan."""
+
+        c = self.commit_of(offset)
+        base, pos, flen = self.bases[c], self.poss[c], self.flens[c]
+        if flen:
+            return pos + (offset - base) * flen
+        lens = self.frame_sizes(c)
+        if lens is not None:
+            return pos + sum(lens[: offset - base])
+        k = bisect_right(self.idx_off, offset) - 1
+        if k >= 0 and self.idx_off[k] >= base:
+            base, pos = self.idx_off[k], self.idx_pos[k]
+        end = self.commit_end(c)
+        while True:
+            if base == offset:
+                return pos
+            data = os.pread(self.log_fd, min(READ_CHUNK, end - pos), pos)
+            P = scan_positions(data)
+            need = offset - base
+            if need < len(P):
+                return pos + P[need]
+            if len(P) == 1:  # a frame bigger than READ_CHUNK
+                (sz,) = _U32.unpack_from(data)
+                pos, base = pos + 4 + sz, base + 1
+            else:
+                pos, base = pos + P[-1], base + len(P) - 1
+
+    def positions_in(self, data: bytes, start_off: int, start_pos: int) -> array:
+        """Frame starts (relative to data) of the complete frames of data read at start_pos."""
+
+        out = array("q", [0])
+        c = bisect_right(self.bases, start_off) - 1
+        k0 = start_off - self.bases[c]  # first frame of the read inside its commit
+        rel = 0
+        n = len(data)
+        ncommits = len(self.bases)
+        while c < ncommits and rel < n:
+            cend = self.commit_end(c) - start_pos
+            lim = min(cend, n)
+            flen = self.flens[c]
+            lens = None if flen else self.frame_sizes(c)
+            if flen:
+                k = (lim - rel) // flen
+                out.extend(range(rel + flen, rel + k * flen + 1, flen))
+                rel += k * flen
+            elif lens is not None:
+                acc = list(accumulate(lens[k0:], initial=rel))
+                cut = bisect_right(acc, lim)
+                out.extend(acc[1:cut])
+                rel = acc[cut - 1]
+            else:
+                P = scan_positions(data, rel, lim)
+                out.extend(P[1:])
+                rel = P[-1]
+            if rel < cend:
+                break
+            c += 1
+            k0 = 0
+        return out
+
+    def frame_sizes(self, c: int) -> array | None:
+        """Frame lengths of mixed commit c from .sizes (None if absent or damaged: scan)."""
+        sp = self.spos[c]
+        if sp == NO_SIZES:
+            return None
+        count = (self.bases[c + 1] if c + 1 < len(self.bases) else self.next_offset) - self.bases[c]
+        raw = os.pread(self.sizes_fd, 4 * count, sp)
+        if len(raw) != 4 * count or zlib.crc32(raw) != self.scrc[c]:
+            log.warning("%s: frame sizes of commit at offset %d damaged; scanning frames instead",
+                        self.paths[5], self.bases[c])
+            self.spos[c] = NO_SIZES
+            return None
+        a = array("I")
+        a.frombytes(raw)
+        if _LITTLE:
+            a.byteswap()
+        return a
+
+    def offset_for_time(self, ts: int) -> int | None:
+        """First offset whose running-max timestamp >= ts, or None if none in this segment."""
+        if not self.runmax or self.runmax[-1] < ts:
+            return None
+        k = bisect_left(self.tidx_ts, ts) - 1
+        lo = self.tidx_bidx[k] if k >= 0 else 0
+        c = bisect_left(self.runmax, ts, lo)
+        base = self.bases[c]
+        pos, end = self.poss[c], self.commit_end(c)
+        prev = self.runmax[c - 1] if c else -(1 << 63)
+        while pos < end:
+            data = os.pread(self.log_fd, min(READ_CHUNK, end - pos), pos)
+            P = scan_positions(data)
+            if len(P) == 1:
+                P = array("q", [0, 4 + _U32.unpack_from(data)[0]])
+                data = os.pread(self.log_fd, 16, pos)
+            for i in range(len(P) - 1):
+                t = struct.unpack_from(">q", data, P[i] + 8)[0]
+                if t >= ts or prev >= ts:
+                    return base + i
+                prev = max(prev, t)
+            pos += P[-1]
+            base += len(P) - 1
+        return self.next_offset  # pragma: no cover - runmax guarantees a hit
+
+    # -- recovery ------------------------------------------------------------------------
+    def recover(self, checkpoint: int) -> bool:
+        """Load and verify; truncate a torn tail. Returns True if the segment was cut short."""
+        raw = os.pread(self.meta_fd, self.sizes[1], 0) if self.sizes[1] else b""
+        n = len(raw) // ENTRY_SIZE
+        good = 0
+        expect_base, expect_pos = self.base, 0
+        parsed = []
+        for i in range(n):
+            body = raw[i * ENTRY_SIZE : i * ENTRY_SIZE + ENTRY_BODY.size]
+            (crc,) = _U32.unpack_from(raw, i * ENTRY_SIZE + ENTRY_BODY.size)
+            if zlib.crc32(body) != crc:
+                break
+            e = ENTRY_BODY.unpack(body)
+            if e[0] != expect_base or e[2] != expect_pos or e[2] + e[3] > self.sizes[0]:
+                break
+            if e[9] + e[10] > self.sizes[4]:
+                break
+            parsed.append(e)
+            expect_base, expect_pos = e[0] + e[1], e[2] + e[3]
+            good += 1
+        corrupt_mid = False
+        if good < n:
+            # a bad entry followed by a valid one means corruption, not a torn tail
+            for i in range(good + 1, n):
+                body = raw[i * ENTRY_SIZE : i * ENTRY_SIZE + ENTRY_BODY.size]
+                if zlib.crc32(body) == _U32.unpack_from(raw, i * ENTRY_SIZE + ENTRY_BODY.size)[0]:
+                    corrupt_mid = True
+                    break
+        missing = self.sizes[1] == 0 and self.sizes[0] > 0
+        if missing or corrupt_mid:
+            log.warning("%s: batches metadata %s; rebuilding it from the frames (epoch 0, "
+                        "extension headers of this segment are lost)", self.paths[1],
+                        "missing" if missing else f"corrupt at byte {good * ENTRY_SIZE}")
+            return self._rebuild_from_frames()
+        cut = False
+        if good < n or len(raw) % ENTRY_SIZE:
+            log.warning("%s: torn/corrupt batches metadata tail at byte %d; truncating",
+                        self.paths[1], good * ENTRY_SIZE)
+            cut = True
+        # verify commits that are not known fsynced
+        for i, e in enumerate(parsed):
+            if e[0] + e[1] <= checkpoint:
+                continue
+            if not self._verify(e):
+                log.warning("%s: corrupt or torn record batch at byte %d (offset %d); truncating "
+                            "log and metadata there", self.paths[0], e[2], e[0])
+                parsed = parsed[:i]
+                cut = True
+                break
+        self._load(parsed)
+        if self.sizes[0] > self.log_end:
+            log.warning("%s: torn tail of %d bytes after byte %d (unacknowledged); truncating",
+                        self.paths[0], self.sizes[0] - self.log_end, self.log_end)
+            cut = True
+        self._truncate_files()
+        self._load_indexes()
+        return cut
+
+    def _verify(self, e: tuple) -> bool:
+        base, count, pos, length = e[0], e[1], e[2], e[3]
+        data = os.pread(self.log_fd, length, pos)
+        if len(data) != length or zlib.crc32(data) != e[8]:
+            return False
+        return self._frames_ok(data, base, count)
+
+    def _frames_ok(self, data: bytes, base: int, count: int) -> bool:
+        P = scan_positions(data)
+        if len(P) - 1 != count or P[-1] != len(data):
+            return False
+        ids = b"".join([data[p + 18 : p + 34] for p in P[:-1]])
+        types_ok = all(data[p + 4 : p + 8] == b"\0\0\0\2" for p in P[:-1])
+        return types_ok and ids == ids_for_range(self.partition, base, count)
+
+    def _load(self, parsed: list[tuple]) -> None:
+        self._reset_memory()
+        for e in parsed:
+            self.bases.append(e[0])
+            self.poss.append(e[2])
+            self.runmax.append(max(self.max_ts, e[5]))
+            self.flens.append(e[12])
+            if e[13] != NO_SIZES and e[13] + 4 * e[1] <= self.sizes[5]:
+                self.spos.append(e[13])
+                self.sizes_end = max(self.sizes_end, e[13] + 4 * e[1])
+            else:
+                self.spos.append(NO_SIZES)
+            self.scrc.append(e[14])
+            self.next_offset = e[0] + e[1]
+            self.log_end = e[2] + e[3]
+            self.last_commit_id = e[7]
+            self.last_epoch = e[6]
+        self.hdr_end = (parsed[-1][9] + parsed[-1][10]) if parsed else 0
+
+    def _truncate_files(self) -> None:
+        want = [self.log_end, len(self.bases) * ENTRY_SIZE, None, None, self.hdr_end,
+                self.sizes_end]
+        for i, w in enumerate(want):
+            if w is not None and self.sizes[i] != w:
+                os.ftruncate(self.fds[i], w)
+                self.sizes[i] = w
+        for fd, s in zip(self.fds, self.sizes, strict=True):
+            os.lseek(fd, s, os.SEEK_SET)
+
+    def _rebuild_from_frames(self) -> bool:
+        """Metadata gone: one commit per run of up to 1 MiB of valid frames, epoch 0."""
+        parsed = []
+        pos, off, size = 0, self.base, self.sizes[0]
+        cut = False
+        while pos < size:
+            data = os.pread(self.log_fd, min(READ_CHUNK, size - pos), pos)
+            P = scan_positions(data)
+            if len(P) == 1 and len(data) >= 4:
+                need = 4 + _U32.unpack_from(data)[0]
+                if pos + need <= size:
+                    data = os.pread(self.log_fd, need, pos)
+                    P = scan_positions(data)
+            # keep the longest prefix of frames with the right type and id (recovery only)
+            k = 0
+            while k < len(P) - 1:
+                p = P[k]
+                if (data[p + 4 : p + 8] != b"\0\0\0\2" or P[k + 1] - p < 34
+                        or data[p + 18 : p + 34] != b"%016x" % ((self.partition << 48) | (off + k))):
+                    break
+                k += 1
+            if k == 0:
+                cut = True
+                break
+            chunk = data[: P[k]]
+            ts = [struct.unpack_from(">q", chunk, p + 8)[0] for p in P[:k]]
+            lens = {P[i + 1] - P[i] for i in range(k)}
+            flen = lens.pop() if len(lens) == 1 else 0
+            parsed.append((off, k, pos, len(chunk), ts[0], max(ts), 0, 0, zlib.crc32(chunk),
+                           0, 0, 0, flen, NO_SIZES, 0))
+            pos += len(chunk)
+            off += k
+        if cut:
+            log.warning("%s: invalid frame at byte %d while rebuilding metadata; truncating",
+                        self.paths[0], pos)
+        self._load(parsed)
+        self.hdr_end = 0
+        os.ftruncate(self.meta_fd, 0)
+        os.pwrite(self.meta_fd, b"".join(_with_crc(ENTRY_BODY.pack(*e)) for e in parsed), 0)
+        self.sizes[1] = len(parsed) * ENTRY_SIZE
+        self._truncate_files()
+        self._rebuild_indexes()
+        return cut
+
+    def _load_indexes(self) -> None:
+        ok = self._read_index() and self._read_tindex()
+        if not ok:
+            log.warning("%s: offset/time index missing or corrupt; rebuilding from the log",
+                        self.paths[2])
+            self._rebuild_indexes()
+            return
+        # add entries a crash may have kept from being written (commits after the last entry)
+        self._fill_indexes()
+
+    def _read_index(self) -> bool:
+        raw = os.pread(self.idx_fd, self.sizes[2], 0)
+        if len(raw) % IDX_SIZE or (self.sizes[0] and not raw):
+            return False
+        last = -1
+        for i in range(0, len(raw), IDX_SIZE):
+            body = raw[i : i + IDX_BODY.size]
+            if zlib.crc32(body) != _U32.unpack_from(raw, i + IDX_BODY.size)[0]:
+                return False
+            o, p = IDX_BODY.unpack(body)
+            if p <= last or p >= self.log_end or not self.base <= o < self.next_offset:
+                if p >= self.log_end and o >= self.next_offset:
+                    break  # entries of a truncated tail
+                return False
+            self.idx_off.append(o)
+            self.idx_pos.append(p)
+            last = p
+        return True
+
+    def _read_tindex(self) -> bool:
+        raw = os.pread(self.tidx_fd, self.sizes[3], 0)
+        if len(raw) % TIDX_SIZE or (self.sizes[0] and not raw):
+            return False
+        for i in range(0, len(raw), TIDX_SIZE):
+            body = raw[i : i + TIDX_BODY.size]
+            if zlib.crc32(body) != _U32.unpack_from(raw, i + TIDX_BODY.size)[0]:
+                return False
+            ts, o, b = TIDX_BODY.unpack(body)
+            if b >= len(self.bases):
+                break
+            if self.bases[b] != o or (self.tidx_bidx and b <= self.tidx_bidx[-1]):
+                return False
+            self.tidx_ts.append(ts)
+            self.tidx_off.append(o)
+            self.tidx_bidx.append(b)
+        return True
+
+    def _rebuild_indexes(self) -> None:
+        for a in (self.idx_off, self.idx_pos, self.tidx_ts, self.tidx_off, self.tidx_bidx):
+            del a[:]
+        self._fill_indexes()
+
+    def _fill_indexes(self) -> None:
+        """(Re)compute index entries after the last kept one and rewrite both index files."""
+        self._next_idx_pos = (self.idx_pos[-1] + self.interval) if self.idx_pos else 0
+        self._next_tidx_pos = ((self.poss[self.tidx_bidx[-1]] + self.interval)
+                               if self.tidx_bidx else 0)
+        first_t = (self.tidx_bidx[-1] + 1) if self.tidx_bidx else 0
+        first_c = self.commit_of(self.idx_off[-1]) if self.idx_off else 0
+        for c in range(min(first_c, first_t), len(self.bases)):
+            base, pos, flen = self.bases[c], self.poss[c], self.flens[c]
+            count = (self.bases[c + 1] if c + 1 < len(self.bases) else self.next_offset) - base
+            end = self.commit_end(c)
+            if c >= first_c and end > self._next_idx_pos:
+                rel = None
+                if not flen:
+                    rel = scan_positions(os.pread(self.log_fd, end - pos, pos))
+                idx, self._next_idx_pos = self.plan_index(base, pos, rel, flen, count,
+                                                          self._next_idx_pos)
+                for o, p in idx:
+                    self.idx_off.append(o)
+                    self.idx_pos.append(p)
+            if c >= first_t and pos >= self._next_tidx_pos:
+                self.tidx_ts.append(self.runmax[c - 1] if c else -(1 << 63))
+                self.tidx_off.append(base)
+                self.tidx_bidx.append(c)
+                self._next_tidx_pos = pos + self.interval
+        idx = b"".join(_with_crc(IDX_BODY.pack(o, p))
+                       for o, p in zip(self.idx_off, self.idx_pos, strict=True))
+        tidx = b"".join(_with_crc(TIDX_BODY.pack(*t))
+                        for t in zip(self.tidx_ts, self.tidx_off, self.tidx_bidx, strict=True))
+        for i, data in ((2, idx), (3, tidx)):
+            fd = self.fds[i]
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+            self.sizes[i] = len(data)
+            os.lseek(fd, len(data), os.SEEK_SET)
+
+    # -- truncation ----------------------------------------------------------------------
+    def truncate_to(self, offset: int) -> None:
+        """Drop records >= offset (offset within [base, next_offset])."""
+        if offset >= self.next_offset:
+            return
+        c = self.commit_of(offset) if offset > self.base else 0
+        entries = list(self.entries(0))[: c + 1] if self.bases else []
+        if offset == self.base:
+            entries = []
+        elif entries and entries[-1][0] < offset:
+            e = list(entries[-1])
+            cut_pos = self.position_of(offset)
+            data = os.pread(self.log_fd, cut_pos - e[2], e[2])
+            P = scan_positions(data)
+            ts = [struct.unpack_from(">q", data, p + 8)[0] for p in P[:-1]]
+            e[1], e[3], e[8] = offset - e[0], len(data), zlib.crc32(data)
+            e[13], e[14] = NO_SIZES, 0
+            e[4], e[5] = ts[0], max(ts)
+            entries[-1] = tuple(e)
+        else:
+            entries = entries[:-1] if entries and entries[-1][0] >= offset else entries
+        self._load(entries)
+        os.ftruncate(self.meta_fd, 0)
+        os.pwrite(self.meta_fd, b"".join(_with_crc(ENTRY_BODY.pack(*e)) for e in entries), 0)
+        self.sizes[1] = len(entries) * ENTRY_SIZE
+        self._truncate_files()
+        keep = bisect_left(self.idx_off, offset)
+        del self.idx_off[keep:]
+        del self.idx_pos[keep:]
+        keep = bisect_left(self.tidx_off, offset)
+        del self.tidx_ts[keep:]
+        del self.tidx_off[keep:]
+        del self.tidx_bidx[keep:]
+        self._fill_indexes()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def close(self) -> None:
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+
+    def delete(self) -> None:
+        self.close()
+        for p in self.paths:
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+
+    def fsync_fds(self) -> list[int]:
+        """Dups of the files that must be durable (indexes are rebuilt from them if needed)."""
+        return [os.dup(fd) for fd in (self.log_fd, self.hdr_fd, self.meta_fd)]
+
+
+def list_segments(directory: Path) -> list[int]:
+    out = []
+    for p in directory.glob("*.log"):
+        try:
+            out.append(int(p.stem))
+        except ValueError:
+            continue
+    return sorted(out)

@@ -1,0 +1,158 @@
+import asyncio
+import errno
+import os
+
+import pytest
+
+from nsqx.storage.commit import GroupCommitter
+from nsqx.storage.log import LogConfig, LogError, MemoryLog, PartitionLog
+
+
+class CountingLog(PartitionLog):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.flushes = 0
+        self.syncs = 0
+        self.sync_threads = set()
+
+    def flush(self):
+        self.flushes += 1
+        return super().flush()
+
+    def sync(self):
+        import threading
+
+        self.syncs += 1
+        self.sync_threads.add(threading.get_ident())
+        return super().sync()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_one_write_per_turn(tmp_path):
+    async def main():
+        lg = CountingLog(tmp_path, 0, LogConfig(sync_every=10**9, sync_interval=0))
+        gc = GroupCommitter(lg)
+        seen = []
+        gc.on_flushed.append(seen.append)
+        futs = [gc.append([b"m%d" % i] * (i + 1), 5) for i in range(10)]
+        assert lg.flushed_offset == 0  # nothing written yet in this turn
+        bases = await asyncio.gather(*futs)
+        assert bases == [sum(range(1, i + 1)) for i in range(10)]
+        assert lg.flushes == 1 and seen == [55] and lg.syncs == 0
+        await gc.close()
+        assert lg.synced_offset == 55
+        lg.close()
+
+    run(main())
+
+
+def test_sync_every_commit_fsyncs_before_ack(tmp_path):
+    async def main():
+        lg = CountingLog(tmp_path, 0, LogConfig(sync_every=1))
+        gc = GroupCommitter(lg)
+        for round_ in range(3):
+            futs = [gc.append([b"x"], 1) for _ in range(5)]
+            for f in asyncio.as_completed(futs):
+                await f
+                assert lg.synced_offset >= 5 * (round_ + 1)
+        assert 1 <= lg.syncs <= 3
+        import threading
+
+        assert threading.get_ident() not in lg.sync_threads  # fsync ran in the executor
+        await gc.close()
+        lg.close()
+
+    run(main())
+
+
+def test_background_sync_by_count(tmp_path):
+    async def main():
+        lg = CountingLog(tmp_path, 0, LogConfig(sync_every=10, sync_interval=0))
+        gc = GroupCommitter(lg)
+        await gc.append([b"x"] * 4)
+        assert lg.syncs == 0
+        await gc.append([b"x"] * 8)
+        for _ in range(50):
+            if lg.synced_offset == 12:
+                break
+            await asyncio.sleep(0.01)
+        assert lg.synced_offset == 12
+        await gc.close()
+        lg.close()
+
+    run(main())
+
+
+def test_background_sync_by_interval(tmp_path):
+    async def main():
+        lg = CountingLog(tmp_path, 0, LogConfig(sync_every=10**9, sync_interval=0.01))
+        gc = GroupCommitter(lg)
+        await gc.append([b"x"])
+        for _ in range(200):
+            if lg.synced_offset == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert lg.synced_offset == 1
+        await gc.close()
+        lg.close()
+
+    run(main())
+
+
+def test_write_error_fails_turn_then_recovers(tmp_path, monkeypatch):
+    async def main():
+        lg = PartitionLog(tmp_path, 0, LogConfig(sync_every=1))
+        gc = GroupCommitter(lg)
+        assert await gc.append([b"ok"]) == 0
+        real = os.writev
+
+        def enospc(fd, bufs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "writev", enospc)
+        futs = [gc.append([b"no"]), gc.append([b"no"])]
+        for f in futs:
+            with pytest.raises(LogError, match="disk full"):
+                await f
+        monkeypatch.setattr(os, "writev", real)
+        assert await gc.append([b"again"]) == 1
+        assert lg.read_frame(1).endswith(b"again")
+        await gc.close()
+        lg.close()
+
+    run(main())
+
+
+def test_fsync_error_fails_waiters(tmp_path, monkeypatch):
+    async def main():
+        lg = PartitionLog(tmp_path, 0, LogConfig(sync_every=1))
+        gc = GroupCommitter(lg)
+
+        def eio(fd):
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(os, "fdatasync", eio)
+        with pytest.raises(LogError, match="I/O error"):
+            await gc.append([b"x"])
+        monkeypatch.undo()
+        assert await gc.append([b"y"]) == 1
+        assert lg.synced_offset == 2
+        await gc.close()
+        lg.close()
+
+    run(main())
+
+
+def test_memory_log_committer():
+    async def main():
+        lg = MemoryLog(0, 100)
+        gc = GroupCommitter(lg, sync_always=True)
+        assert await asyncio.gather(gc.append([b"a"]), gc.append([b"b", b"c"])) == [0, 1]
+        await gc.close()
+        with pytest.raises(LogError):
+            await gc.append([b"late"])
+
+    run(main())

@@ -1,0 +1,134 @@
+"""Disk full / unwritable: LogError, earlier data intact, writes work again afterwards."""
+
+import errno
+import os
+
+import pytest
+
+from nsqx.storage.log import LogConfig, LogError, PartitionLog
+
+
+def frames(lg):
+    return [lg.read_frame(i) for i in range(lg.start_offset, lg.flushed_offset)]
+
+
+@pytest.mark.parametrize("code, words", [(errno.ENOSPC, "disk full"), (errno.EIO, "I/O error"),
+                                         (errno.EROFS, "not writable")])
+def test_write_error_rolls_back(tmp_path, monkeypatch, code, words):
+    lg = PartitionLog(tmp_path, 0, LogConfig(segment_bytes=1 << 20))
+    lg.append([b"a", b"bb"], 1)
+    lg.flush()
+    before = frames(lg)
+    sizes = [s.sizes[:] for s in lg._segments]
+    real = os.writev
+    calls = {"n": 0}
+
+    def failing(fd, bufs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # fail the metadata write after the data went out
+            raise OSError(code, os.strerror(code))
+        return real(fd, bufs)
+
+    monkeypatch.setattr(os, "writev", failing)
+    lg.append([b"c"] * 10, 2)
+    with pytest.raises(LogError, match=words):
+        lg.flush()
+    monkeypatch.setattr(os, "writev", real)
+    assert lg.next_offset == lg.flushed_offset == 2
+    assert frames(lg) == before
+    assert [s.sizes for s in lg._segments] == sizes
+    assert [os.fstat(fd).st_size for fd in lg._segments[0].fds] == sizes[0]
+    # space is back
+    assert lg.append([b"d"], 3) == 2
+    lg.flush()
+    lg.close()
+    lg = PartitionLog(tmp_path, 0, LogConfig(segment_bytes=1 << 20))
+    assert lg.next_offset == 3
+    assert lg.read_frame(2).endswith(b"0000000000000002d")
+    lg.close()
+
+
+def test_error_on_first_write_and_segment_roll(tmp_path, monkeypatch):
+    cfg = LogConfig(segment_bytes=200)
+    lg = PartitionLog(tmp_path, 0, cfg)
+    lg.append([b"x" * 150], 1)
+    lg.flush()
+    real = os.writev
+
+    def enospc(fd, bufs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "writev", enospc)
+    lg.append([b"y" * 150], 2)  # needs a new segment
+    with pytest.raises(LogError, match="disk full"):
+        lg.flush()
+    assert len(lg._segments) == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".log") == [
+        "00000000000000000000.log"]
+    monkeypatch.setattr(os, "writev", real)
+    lg.append([b"z" * 150], 3)
+    lg.flush()
+    assert len(lg._segments) == 2 and lg.read_frame(1).endswith(b"z" * 150)
+    lg.close()
+
+
+def test_unwritable_segment_creation(tmp_path, monkeypatch):
+    lg = PartitionLog(tmp_path, 0, LogConfig(segment_bytes=100))
+    lg.append([b"x" * 80], 1)
+    lg.flush()
+    real = os.open
+
+    def rofs(path, flags, *a, **kw):
+        if str(path).endswith(".log") and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", rofs)
+    lg.append([b"y" * 80], 2)
+    with pytest.raises(LogError, match="not writable"):
+        lg.flush()
+    monkeypatch.setattr(os, "open", real)
+    lg.append([b"y" * 80], 2)
+    lg.flush()
+    assert lg.next_offset == 2
+    lg.close()
+
+
+def test_fsync_error(tmp_path, monkeypatch):
+    lg = PartitionLog(tmp_path, 0)
+    lg.append([b"x"], 1)
+    lg.flush()
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", eio)
+    with pytest.raises(LogError, match="I/O error"):
+        lg.sync()
+    assert lg.synced_offset == 0
+    monkeypatch.undo()
+    lg.sync()
+    assert lg.synced_offset == 1
+    lg.close()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_read_only_directory(tmp_path):
+    d = tmp_path / "ro"
+    lg = PartitionLog(d, 0, LogConfig(segment_bytes=100))
+    lg.close()
+    os.chmod(d, 0o555)
+    for p in d.iterdir():
+        os.chmod(p, 0o444)
+    try:
+        with pytest.raises(LogError, match="not writable"):
+            PartitionLog(d, 0)
+    finally:
+        os.chmod(d, 0o755)
+
+
+def test_unwritable_path(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    with pytest.raises(LogError):
+        PartitionLog(blocker / "log", 0)
