@@ -34,8 +34,13 @@ from nsqx.protocol.v2 import (
     CommandParser,
     IdentifyLimits,
     IdentifySettings,
+    cannot_in_state,
     identify_response,
+    parse_fin,
     parse_identify,
+    parse_rdy,
+    parse_req,
+    parse_touch,
 )
 from nsqx.storage.cursor import NotInFlight, NotOwner
 from nsqx.storage.message_id import parse_id
@@ -204,6 +209,17 @@ class ClientV2(asyncio.Protocol):
         """Upstream's checks made before a body is read (TLS required, state, auth)."""
         if self.nsqd.tls_required_tcp and not self.tls and name != b"IDENTIFY":
             raise ProtocolError("E_INVALID", f"cannot {name.decode('latin-1')} in current state (TLS required)")
+        # State only moves forward from INIT and IDENTIFY/AUTH end a parse, so what we
+        # see here is current enough to refuse early; execution checks again.
+        if name in (b"IDENTIFY", b"AUTH") and self.state != STATE_INIT:
+            raise cannot_in_state(name)
+        if name == b"MPUB" and self.nsqd.auth_enabled and params and valid_topic_name(params[0]):
+            # Upstream authorizes MPUB before reading its (large) body.
+            topic = params[0].decode("ascii")
+            if self.auth is None:
+                raise ProtocolError("E_AUTH_FIRST", "AUTH required before MPUB")
+            if not self.auth.expired() and not self.auth.allows(topic, None, "publish"):
+                raise ProtocolError("E_UNAUTHORIZED", f'AUTH failed for MPUB on "{topic}" ""')
 
     # -- command loop ---------------------------------------------------------------------
     def _feed(self, data: bytes) -> None:
@@ -588,15 +604,7 @@ class ClientV2(asyncio.Protocol):
             return None
         if self.state != STATE_SUBSCRIBED:
             raise Fatal("E_INVALID", "cannot RDY in current state")
-        count = 1
-        if cmd.params:
-            try:
-                count = int(cmd.params[0])
-            except ValueError:
-                raise Fatal("E_INVALID", f"RDY could not parse count {cmd.params[0].decode('latin-1')}") from None
-        max_rdy = self.nsqd.opts.max_rdy_count
-        if not 0 <= count <= max_rdy:
-            raise Fatal("E_INVALID", f"RDY count {count} out of range 0-{max_rdy}")
+        count = parse_rdy(cmd.params, self.nsqd.opts.max_rdy_count)
         self.ready_count = count
         if count and self.channel is not None:
             self.channel.wake()
@@ -605,11 +613,10 @@ class ClientV2(asyncio.Protocol):
     def _msg_offset(self, cmd: Command, name: str) -> int:
         if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
             raise Fatal("E_INVALID", f"cannot {name} in current state")
-        if not cmd.params:
-            raise Fatal("E_INVALID", f"{name} insufficient number of params")
-        mid = cmd.params[0]
-        if len(mid) != 16:
-            raise Fatal("E_INVALID", "invalid message ID")
+        if name == "REQ":
+            mid, _ = parse_req(cmd.params, int(self.nsqd.opts.max_req_timeout * 1000))
+        else:
+            mid = parse_fin(cmd.params) if name == "FIN" else parse_touch(cmd.params)
         try:
             partition, offset = parse_id(mid)
         except ValueError:
@@ -668,14 +675,7 @@ class ClientV2(asyncio.Protocol):
 
     def _cmd_req(self, cmd: Command) -> None:
         offset = self._msg_offset(cmd, "REQ")
-        if len(cmd.params) < 2:
-            raise Fatal("E_INVALID", "REQ insufficient number of params")
-        try:
-            delay = int(cmd.params[1])
-        except ValueError:
-            raise Fatal("E_INVALID", "REQ could not parse timeout") from None
-        max_ms = int(self.nsqd.opts.max_req_timeout * 1000)
-        delay = max(0, min(delay, max_ms))
+        _, delay = parse_req(cmd.params, int(self.nsqd.opts.max_req_timeout * 1000))
         assert self.channel is not None
         try:
             if offset < 0:

@@ -109,6 +109,8 @@ class Topic:
                 if off >= cursor.next_read and ready_at > t:
                     cursor.defer(off, ready_at)
             self.pending_deferred = []
+        if state_path is not None and not state_path.exists():
+            cursor.persist()  # its start offset must survive a SIGKILL before any consumer
         ch = Channel(self, name, cursor, ephemeral=ephemeral)
         self.channels[name] = ch
         log.info("TOPIC(%s): new channel(%s) at offset %d", self.name, name, cursor.next_read)
