@@ -1,0 +1,127 @@
+"""Side-by-side benchmark: nsqx nsqd vs another nsqd (e.g. Go nsqd 1.3.0) on this machine.
+
+    .venv/bin/python bench/nsqd_compare.py [--go-nsqd /path/to/nsqd] [--seconds 10] [--only NAME]
+
+Each scenario gets a fresh server on a fresh data directory. Prints msgs/s per
+server and the ratio nsqx/other, plus server CPU per message and peak RSS.
+Go nsqd runs with --mem-queue-size=1000000 (nsq's own bench.sh settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from nsqx.benchmark import scenarios  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server(kind: str, go_path: str | None, extra: list[str]) -> Iterator[tuple[str, str, int]]:
+    data = tempfile.mkdtemp(prefix=f"bench-{kind}-")
+    tcp, http = free_port(), free_port()
+    if kind == "nsqx":
+        cmd = [sys.executable, "-m", "nsqx.cli.nsqd"]
+    else:
+        cmd = [go_path or "nsqd", "--mem-queue-size=1000000"]
+    cmd += [f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http}",
+            f"--data-path={data}", *extra]
+    log = open(os.path.join(data, "server.log"), "wb")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", http), 0.2):
+                break
+            time.sleep(0.05)
+        yield f"127.0.0.1:{tcp}", f"127.0.0.1:{http}", proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def run_scenario(name: str, kind: str, go_path: str | None, secs: float) -> dict:
+    extra: list[str] = []
+    with server(kind, go_path, extra) as (tcp, http, pid):
+        topic = "bench"
+        scenarios.http_post(http, f"/topic/create?topic={topic}")
+        scenarios.http_post(http, f"/channel/create?topic={topic}&channel=ch")
+        if name == "ingest_200x200":
+            w = scenarios.ingest(tcp, topic, size=200, batch=200, seconds=secs, pid=pid)
+            scenarios.wait_depth(http, topic, "ch", w["messages"])
+            r = scenarios.drain(tcp, topic, "ch", expect=w["messages"], seconds=secs * 6, pid=pid)
+            return {"ingest": w, "drain": r}
+        if name == "ingest_100x100":
+            return {"ingest": scenarios.ingest(tcp, topic, size=100, batch=100, seconds=secs, pid=pid)}
+        if name == "mixed_50_2000":
+            return {"ingest": scenarios.ingest(tcp, topic, size=0, batch=200, seconds=secs,
+                                               mixed=(50, 2000), pid=pid)}
+        if name == "pub_one_at_a_time":
+            return {"pub": scenarios.pub_latency(tcp, topic, size=200, seconds=secs, pid=pid)}
+        if name == "channels_10":
+            chans = [f"c{i}" for i in range(10)]
+            for c in chans:
+                scenarios.http_post(http, f"/channel/create?topic={topic}&channel={c}")
+            w = scenarios.ingest(tcp, topic, size=200, batch=200, seconds=secs / 2, writers=1,
+                                 pid=pid)
+            scenarios.wait_depth(http, topic, "c9", w["messages"])
+            r = scenarios.fanout(tcp, topic, chans, expect=w["messages"], seconds=secs * 10, pid=pid)
+            return {"ingest": w, "drain_10ch": r}
+    raise ValueError(name)
+
+
+SCENARIOS = ["ingest_200x200", "ingest_100x100", "mixed_50_2000", "pub_one_at_a_time", "channels_10"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--go-nsqd", default=os.environ.get("NSQD_GO"), help="path of the other nsqd")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--only", action="append", choices=SCENARIOS)
+    args = ap.parse_args()
+    kinds = ["nsqx"] + (["go"] if args.go_nsqd else [])
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} {os.cpu_count()} cpus, {args.seconds:.0f}s runs")
+    for name in args.only or SCENARIOS:
+        results = {k: run_scenario(name, k, args.go_nsqd, args.seconds) for k in kinds}
+        for part in results["nsqx"]:
+            row = [f"{name}/{part}"]
+            for k in kinds:
+                d = results[k][part]
+                row.append(f"{k}: {d['msgs_per_s']:>10,.0f} msgs/s {d.get('mb_per_s', 0):6.1f} MB/s"
+                           f" cpu {d.get('server_us_per_msg', 0):5.2f} us/msg"
+                           f" rss {d.get('server_peak_rss_mib', 0):6.1f} MiB")
+                if "p50_us" in d:
+                    row.append(f"p50 {d['p50_us']:.0f}us p99 {d['p99_us']:.0f}us p999 {d['p999_us']:.0f}us")
+                if d.get("errors"):
+                    row.append(f"errors {d['errors']}")
+            if "go" in results:
+                ratio = results["nsqx"][part]["msgs_per_s"] / max(results["go"][part]["msgs_per_s"], 1)
+                row.append(f"ratio nsqx/go {ratio:.2f}x")
+            print("  ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

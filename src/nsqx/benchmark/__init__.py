@@ -1,0 +1,1 @@
+"""Load generators and measurements for NSQ-compatible servers (`nsqx bench`, bench/)."""
