@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("nsqx.nsqd.client")
 
 STATE_INIT, STATE_SUBSCRIBED, STATE_CLOSING = 0, 3, 4
+_PENDING = object()  # a response slot whose commit is not durable yet
 # Publishes waiting for their commit before we stop reading from this client.
 MAX_PENDING_RESPONSES = 4096
 
@@ -311,32 +312,36 @@ class ClientV2(asyncio.Protocol):
         else:
             self._write(frame)
 
-    def _respond_when(self, fut: asyncio.Future[Any], ok: bytes, err: tuple[str, str]) -> None:
-        self._responses.append([fut, ok, err])
-        fut.add_done_callback(self._drain_responses)
+    def _respond_when_done(self, ok: bytes, err: tuple[str, str]) -> Callable[[int, Exception | None], None]:
+        """Queue a response slot; the returned callback fills it when the commit is durable."""
+        slot: list[Any] = [_PENDING, ok, err]
+        self._responses.append(slot)
         if len(self._responses) > MAX_PENDING_RESPONSES and not self._reading_paused:
             self._reading_paused = True
             if self.transport is not None:
                 self.transport.pause_reading()
 
-    def _drain_responses(self, _fut: Any = None) -> None:
+        def done(_base: int, exc: Exception | None) -> None:
+            slot[0] = exc
+            self._drain_responses()
+        return done
+
+    def _drain_responses(self) -> None:
         out = []
         q = self._responses
         while q:
             head = q[0]
-            fut = head[0]
-            if fut is not None:
-                if not fut.done():
-                    break
-                if fut.cancelled() or fut.exception() is not None:
-                    exc = None if fut.cancelled() else fut.exception()
-                    code, text = head[2]
-                    log.error("[%s] %s: %s", self, text, exc)
-                    q.clear()
-                    if out:
-                        self._write(b"".join(out))
-                    self._fatal(Fatal(code, text))
-                    return
+            state = head[0]
+            if state is _PENDING:
+                break
+            if state is not None:  # the commit failed
+                code, text = head[2]
+                log.error("[%s] %s: %s", self, text, state)
+                q.clear()
+                if out:
+                    self._write(b"".join(out))
+                self._fatal(Fatal(code, text))
+                return
             q.popleft()
             out.append(head[1])
         if out:
@@ -491,14 +496,9 @@ class ClientV2(asyncio.Protocol):
         self.tls_cipher_suite = cipher[0] if cipher else ""
 
     async def _wait_responses(self) -> None:
-        while self._responses:
-            fut = self._responses[-1][0]
-            if fut is None:
-                break
-            try:
-                await asyncio.shield(fut)
-            except Exception:
-                return
+        """Let every earlier publish be answered before IDENTIFY's response goes out."""
+        while self._responses and not self._closing:
+            await asyncio.sleep(0.001)
 
     def _cmd_auth(self, cmd: Command) -> Any:
         if self.state != STATE_INIT:
@@ -724,13 +724,9 @@ class ClientV2(asyncio.Protocol):
             raise Fatal(code, f"{what} failed exiting")
         topic = nsqd.get_topic(topic_name)
         assert topic is not None
-        try:
-            fut = topic.publish(bodies, defer_ms)
-        except Exception as exc:
-            log.error("[%s] TOPIC(%s) publish failed: %s", self, topic_name, exc)
-            raise Fatal(code, f"{what} failed {exc}") from exc
+        done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"))
+        topic.publish(bodies, defer_ms, done)
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
-        self._respond_when(fut, frames.OK_FRAME, (code, f"{what} failed"))
 
     def _cmd_pub(self, cmd: Command) -> Any:
         topic = self._pub_topic(cmd, "PUB")

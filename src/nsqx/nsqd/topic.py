@@ -10,6 +10,7 @@ import asyncio
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,10 +68,15 @@ class Topic:
         return f"<Topic {self.name}>"
 
     # -- publishing ------------------------------------------------------------------------
-    def publish(self, bodies: list[bytes], defer_ms: int = 0) -> asyncio.Future[int]:
-        """Append a batch; the future resolves once the policy says it is durable."""
+    def publish(self, bodies: list[bytes], defer_ms: int = 0,
+                done: Callable[[int, Exception | None], None] | None = None) -> asyncio.Future[int] | None:
+        """Append a batch, durable per policy: returns a future, or calls `done` (no future)."""
         base = self.log.next_offset
-        fut = self.committer.append(bodies)
+        if done is None:
+            fut: asyncio.Future[int] | None = self.committer.append(bodies)
+        else:
+            fut = None
+            self.committer.append_cb(bodies, done)
         self.message_count += len(bodies)
         self.message_bytes += sum(map(len, bodies))
         if defer_ms > 0:
