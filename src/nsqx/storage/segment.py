@@ -148,19 +148,21 @@ class Segment:
     # -- planning a commit (pure) and applying it after the write succeeded -----------------
     def plan_index(self, base: int, pos: int, rel: array | None, flen: int, count: int,
                    target: int) -> tuple[list[tuple[int, int]], int]:
-        """Offset-index entries for frames at file position pos: the first frame starting at or
-        after target, then one per interval (deterministic, so a rebuild writes the same)."""
-        out: list[tuple[int, int]] = []
+        """Offset-index entry for a commit at file position pos: its first frame starting at or
+        after target, at most one per commit (deterministic, so a rebuild writes the same).
+
+        Frames inside a commit are found from the commit's frame length or its .sizes, so
+        more entries per commit would only cost per-message work on the append path.
+        """
         end = pos + (count * flen if flen else rel[-1])
-        while target < end:
-            # first frame starting at or after target: ceil((target-pos)/flen) or a bisect
-            k = max(0, -((pos - target) // flen)) if flen else bisect_left(rel, target - pos)
-            if k >= count:
-                break
-            fpos = pos + (k * flen if flen else rel[k])
-            out.append((base + k, fpos))
-            target = fpos + self.interval
-        return out, target
+        if target >= end:
+            return [], target
+        # first frame starting at or after target: ceil((target-pos)/flen) or a bisect
+        k = max(0, -((pos - target) // flen)) if flen else bisect_left(rel, target - pos)
+        if k >= count:
+            return [], target
+        fpos = pos + (k * flen if flen else rel[k])
+        return [(base + k, fpos)], fpos + self.interval
 
     def plan_commit(self, base: int, count: int, length: int, first_ts: int, max_ts: int,
                     epoch: int, commit_id: int, crc: int, hdr: bytes, hdr_pos: int, flen: int,
@@ -531,7 +533,8 @@ class Segment:
         self._next_tidx_pos = ((self.poss[self.tidx_bidx[-1]] + self.interval)
                                if self.tidx_bidx else 0)
         first_t = (self.tidx_bidx[-1] + 1) if self.tidx_bidx else 0
-        first_c = self.commit_of(self.idx_off[-1]) if self.idx_off else 0
+        # one entry per commit at most: the commit of the last kept entry is complete
+        first_c = (self.commit_of(self.idx_off[-1]) + 1) if self.idx_off else 0
         for c in range(min(first_c, first_t), len(self.bases)):
             base, pos, flen = self.bases[c], self.poss[c], self.flens[c]
             count = (self.bases[c + 1] if c + 1 < len(self.bases) else self.next_offset) - base
