@@ -10,7 +10,7 @@ Params common to all scenarios::
     nsqd        "127.0.0.1:PORT"
     conn        {"tls": bool, "ca": path, "cert": path, "key": path, "snappy": bool,
                  "deflate": bool, "deflate_level": int, "auth_secret": str,
-                 "msg_timeout_ms": int}            (every key optional)
+                 "msg_timeout_ms": int, "heartbeat_s": int}   (every key optional)
     deadline_s  the script gives up (timed_out=true) after this long
 
 Scenario ``publish``: ``ops`` = list of ``{"op": "pub", "topic", "body"}``,
@@ -22,6 +22,9 @@ Scenario ``consume``: ``topic``, ``channel``, ``expect`` (number of FINs to send
 ``mode``: "fin" (FIN each message), "req" (REQ first deliveries with ``req_delay_ms``, FIN later
 ones), "touch" (TOUCH first deliveries ``touches`` times every ``touch_interval_ms``, then FIN),
 "hold_first" (never answer first deliveries: they must time out; FIN redeliveries); ``idle_s``:
+``late_fin_bodies`` (hex) with ``late_fin_ms``: the first delivery of
+these bodies is held and FINed only after that delay (action "late-fin"); ``fin_limit``: FIN at most
+that many, hold the rest; ``expect_bodies`` (hex): done once each was FINed; ``idle_s``:
 keep consuming that long after the expected FINs to catch extra deliveries (which are FINed and
 reported too); ``stop_on_error``: end as soon as the server sends an error.
 
@@ -32,7 +35,8 @@ Output of every scenario::
 
     {"timed_out": bool, "results": [...], "deliveries": [{"reader", "id", "body" (hex),
      "attempts", "timestamp_ns", "recv_ns", "action"}], "errors": ["E_... text"],
-     "identify": [IDENTIFY response dicts], "auth": [AUTH response dicts]}
+     "identify": [IDENTIFY response dicts], "auth": [AUTH response dicts],
+     "heartbeats": number of _heartbeat_ frames the client answered}
 """
 
 from __future__ import annotations
@@ -99,6 +103,10 @@ class ClientResult:
     @property
     def identify(self) -> list[dict[str, Any]]:
         return list(self.raw.get("identify", []))
+
+    @property
+    def heartbeats(self) -> int:
+        return int(self.raw.get("heartbeats", 0))
 
     @property
     def auth(self) -> list[dict[str, Any]]:

@@ -165,6 +165,50 @@ class CompatSuite:
         assert len(sub.deliveries) == len(expected), sub.describe()
         assert_all_finished(nsqd, self.topic, self.channel)
 
+    @pytest.mark.compat
+    @pytest.mark.timeout(120)
+    def test_many_messages_max_in_flight(self, nsqd: NsqdProcess) -> None:
+        """500 messages through max_in_flight 50: every one exactly once, all FINs taken."""
+        bodies = [f"bulk-{i:04d}".encode() for i in range(500)]
+        assert_ok(self.publish(nsqd, self.pub_ops(bodies)), 2)
+        sub = self.consume(nsqd, expect=len(bodies), max_in_flight=50, idle_s=1.0)
+        assert_clean(sub)
+        assert sorted(sub.bodies()) == sorted(bodies), sub.describe()
+        assert_all_finished(nsqd, self.topic, self.channel)
+
+    @pytest.mark.compat
+    @pytest.mark.timeout(120)
+    def test_heartbeats_keep_idle_consumer_alive(self, nsqd: NsqdProcess) -> None:
+        """1 s heartbeats, 4 s with nothing to deliver: the client answers NOP and stays."""
+        for path, params in (("/topic/create", {"topic": self.topic}),
+                             ("/channel/create", {"topic": self.topic, "channel": self.channel})):
+            assert http_api.post(nsqd.http_address, path, **params).status == 200
+        ops = [{"op": "dpub", "topic": self.topic, "delay_ms": 4000, "body": b"idle".hex()}]
+        assert_ok(self.publish(nsqd, ops), 1)
+        sub = self.consume(nsqd, {"heartbeat_s": 1}, expect=1, idle_s=0.5)
+        assert_clean(sub)
+        assert [(d.body, d.attempts) for d in sub.deliveries] == [(b"idle", 1)], sub.describe()
+        assert sub.identify and all(i.get("max_rdy_count") for i in sub.identify)
+        assert sub.heartbeats >= 2, f"only {sub.heartbeats} heartbeats in ~4 s\n" + sub.describe()
+
+    @pytest.mark.compat
+    @pytest.mark.timeout(120)
+    @pytest.mark.parametrize("op", ["pub", "mpub"])
+    def test_message_too_big_refused(self, nsqd_factory: NsqdFactory, op: str) -> None:
+        """--max-msg-size 1000: a 2000-byte body is refused with E_BAD_MESSAGE, nothing stored."""
+        nsqd = nsqd_factory.start(["--max-msg-size=1000"])
+        big = b"x" * 2000
+        ops: list[dict[str, Any]] = (
+            [{"op": "pub", "topic": self.topic, "body": big.hex()}] if op == "pub" else
+            [{"op": "mpub", "topic": self.topic, "bodies": [b"small".hex(), big.hex()]}])
+        res = self.publish(nsqd, ops, deadline_s=8)
+        assert not res.timed_out, res.describe()
+        assert len(res.results) == 1 and res.results[0].startswith("ERR "), res.describe()
+        assert any(e.startswith("E_BAD_MESSAGE") and "too big" in e for e in res.errors), (
+            res.describe())
+        topics = http_api.stats(nsqd.http_address, self.topic).get("topics") or []
+        assert all(t.get("message_count") == 0 for t in topics), topics
+
     # -- requeue, touch, timeout ------------------------------------------------------------
     @pytest.mark.compat
     @pytest.mark.timeout(120)
@@ -219,6 +263,28 @@ class CompatSuite:
             assert [(d.attempts, d.action) for d in seen] == [(1, "hold"), (2, "fin")], (
                 sub.describe())
             assert seen[0].id == seen[1].id
+
+    @pytest.mark.compat
+    @pytest.mark.timeout(120)
+    def test_late_fin_is_non_fatal(self, nsqd_factory: NsqdFactory) -> None:
+        """FIN after the timeout: E_FIN_FAILED, which must not close the connection."""
+        nsqd, conn = self.timeout_setup(nsqd_factory)
+        for path, params in (("/topic/create", {"topic": self.topic}),
+                             ("/channel/create", {"topic": self.topic, "channel": self.channel})):
+            assert http_api.post(nsqd.http_address, path, **params).status == 200
+        ops = [{"op": "pub", "topic": self.topic, "body": b"late".hex()},
+               {"op": "dpub", "topic": self.topic, "delay_ms": 4500, "body": b"after".hex()}]
+        assert_ok(self.publish(nsqd, ops), 2)
+        sub = self.consume(nsqd, conn, late_fin_bodies=[b"late".hex()], late_fin_ms=2500,
+                           expect=2, idle_s=1.0)
+        assert not sub.timed_out, sub.describe()
+        got = [(d.body, d.attempts, d.action) for d in sub.deliveries]
+        assert got == [(b"late", 1, "hold"), (b"late", 2, "fin"), (b"late", 1, "late-fin"),
+                       (b"after", 1, "fin")], sub.describe()
+        late_id = sub.deliveries[0].id
+        assert sub.errors == [f"E_FIN_FAILED FIN {late_id} failed ID not in flight"], (
+            sub.describe())
+        assert len(sub.identify) == 1, "the client had to reconnect\n" + sub.describe()
 
     @pytest.mark.compat
     @pytest.mark.timeout(120)
