@@ -1,0 +1,142 @@
+"""``nsq_tail``: print the messages of one or more topics to stdout (upstream
+``apps/nsq_tail``).
+
+A consumer per ``--topic`` on ``--channel`` (default ``tail<6 digits>#ephemeral``). With
+``-n N`` exactly N messages are printed in total and the tool exits 0; messages received
+beyond N are requeued, not printed. SIGINT/SIGTERM: stop, answer in-flight messages, exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from collections.abc import Sequence
+
+from nsqx.cli.flags import Flag
+from nsqx.client import Consumer, Message
+from nsqx.protocol.names import valid_channel_name, valid_topic_name
+
+from .common import (
+    Fatal,
+    RateReporter,
+    StopSignal,
+    check_addresses,
+    conn_options,
+    consumer_flags,
+    parse_flags,
+    run_tool,
+    setup_logging,
+    stats_interval_flag,
+    user_agent,
+    version_flag,
+)
+
+PROG = "nsq_tail"
+
+
+def flags() -> list[Flag]:
+    return [
+        version_flag(),
+        Flag("topic", "strings", [], "NSQ topic (may be given multiple times)"),
+        *consumer_flags("", "NSQ channel (default tail<random 6 digits>#ephemeral)"),
+        Flag("n", "int", 0, "total messages to show (will wait if starved)"),
+        Flag("print-topic", "bool", False, "print topic name where message was received"),
+        stats_interval_flag(0.0),
+    ]
+
+
+async def run(argv: Sequence[str] | None) -> int:
+    opts = parse_flags(PROG, flags(), argv, __doc__ or "")
+    setup_logging("warn")
+    if not opts.channel:
+        opts.channel = f"tail{random.randrange(999999):06d}#ephemeral"
+    check_addresses(opts)
+    if not opts.topic:
+        raise Fatal("--topic required")
+    for t in opts.topic:
+        if not valid_topic_name(t):
+            raise Fatal(f"--topic {t!r} is invalid")
+    if not valid_channel_name(opts.channel):
+        raise Fatal(f"--channel {opts.channel!r} is invalid")
+    total = opts.n
+    max_in_flight = opts.max_in_flight
+    if 0 < total < max_in_flight:  # don't ask for more messages than we want
+        max_in_flight = total
+    co = conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt",
+                      user_agent=user_agent(PROG))
+    kwargs = co.consumer_kwargs()
+    kwargs.pop("max_in_flight", None)
+
+    stop = StopSignal(PROG)
+    out = sys.stdout.buffer
+    reporter = RateReporter(PROG, opts.stats_interval)
+    shown = 0
+    failed: list[BaseException] = []
+
+    def make_handler(topic: str):  # noqa: ANN202
+        prefix = topic.encode() + b" | "
+
+        def handle(msg: Message) -> None:
+            nonlocal shown
+            if failed or 0 < total <= shown:
+                msg.requeue(0, backoff=False)  # not ours to show
+                return
+            try:
+                if opts.print_topic:
+                    out.write(prefix + msg.body + b"\n")
+                else:
+                    out.write(msg.body + b"\n")
+                out.flush()
+            except (OSError, ValueError) as e:  # e.g. `nsq_tail ... | head`
+                msg.requeue(0, backoff=False)
+                if not stop.is_set():
+                    print(f"{PROG}: ERROR: failed to write to stdout - {e}", file=sys.stderr)
+                    failed.append(e)
+                    _silence_stdout()
+                    stop.event.set()
+                return
+            shown += 1
+            reporter.add()
+            if 0 < total <= shown:
+                stop.event.set()
+
+        return handle
+
+    consumers = []
+    try:
+        for topic in opts.topic:
+            print(f"Adding consumer for topic: {topic}", file=sys.stderr)
+            c = Consumer(topic, opts.channel, make_handler(topic),
+                         nsqd_tcp_addresses=opts.nsqd_tcp_address,
+                         lookupd_http_addresses=opts.lookupd_http_address,
+                         max_in_flight=max_in_flight, **kwargs)
+            consumers.append(c)
+            await c.start()
+        reporter.start()
+        await stop.wait()
+    except (ValueError, TypeError) as e:
+        raise Fatal(str(e)) from None
+    finally:
+        for c in consumers:
+            await c.close()
+        await reporter.close()
+    return 1 if failed else 0
+
+
+def _silence_stdout() -> None:
+    """stdout is gone: point fd 1 at /dev/null so the exit-time flush cannot fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_tool(PROG, lambda: run(argv))
+
+
+if __name__ == "__main__":
+    main()

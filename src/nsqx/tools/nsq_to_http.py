@@ -1,0 +1,256 @@
+"""``nsq_to_http``: make an HTTP request for every message of a topic (upstream
+``apps/nsq_to_http``).
+
+* ``--post URL`` (the body is the message) or ``--get URL`` (``%s`` is replaced by the
+  URL-escaped message); both repeatable, not together.
+* ``--mode``: ``round-robin`` (each message to the next address), ``hostpool`` (the default;
+  epsilon-greedy is an alias): round-robin over the addresses that have not failed lately; an
+  address that fails is skipped for 30 s, doubling up to 15 min while it keeps failing.
+* A 2xx answer FINishes the message; anything else (another status, a timeout, a refused
+  connection) requeues it, with the consumer's backoff.
+* ``-n`` requests at most in parallel; ``--sample`` publishes only that fraction of messages
+  (the others are FINished); ``--status-every`` prints latency percentiles every N requests.
+* SIGINT/SIGTERM: stop consuming, let running requests finish (or requeue), exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from collections.abc import Sequence
+from urllib.parse import quote_plus
+
+import aiohttp
+
+from nsqx import NSQ_VERSION
+from nsqx.cli.flags import Flag
+from nsqx.client import Consumer, Message
+from nsqx.protocol.names import valid_channel_name, valid_topic_name
+
+from .common import (
+    Fatal,
+    RateReporter,
+    StopSignal,
+    TimerMetrics,
+    check_addresses,
+    conn_options,
+    consumer_flags,
+    parse_flags,
+    run_tool,
+    setup_logging,
+    stats_interval_flag,
+    user_agent,
+    version_flag,
+)
+
+PROG = "nsq_to_http"
+_DEFAULT_CONTENT_TYPE = "application/octet-stream"
+
+
+def flags() -> list[Flag]:
+    return [
+        version_flag(),
+        Flag("topic", "string", "", "nsq topic"),
+        *consumer_flags("nsq_to_http"),
+        Flag("n", "int", 100, "number of concurrent publishers"),
+        Flag("mode", "string", "hostpool",
+             "the upstream request mode options: round-robin, hostpool (default), "
+             "epsilon-greedy (an alias of hostpool)"),
+        Flag("sample", "float", 1.0, "% of messages to publish (float b/w 0 -> 1)"),
+        Flag("http-client-connect-timeout", "duration", 2.0, "timeout for HTTP connect"),
+        Flag("http-client-request-timeout", "duration", 20.0, "timeout for HTTP request"),
+        Flag("status-every", "int", 250,
+             "the # of requests between logging status (per handler), 0 disables"),
+        Flag("content-type", "string", _DEFAULT_CONTENT_TYPE,
+             "the Content-Type used for POST requests"),
+        Flag("post", "strings", [],
+             "HTTP address to make a POST request to.  data will be in the body (may be given "
+             "multiple times)"),
+        Flag("header", "strings", [],
+             "Custom header for HTTP requests, as 'key:value' (may be given multiple times)"),
+        Flag("get", "strings", [],
+             "HTTP address to make a GET request to. '%s' will be printf replaced with data "
+             "(may be given multiple times)"),
+        stats_interval_flag(10.0),
+    ]
+
+
+class HostPool:
+    """go-hostpool's standard pool: round-robin over live hosts; a failed host is retried
+    after 30 s, doubling to 900 s; when every host is dead all are revived."""
+
+    INITIAL = 30.0
+    MAX = 900.0
+
+    def __init__(self, hosts: Sequence[str]) -> None:
+        self.hosts = list(hosts)
+        self.next = 0
+        self.dead_until: dict[str, float] = {}
+        self.delay: dict[str, float] = {}
+
+    def get(self) -> str:
+        now = time.monotonic()
+        n = len(self.hosts)
+        for i in range(n):
+            h = self.hosts[(self.next + i) % n]
+            if self.dead_until.get(h, 0.0) <= now:
+                self.next = (self.next + i + 1) % n
+                return h
+        self.dead_until.clear()  # all dead: try them all again
+        h = self.hosts[self.next % n]
+        self.next = (self.next + 1) % n
+        return h
+
+    def mark(self, host: str, ok: bool) -> None:
+        if ok:
+            self.dead_until.pop(host, None)
+            self.delay.pop(host, None)
+            return
+        d = min(self.delay.get(host, self.INITIAL / 2) * 2, self.MAX)
+        self.delay[host] = d
+        self.dead_until[host] = time.monotonic() + d
+
+
+_PRINTF = re.compile(r"%[%s]")
+
+
+def get_url(template: str, body: bytes) -> str:
+    """Go's ``fmt.Sprintf(template, url.QueryEscape(body))`` for a template with one %s."""
+    value = quote_plus(body)
+    return _PRINTF.sub(lambda m: "%" if m.group(0) == "%%" else value, template)
+
+
+def parse_headers(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for s in items:
+        key, sep, val = s.partition(":")
+        key, val = key.strip(), val.strip()
+        if not sep or not key or not val:
+            raise Fatal("--header value format should be 'key:value'")
+        out[key] = val
+    return out
+
+
+async def run(argv: Sequence[str] | None) -> int:
+    opts = parse_flags(PROG, flags(), argv, __doc__ or "")
+    setup_logging("warn")
+    headers = parse_headers(opts.header)
+    if not opts.topic or not opts.channel:
+        raise Fatal("--topic and --channel are required")
+    if not valid_topic_name(opts.topic):
+        raise Fatal("--topic is invalid")
+    if not valid_channel_name(opts.channel):
+        raise Fatal("--channel is invalid")
+    if opts.content_type != _DEFAULT_CONTENT_TYPE:
+        if not opts.post:
+            raise Fatal("--content-type only used with --post")
+        if not opts.content_type:
+            raise Fatal("--content-type requires a value when used")
+    check_addresses(opts)
+    if not opts.get and not opts.post:
+        raise Fatal("--get or --post required")
+    if opts.get and opts.post:
+        raise Fatal("use --get or --post not both")
+    for g in opts.get:
+        if g.count("%s") != 1:
+            raise Fatal("invalid GET address - must be a printf string")
+    if opts.mode not in ("round-robin", "hostpool", "epsilon-greedy"):
+        raise Fatal(f"invalid --mode {opts.mode!r} (round-robin, hostpool, epsilon-greedy)")
+    if not 0.0 <= opts.sample <= 1.0:
+        raise Fatal("ERROR: --sample must be between 0.0 and 1.0")
+    if opts.n < 1:
+        raise Fatal("-n must be positive")
+    if opts.http_client_connect_timeout <= 0 or opts.http_client_request_timeout <= 0:
+        raise Fatal("--http-client-connect-timeout and --http-client-request-timeout should be "
+                    "positive")
+    co = conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt",
+                      user_agent=user_agent(PROG))
+    kwargs = co.consumer_kwargs()
+    kwargs.pop("max_in_flight", None)
+
+    is_post = bool(opts.post)
+    addresses: list[str] = opts.post if is_post else opts.get
+    round_robin = opts.mode == "round-robin"
+    pool = HostPool(addresses)
+    counter = 0
+    status_every = opts.status_every
+    per_address = {a: TimerMetrics(status_every if len(addresses) > 1 else 0, f"[{a}]:")
+                   for a in addresses}
+    aggregate = TimerMetrics(status_every, "[aggregate]:")
+    req_headers = {"User-Agent": f"nsq_to_http v{NSQ_VERSION}"}
+    if is_post:
+        req_headers["Content-Type"] = opts.content_type
+    req_headers.update(headers)
+    timeout = aiohttp.ClientTimeout(total=opts.http_client_request_timeout,
+                                    connect=opts.http_client_connect_timeout)
+    session = aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=opts.n), auto_decompress=False)
+    slots = asyncio.Semaphore(opts.n)
+    reporter = RateReporter(PROG, opts.stats_interval)
+    failures = 0
+    reporter.extra = lambda: f"{failures} failed requests"
+
+    async def request(addr: str, body: bytes) -> None:
+        if is_post:
+            resp_ctx = session.post(addr, data=body, headers=req_headers)
+        else:
+            resp_ctx = session.get(get_url(addr, body), headers=req_headers)
+        async with resp_ctx as resp:
+            await resp.read()
+            if not 200 <= resp.status < 300:
+                raise RuntimeError(f"got status code {resp.status}")
+
+    async def handle(msg: Message) -> None:
+        nonlocal counter, failures
+        if opts.sample < 1.0 and random.random() > opts.sample:
+            return
+        async with slots:
+            start = time.monotonic()
+            if round_robin:
+                counter += 1
+                addr = addresses[counter % len(addresses)]
+            else:
+                addr = pool.get()
+            try:
+                await request(addr, msg.body)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                failures += 1
+                if not round_robin:
+                    pool.mark(addr, False)
+                raise RuntimeError(f"{addr}: {e}") from e
+            if not round_robin:
+                pool.mark(addr, True)
+            per_address[addr].status(start)
+            aggregate.status(start)
+            reporter.add()
+
+    stop = StopSignal(PROG)
+    consumer = None
+    try:
+        consumer = Consumer(opts.topic, opts.channel, handle,
+                            nsqd_tcp_addresses=opts.nsqd_tcp_address,
+                            lookupd_http_addresses=opts.lookupd_http_address,
+                            max_in_flight=opts.max_in_flight, **kwargs)
+        await consumer.start()
+        reporter.start()
+        await stop.wait()
+    except (ValueError, TypeError) as e:
+        raise Fatal(str(e)) from None
+    finally:
+        if consumer is not None:
+            await consumer.close()
+        await session.close()
+        await reporter.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_tool(PROG, lambda: run(argv))
+
+
+if __name__ == "__main__":
+    main()
