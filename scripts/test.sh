@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
+bash scripts/install-browser.sh
 if [ -f scripts/install-test-deps.sh ]; then
   bash scripts/install-test-deps.sh
 fi

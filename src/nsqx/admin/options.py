@@ -1,0 +1,248 @@
+"""nsqadmin's options: upstream's flags, defaults and config file (``apps/nsqadmin``).
+
+Precedence is go-options': command line > ``--config`` TOML file > default. Durations are
+float seconds. Two flags are nsqx's own: ``--stats-sample-interval`` and
+``--stats-sample-window`` size the built-in graphs (a ring buffer of ``/stats`` samples).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import platform
+import sys
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nsqx import NSQ_VERSION, __version__
+from nsqx.cli.flags import Flag, FlagError, FlagSet
+
+__all__ = ["LOG_LEVELS", "Options", "OptionsError", "flag_set", "load", "normalize_base_path",
+           "parse_args", "version_string"]
+
+LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
+
+
+class OptionsError(ValueError):
+    """Options nsqadmin refuses to start with."""
+
+
+def version_string() -> str:
+    return f"nsqadmin v{NSQ_VERSION} (built w/python{platform.python_version()}) nsqx/{__version__}"
+
+
+def normalize_base_path(p: str) -> str:
+    """Upstream's normalizeBasePath: leading slash, path.Clean (no trailing slash but "/")."""
+    if not p:
+        return "/"
+    if not p.startswith("/"):
+        p = "/" + p
+    parts: list[str] = []
+    for seg in p.split("/"):
+        if seg in ("", "."):
+            continue
+        if seg == "..":
+            if parts:
+                parts.pop()
+            continue
+        parts.append(seg)
+    return "/" + "/".join(parts)
+
+
+@dataclass
+class Options:
+    log_level: str = "info"
+    log_prefix: str = "[nsqadmin] "
+    http_address: str = "0.0.0.0:4171"
+    base_path: str = "/"
+    dev_static_dir: str = ""
+    graphite_url: str = ""
+    proxy_graphite: bool = False
+    statsd_prefix: str = "nsq.%s"
+    statsd_counter_format: str = "stats.counters.%s.count"
+    statsd_gauge_format: str = "stats.gauges.%s"
+    statsd_interval: float = 60.0
+    nsqlookupd_http_addresses: list[str] = field(default_factory=list)
+    nsqd_http_addresses: list[str] = field(default_factory=list)
+    http_client_connect_timeout: float = 2.0
+    http_client_request_timeout: float = 5.0
+    http_client_tls_insecure_skip_verify: bool = False
+    http_client_tls_root_ca_file: str = ""
+    http_client_tls_cert: str = ""
+    http_client_tls_key: str = ""
+    allow_config_from_cidr: str = "127.0.0.1/8"
+    notification_http_endpoint: str = ""
+    acl_http_header: str = "X-Forwarded-User"
+    admin_users: list[str] = field(default_factory=list)
+    # nsqx: built-in graphs without Graphite
+    stats_sample_interval: float = 10.0
+    stats_sample_window: float = 3600.0
+
+    def validate(self) -> None:
+        """Upstream ``nsqadmin.New``'s checks, same messages."""
+        if self.log_level not in LOG_LEVELS:
+            raise OptionsError(
+                f"invalid log level '{self.log_level}' (debug, info, warn, error, fatal)")
+        if not self.nsqd_http_addresses and not self.nsqlookupd_http_addresses:
+            raise OptionsError("--nsqd-http-address or --lookupd-http-address required")
+        if self.nsqd_http_addresses and self.nsqlookupd_http_addresses:
+            raise OptionsError("use --nsqd-http-address or --lookupd-http-address not both")
+        if self.http_client_tls_cert and not self.http_client_tls_key:
+            raise OptionsError("--http-client-tls-key must be specified with --http-client-tls-cert")
+        if self.http_client_tls_key and not self.http_client_tls_cert:
+            raise OptionsError("--http-client-tls-cert must be specified with --http-client-tls-key")
+        for flag, addrs in (("--lookupd-http-address", self.nsqlookupd_http_addresses),
+                            ("--nsqd-http-address", self.nsqd_http_addresses)):
+            for a in addrs:
+                host_port = a.split("://", 1)[-1].rstrip("/")
+                host, sep, port = host_port.rpartition(":")
+                if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                    raise OptionsError(f"failed to resolve {flag} ({a}) - missing or bad port")
+        if self.proxy_graphite and not self.graphite_url:
+            raise OptionsError(f"failed to parse --graphite-url ({self.graphite_url}) - empty")
+        if self.allow_config_from_cidr:
+            try:
+                ipaddress.ip_network(self.allow_config_from_cidr, strict=False)
+            except ValueError as e:
+                raise OptionsError(f"failed to parse --allow-config-from-cidr "
+                                   f"({self.allow_config_from_cidr}) - {e}") from None
+        if self.stats_sample_interval < 0 or self.stats_sample_window < 0:
+            raise OptionsError("--stats-sample-interval and --stats-sample-window must be >= 0")
+        self.base_path = normalize_base_path(self.base_path)
+
+
+def _parse_log_level(s: str) -> str:
+    s = s.lower()
+    if s not in LOG_LEVELS:
+        raise FlagError(f"invalid log level '{s}' (debug, info, warn, error, fatal)")
+    return s
+
+
+def _flags() -> list[Flag]:
+    d = Options()
+    return [
+        Flag("config", "string", "", "path to config file"),
+        Flag("version", "bool", False, "print version string"),
+        Flag("log-level", "custom", "info", "set log verbosity: debug, info, warn, error, or fatal",
+             parse=_parse_log_level, default_text="info"),
+        Flag("log-prefix", "string", d.log_prefix, "log message prefix"),
+        Flag("verbose", "bool", False, "[deprecated] has no effect, use --log-level",
+             deprecated=True),
+        Flag("http-address", "string", d.http_address,
+             "<addr>:<port> to listen on for HTTP clients"),
+        Flag("base-path", "string", d.base_path, "URL base path"),
+        Flag("dev-static-dir", "string", "", "(development use only)"),
+        Flag("graphite-url", "string", "", "graphite HTTP address"),
+        Flag("proxy-graphite", "bool", False, "proxy HTTP requests to graphite"),
+        Flag("statsd-counter-format", "string", d.statsd_counter_format,
+             "The counter stats key formatting applied by the implementation of statsd. "
+             "If no formatting is desired, set this to an empty string."),
+        Flag("statsd-gauge-format", "string", d.statsd_gauge_format,
+             "The gauge stats key formatting applied by the implementation of statsd. "
+             "If no formatting is desired, set this to an empty string."),
+        Flag("statsd-prefix", "string", d.statsd_prefix,
+             "prefix used for keys sent to statsd (%s for host replacement, must match nsqd)"),
+        Flag("statsd-interval", "duration", d.statsd_interval,
+             "time interval nsqd is configured to push to statsd (must match nsqd)"),
+        Flag("notification-http-endpoint", "string", "",
+             "HTTP endpoint (fully qualified) to which POST notifications of admin actions "
+             "will be sent"),
+        Flag("http-client-connect-timeout", "duration", d.http_client_connect_timeout,
+             "timeout for HTTP connect"),
+        Flag("http-client-request-timeout", "duration", d.http_client_request_timeout,
+             "timeout for HTTP request"),
+        Flag("http-client-tls-insecure-skip-verify", "bool", False,
+             "configure the HTTP client to skip verification of TLS certificates"),
+        Flag("http-client-tls-root-ca-file", "string", "", "path to CA file for the HTTP client"),
+        Flag("http-client-tls-cert", "string", "",
+             "path to certificate file for the HTTP client"),
+        Flag("http-client-tls-key", "string", "", "path to key file for the HTTP client"),
+        Flag("allow-config-from-cidr", "string", d.allow_config_from_cidr,
+             "A CIDR from which to allow HTTP requests to the /config endpoint"),
+        Flag("acl-http-header", "string", d.acl_http_header,
+             "HTTP header to check for authenticated admin users"),
+        Flag("lookupd-http-address", "strings", [],
+             "lookupd HTTP address (may be given multiple times)",
+             dest="nsqlookupd_http_addresses", cfg="nsqlookupd_http_addresses"),
+        Flag("nsqd-http-address", "strings", [],
+             "nsqd HTTP address (may be given multiple times)",
+             dest="nsqd_http_addresses", cfg="nsqd_http_addresses"),
+        Flag("admin-user", "strings", [],
+             "admin user (may be given multiple times; if specified, only these users will be "
+             "able to perform privileged actions; acl-http-header is used to determine the "
+             "authenticated user)", dest="admin_users", cfg="admin_users"),
+        Flag("stats-sample-interval", "duration", d.stats_sample_interval,
+             "nsqx: how often nsqadmin samples /stats of every nsqd for its built-in graphs "
+             "(0 disables them)"),
+        Flag("stats-sample-window", "duration", d.stats_sample_window,
+             "nsqx: how much history the built-in graphs keep in memory"),
+    ]
+
+
+_NON_OPTION_FLAGS = {"config", "version", "verbose"}
+
+
+def flag_set() -> FlagSet:
+    return FlagSet("nsqadmin", _flags())
+
+
+_CFG_INDEX: dict[str, Flag] = {f.cfg: f for f in _flags() if f.name not in _NON_OPTION_FLAGS}
+
+
+def _load_config(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as e:
+        raise FlagError(f"failed to load config file {path} - {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise FlagError(f"failed to load config file {path} - {e}") from None
+
+
+def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
+    """argv (+ ``--config``) -> (validated Options, extras {help, version})."""
+    given, positional = flag_set().parse(argv)
+    extras = {"help": given.pop("help", False), "version": given.pop("version", False)}
+    if extras["help"] or extras["version"]:
+        return Options(), extras
+    if positional:
+        raise FlagError(f"unexpected argument {positional[0]!r} (flags take the form -name=value)")
+    config_path = given.pop("config", "")
+    given.pop("verbose", None)
+    values: dict[str, Any] = {}
+    if config_path:
+        for key, raw in _load_config(config_path).items():
+            flag = _CFG_INDEX.get(key)
+            if flag is None:
+                print(f"[nsqadmin] WARNING: config file {config_path}: unknown option {key!r} "
+                      "ignored", file=sys.stderr)
+                continue
+            try:
+                values[flag.dest] = flag.coerce_config(raw)
+            except FlagError as e:
+                raise FlagError(f"config file {config_path}: failed parsing {key} - {e}") from None
+    values.update(given)
+    opts = Options(**values)
+    opts.validate()
+    return opts, extras
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    """The command line -> Options; ``--help``/``--version`` print and exit 0, a bad flag or
+    option prints the problem and exits 2."""
+    if argv is None:
+        argv = sys.argv[1:]
+    try:
+        opts, extras = load(argv)
+    except (FlagError, OptionsError) as e:
+        print(f"nsqadmin: {e}", file=sys.stderr)
+        print("Run 'nsqadmin --help' for the list of flags.", file=sys.stderr)
+        raise SystemExit(2) from None
+    if extras["help"]:
+        sys.stdout.write(flag_set().usage())
+        raise SystemExit(0)
+    if extras["version"]:
+        print(version_string())
+        raise SystemExit(0)
+    return opts

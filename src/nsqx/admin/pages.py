@@ -1,0 +1,644 @@
+"""Server-rendered HTML pages of nsqadmin. Everything interpolated is escaped; the pages
+carry no inline script or style (the Content-Security-Policy forbids them): behaviour is in
+``static/app.js``, looks in ``static/app.css``; data for the script sits in ``data-*``
+attributes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from html import escape
+from typing import Any
+from urllib.parse import quote
+
+__all__ = ["Ctx", "render_channel", "render_counter", "render_error", "render_lookup",
+           "render_node", "render_nodes", "render_topic", "render_topics"]
+
+
+def e(v: Any) -> str:
+    return escape(str(v), quote=True)
+
+
+def q(v: str) -> str:
+    return quote(v, safe="")
+
+
+def num(v: Any) -> str:
+    """commafy: 1234567 -> 1,234,567."""
+    try:
+        return f"{int(v):,}"
+    except (TypeError, ValueError):
+        return e(v)
+
+
+def rate(v: float | None) -> str:
+    if v is None:
+        return "–"
+    if v >= 100:
+        return f"{v:,.0f}"
+    return f"{v:,.1f}"
+
+
+def nanos(v: float) -> str:
+    """nanotohuman: 1500000 -> 1.5ms."""
+    v = float(v)
+    for unit, div in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if v >= div:
+            return f"{v / div:.1f}{unit}"
+    return f"{v:.0f}ns"
+
+
+def since(ts: int, now: float) -> str:
+    d = max(0, int(now) - int(ts))
+    if d < 60:
+        return f"{d}s"
+    if d < 3600:
+        return f"{d // 60}m {d % 60}s"
+    if d < 86400:
+        return f"{d // 3600}h {(d % 3600) // 60}m"
+    return f"{d // 86400}d {(d % 86400) // 3600}h"
+
+
+def pct_label(qv: float) -> str:
+    p = qv * 100
+    return (f"{p:g}") + "th"
+
+
+class Ctx:
+    """What every page needs: paths, the user's rights, warnings, down nodes."""
+
+    def __init__(self, *, base_path: str, version: str, is_admin: bool, lookupd: list[str],
+                 messages: list[str], down: list[Any], graphite: dict[str, Any],
+                 sample_interval: float, csrf_cookie: str) -> None:
+        self.base = "" if base_path == "/" else base_path
+        self.version = version
+        self.is_admin = is_admin
+        self.lookupd = lookupd
+        self.messages = messages
+        self.down = down
+        self.graphite = graphite
+        self.sample_interval = sample_interval
+        self.csrf_cookie = csrf_cookie
+
+    def url(self, path: str) -> str:
+        return e(self.base + path)
+
+
+def _nav(ctx: Ctx, active: str) -> str:
+    items = [("streams", "/", "Streams"), ("nodes", "/nodes", "Nodes"),
+             ("counter", "/counter", "Counter"), ("lookup", "/lookup", "Lookup")]
+    links = "".join(
+        f'<a class="nav-link{" active" if k == active else ""}" href="{ctx.url(p)}">{t}</a>'
+        for k, p, t in items)
+    return (f'<header class="topbar"><a class="brand" href="{ctx.url("/")}">nsqadmin</a>'
+            f'<nav class="nav">{links}</nav>'
+            f'<span class="version">v{e(ctx.version)}</span></header>')
+
+
+def _alerts(ctx: Ctx) -> str:
+    out = []
+    if ctx.down:
+        items = "".join(
+            f'<li><strong>{e(d.kind)} {e(d.address)}</strong> is down: {e(d.error)}</li>'
+            for d in ctx.down)
+        out.append(f'<div class="alert alert-danger" id="down-nodes" role="alert">'
+                   f'<strong>{len(ctx.down)} node(s) unreachable</strong> — showing what the '
+                   f'other nodes report.<ul>{items}</ul></div>')
+    for m in ctx.messages:
+        if m:
+            out.append(f'<div class="alert alert-warning" role="alert">{e(m)}</div>')
+    out.append('<div class="alert alert-danger hidden" id="flash" role="alert"></div>')
+    return "".join(out)
+
+
+def layout(ctx: Ctx, title: str, active: str, body: str, *, page: str) -> str:
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{e(title)} · nsqadmin</title>"
+        f'<link rel="icon" type="image/svg+xml" href="{ctx.url("/static/favicon.svg")}">'
+        f'<link rel="stylesheet" href="{ctx.url("/static/app.css")}">'
+        f'<script defer src="{ctx.url("/static/app.js")}"></script>'
+        "</head>"
+        f'<body data-base-path="{e(ctx.base)}" data-page="{e(page)}" '
+        f'data-admin="{"1" if ctx.is_admin else "0"}" '
+        f'data-sample-interval="{ctx.sample_interval:g}" '
+        f'data-csrf-cookie="{e(ctx.csrf_cookie)}">'
+        f"{_nav(ctx, active)}<main class=\"container\">{_alerts(ctx)}{body}</main>"
+        f'<footer class="footer">nsqadmin (nsqx) v{e(ctx.version)}</footer>'
+        "</body></html>"
+    )
+
+
+def _breadcrumb(ctx: Ctx, parts: list[tuple[str, str | None]]) -> str:
+    items = []
+    for text, href in parts:
+        if href is None:
+            items.append(f'<li class="active">{e(text)}</li>')
+        else:
+            items.append(f'<li><a href="{ctx.url(href)}">{e(text)}</a></li>')
+    return f'<ol class="breadcrumb">{"".join(items)}</ol>'
+
+
+def _btn(label: str, cls: str, attrs: dict[str, str]) -> str:
+    a = " ".join(f'data-{k}="{e(v)}"' for k, v in attrs.items())
+    return f'<button type="button" class="btn {cls}" {a}>{e(label)}</button>'
+
+
+def _paused(p: bool) -> str:
+    return ' <span class="badge badge-paused">paused</span>' if p else ""
+
+
+def _create_form(ctx: Ctx, topic: str | None = None) -> str:
+    if not ctx.is_admin:
+        return ""
+    if topic is None:
+        fields = ('<input name="topic" placeholder="topic name" required '
+                  'pattern="[.a-zA-Z0-9_\\-]+(#ephemeral)?" maxlength="64" aria-label="topic">'
+                  '<input name="channel" placeholder="channel (optional)" '
+                  'pattern="[.a-zA-Z0-9_\\-]+(#ephemeral)?" maxlength="64" aria-label="channel">')
+        title = "Create Topic / Channel"
+    else:
+        fields = (f'<input type="hidden" name="topic" value="{e(topic)}">'
+                  '<input name="channel" placeholder="channel name" required '
+                  'pattern="[.a-zA-Z0-9_\\-]+(#ephemeral)?" maxlength="64" aria-label="channel">')
+        title = "Create Channel"
+    return (f'<form class="create-form card" id="create-form"><h4>{title}</h4>'
+            f'<div class="form-row">{fields}'
+            '<button type="submit" class="btn btn-primary">Create</button></div></form>')
+
+
+def _chart(ctx: Ctx, src: str, metric: str, title: str, cls: str = "") -> str:
+    return (f'<figure class="chart {cls}" data-src="{ctx.url(src)}" data-metric="{e(metric)}">'
+            f'<figcaption>{e(title)}</figcaption><div class="chart-body">'
+            '<span class="muted">collecting samples…</span></div></figure>')
+
+
+def _graphite_img(ctx: Ctx, target: str, title: str) -> str:
+    g = ctx.graphite
+    if not g.get("enabled"):
+        return ""
+    base = ctx.base + "/render" if g.get("proxy") else g["url"].rstrip("/") + "/render"
+    src = (f"{base}?target={q(target)}&from=-2h&width=420&height=160&hideLegend=true"
+           f"&title={q(title)}")
+    return (f'<figure class="chart graphite"><figcaption>{e(title)} (graphite)</figcaption>'
+            f'<img alt="{e(title)}" src="{e(src)}" width="420" height="160"></figure>')
+
+
+def _statsd_target(ctx: Ctx, typ: str, topic: str, channel: str, key: str) -> str:
+    g = ctx.graphite
+    prefix = g["statsd_prefix"].replace("%s", "*")
+    if not prefix.endswith("."):
+        prefix += "."
+    gauge = key in ("depth", "in_flight_count", "deferred_count", "clients")
+    fmt = g["statsd_gauge_format"] if gauge else g["statsd_counter_format"]
+    k = prefix + "topic." + topic + (f".channel.{channel}" if typ == "channel" else "") + "." + key
+    full = fmt.replace("%s", k) if fmt else k
+    return f"sumSeries({full})"
+
+
+def _e2e_headers(e2e: dict[str, Any] | None) -> tuple[str, list[dict[str, Any]]]:
+    pcts = (e2e or {}).get("percentiles") or []
+    return "".join(f"<th>e2e {e(pct_label(p['quantile']))}</th>" for p in pcts), pcts
+
+
+def _e2e_cells(e2e: dict[str, Any] | None, pcts: list[dict[str, Any]]) -> str:
+    mine = {p["quantile"]: p for p in (e2e or {}).get("percentiles") or []}
+    out = []
+    for p in pcts:
+        m = mine.get(p["quantile"])
+        if m is None:
+            out.append("<td>–</td>")
+        else:
+            out.append(f'<td title="min {e(nanos(m["min"]))}, max {e(nanos(m["max"]))}">'
+                       f'{e(nanos(m["average"]))}</td>')
+    return "".join(out)
+
+
+def _cell(metric: str, v: Any) -> str:
+    return f'<td class="num" data-metric="{metric}" data-value="{int(v)}">{num(v)}</td>'
+
+
+# ------------------------------------------------------------------------- Streams (/topics)
+
+def render_topics(ctx: Ctx, rows: list[dict[str, Any]], rates: dict[str, float],
+                  inactive: Iterable[str]) -> str:
+    """rows: aggregated TopicStats (plus ``in_flight_count``/``channel_depth`` sums)."""
+    body = [f'<div class="page-head"><h2>Streams <span class="count">{len(rows)}</span></h2>'
+            '<input type="search" id="filter" class="filter" placeholder="filter topics…" '
+            'aria-label="filter topics"></div>']
+    if not rows:
+        body.append('<div class="alert alert-info">No topics found.</div>')
+    else:
+        trs = []
+        for t in rows:
+            name = t["topic_name"]
+            href = ctx.url("/topics/" + q(name))
+            trs.append(
+                f'<tr data-topic="{e(name)}"><td class="name"><a href="{href}">{e(name)}</a>'
+                f'{_paused(t.get("paused"))}</td>'
+                f'<td class="num">{len(t["nodes"])}</td>'
+                f'<td class="num">{len(t["channels"])}</td>'
+                f'{_cell("depth", t["depth"])}'
+                f'<td class="num muted">{num(t["memory_depth"])} + {num(t["backend_depth"])}</td>'
+                f'{_cell("channel_depth", t["channel_depth"])}'
+                f'{_cell("in_flight_count", t["in_flight_count"])}'
+                f'{_cell("message_count", t["message_count"])}'
+                f'<td class="num" data-metric="rate">{rate(rates.get(name))}</td></tr>')
+        body.append(
+            '<div class="table-wrap"><table class="table" id="topics-table"><thead><tr>'
+            '<th>Topic</th><th class="num">Nodes</th><th class="num">Channels</th>'
+            '<th class="num">Depth</th><th class="num">Memory + Disk</th>'
+            '<th class="num" title="sum of the depths of its channels">Channel Depth</th>'
+            '<th class="num">In-Flight</th><th class="num">Messages</th>'
+            '<th class="num">Rate/s</th></tr></thead><tbody>'
+            + "".join(trs) + "</tbody></table></div>")
+    inactive = list(inactive)
+    if inactive:
+        links = " ".join(f'<a class="badge" href="{ctx.url("/topics/" + q(t))}">{e(t)}</a>'
+                         for t in inactive)
+        body.append(f'<div class="card"><h4>Topics without producers</h4><p>{links}</p></div>')
+    body.append(_create_form(ctx))
+    return layout(ctx, "Streams", "streams", "".join(body), page="topics")
+
+
+# ------------------------------------------------------------------------- topic
+
+def render_topic(ctx: Ctx, topic: str, agg: dict[str, Any], rates: dict[str, float],
+                 lookupd_mode: bool) -> str:
+    body = [_breadcrumb(ctx, [("Streams", "/"), (topic, None)])]
+    body.append(f'<div class="page-head"><h2>Topic <strong>{e(topic)}</strong>'
+                f'{_paused(agg.get("paused"))}</h2></div>')
+    nodes = agg.get("nodes") or []
+    if ctx.is_admin and nodes:
+        api = f"/api/topics/{q(topic)}"
+        pause = (_btn("Unpause Topic", "btn-success", {"action": "unpause", "api": api,
+                      "confirm": f"Unpause topic {topic}?"}) if agg.get("paused") else
+                 _btn("Pause Topic", "btn-primary", {"action": "pause", "api": api,
+                      "confirm": f"Pause topic {topic}? Every channel stops receiving."}))
+        body.append(
+            '<div class="actions">'
+            + _btn("Empty Queue", "btn-warning", {"action": "empty", "api": api,
+                   "confirm": f"Empty topic {topic}? Its queued messages are dropped."})
+            + _btn("Delete Topic", "btn-danger", {"action": "delete", "api": api,
+                   "confirm": f"Delete topic {topic} and all its channels?",
+                   "next": ctx.base + "/"})
+            + pause + "</div>")
+    if not nodes:
+        body.append('<div class="alert alert-info">No producers exist for this topic. See '
+                    f'<a href="{ctx.url("/lookup")}">Lookup</a> for more information.</div>')
+    else:
+        e2e_h, pcts = _e2e_headers(agg.get("e2e_processing_latency"))
+        trs = []
+        for n in nodes:
+            href = ctx.url("/nodes/" + q(n["node"]))
+            tomb = ""
+            if ctx.is_admin and lookupd_mode:
+                tomb = _btn("Tombstone", "btn-xs btn-danger",
+                            {"action": "tombstone", "api": f"/api/nodes/{q(n['node'])}",
+                             "topic": topic,
+                             "confirm": f"Tombstone topic {topic} on {n['node']}? The node "
+                                        "deletes it and lookupd hides it from consumers."})
+            trs.append(
+                f'<tr data-node="{e(n["node"])}"><td class="name"><a href="{href}">'
+                f'{e(n["hostname"] or n["node"])}</a> <span class="muted">{e(n["node"])}</span>'
+                f'{_paused(n.get("paused"))}</td>'
+                f'{_cell("depth", n["depth"])}'
+                f'<td class="num muted">{num(n["memory_depth"])} + {num(n["backend_depth"])}</td>'
+                f'{_cell("message_count", n["message_count"])}'
+                f'<td class="num">{len(n["channels"])}</td>'
+                f'{_e2e_cells(n.get("e2e_processing_latency"), pcts)}<td>{tomb}</td></tr>')
+        trs.append(
+            f'<tr class="total" data-node="*"><td>Total</td>{_cell("depth", agg["depth"])}'
+            f'<td class="num muted">{num(agg["memory_depth"])} + {num(agg["backend_depth"])}</td>'
+            f'{_cell("message_count", agg["message_count"])}'
+            f'<td class="num">{len(agg["channels"])}</td>'
+            f'{_e2e_cells(agg.get("e2e_processing_latency"), pcts)}<td></td></tr>')
+        body.append(
+            '<h3>Topic message queues</h3><div class="table-wrap"><table class="table" '
+            'id="topic-nodes"><thead><tr><th>NSQd host</th><th class="num">Depth</th>'
+            '<th class="num">Memory + Disk</th><th class="num">Messages</th>'
+            f'<th class="num">Channels</th>{e2e_h}<th></th></tr></thead><tbody>'
+            + "".join(trs) + "</tbody></table></div>")
+    body.append(_chart_row(ctx, f"/api/graphs/topics/{q(topic)}", [
+        ("rate", "Messages / s"), ("depth", "Depth")]))
+    if ctx.graphite.get("enabled"):
+        body.append('<div class="charts">'
+                    + _graphite_img(ctx, _statsd_target(ctx, "topic", topic, "", "message_count"),
+                                    "messages")
+                    + _graphite_img(ctx, _statsd_target(ctx, "topic", topic, "", "depth"), "depth")
+                    + "</div>")
+    chans = agg.get("channels") or []
+    body.append(f'<h3>Channels <span class="count">{len(chans)}</span></h3>')
+    if not chans:
+        body.append('<div class="alert alert-info">This topic has no channels.</div>')
+    else:
+        e2e_h, pcts = _e2e_headers(_first_e2e(chans))
+        trs = []
+        for c in chans:
+            name = c["channel_name"]
+            href = ctx.url(f"/topics/{q(topic)}/{q(name)}")
+            trs.append(
+                f'<tr data-channel="{e(name)}"><td class="name"><a href="{href}">{e(name)}</a>'
+                f'{_paused(c.get("paused"))}</td>'
+                f'{_cell("depth", c["depth"])}'
+                f'<td class="num muted">{num(c["memory_depth"])} + {num(c["backend_depth"])}</td>'
+                f'{_cell("in_flight_count", c["in_flight_count"])}'
+                f'{_cell("deferred_count", c["deferred_count"])}'
+                f'{_cell("requeue_count", c["requeue_count"])}'
+                f'{_cell("timeout_count", c["timeout_count"])}'
+                f'{_cell("message_count", c["message_count"])}'
+                f'{_cell("client_count", c["client_count"])}'
+                f'{_e2e_cells(c.get("e2e_processing_latency"), pcts)}</tr>')
+        body.append(
+            '<div class="table-wrap"><table class="table" id="topic-channels"><thead><tr>'
+            '<th>Channel</th><th class="num">Depth</th><th class="num">Memory + Disk</th>'
+            '<th class="num">In-Flight</th><th class="num">Deferred</th>'
+            '<th class="num">Requeued</th><th class="num">Timed Out</th>'
+            '<th class="num">Messages</th><th class="num">Connections</th>'
+            f'{e2e_h}</tr></thead><tbody>' + "".join(trs) + "</tbody></table></div>")
+    if nodes:
+        body.append(_create_form(ctx, topic))
+    return layout(ctx, f"Topic {topic}", "streams", "".join(body), page="topic")
+
+
+def _first_e2e(items: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for c in items:
+        if (c.get("e2e_processing_latency") or {}).get("percentiles"):
+            return c["e2e_processing_latency"]
+    return None
+
+
+def _chart_row(ctx: Ctx, src: str, charts: list[tuple[str, str]]) -> str:
+    if not ctx.sample_interval:
+        return ""
+    return ('<div class="charts">'
+            + "".join(_chart(ctx, f"{src}?metric={m}", m, t) for m, t in charts) + "</div>")
+
+
+# ------------------------------------------------------------------------- channel
+
+def render_channel(ctx: Ctx, topic: str, channel: str, agg: dict[str, Any] | None) -> str:
+    body = [_breadcrumb(ctx, [("Streams", "/"), (topic, "/topics/" + q(topic)), (channel, None)])]
+    paused = bool(agg and agg.get("paused"))
+    body.append(f'<div class="page-head"><h2>Channel <strong>{e(topic)}</strong> / '
+                f'<strong>{e(channel)}</strong>{_paused(paused)}</h2></div>')
+    nodes = (agg or {}).get("nodes") or []
+    if not nodes:
+        body.append('<div class="alert alert-info">No producers exist for this topic/channel. '
+                    f'See <a href="{ctx.url("/lookup")}">Lookup</a> for more information.</div>')
+        return layout(ctx, f"Channel {topic}/{channel}", "streams", "".join(body), page="channel")
+    assert agg is not None
+    if ctx.is_admin:
+        api = f"/api/topics/{q(topic)}/{q(channel)}"
+        pause = (_btn("Unpause Channel", "btn-success", {"action": "unpause", "api": api,
+                      "confirm": f"Unpause channel {channel}?"}) if paused else
+                 _btn("Pause Channel", "btn-primary", {"action": "pause", "api": api,
+                      "confirm": f"Pause channel {channel}? Its clients stop receiving."}))
+        body.append(
+            '<div class="actions">'
+            + _btn("Empty Queue", "btn-warning", {"action": "empty", "api": api,
+                   "confirm": f"Empty channel {channel}? Its queued and in-flight messages "
+                              "are dropped."})
+            + _btn("Delete Channel", "btn-danger", {"action": "delete", "api": api,
+                   "confirm": f"Delete channel {channel}?",
+                   "next": ctx.base + "/topics/" + q(topic)})
+            + pause + "</div>")
+    e2e_h, pcts = _e2e_headers(agg.get("e2e_processing_latency"))
+
+    def row(c: dict[str, Any], label: str, key: str, cls: str = "") -> str:
+        return (f'<tr class="{cls}" data-node="{e(key)}"><td class="name">{label}'
+                f'{_paused(c.get("paused")) if key != "*" else ""}</td>'
+                f'{_cell("depth", c["depth"])}'
+                f'<td class="num muted">{num(c["memory_depth"])} + {num(c["backend_depth"])}</td>'
+                f'{_cell("in_flight_count", c["in_flight_count"])}'
+                f'{_cell("deferred_count", c["deferred_count"])}'
+                f'{_cell("requeue_count", c["requeue_count"])}'
+                f'{_cell("timeout_count", c["timeout_count"])}'
+                f'{_cell("message_count", c["message_count"])}'
+                f'{_cell("client_count", c["client_count"])}'
+                f'{_e2e_cells(c.get("e2e_processing_latency"), pcts)}</tr>')
+
+    trs = [row(n, f'<a href="{ctx.url("/nodes/" + q(n["node"]))}">{e(n["hostname"] or n["node"])}'
+                  f'</a> <span class="muted">{e(n["node"])}</span>', n["node"]) for n in nodes]
+    trs.append(row(agg, "Total", "*", "total"))
+    body.append(
+        '<div class="table-wrap"><table class="table" id="channel-nodes"><thead><tr>'
+        '<th>NSQd host</th><th class="num">Depth</th><th class="num">Memory + Disk</th>'
+        '<th class="num">In-Flight</th><th class="num">Deferred</th><th class="num">Requeued</th>'
+        '<th class="num">Timed Out</th><th class="num">Messages</th>'
+        f'<th class="num">Connections</th>{e2e_h}</tr></thead><tbody>'
+        + "".join(trs) + "</tbody></table></div>")
+    body.append(_chart_row(ctx, f"/api/graphs/topics/{q(topic)}/{q(channel)}", [
+        ("rate", "Messages / s"), ("depth", "Depth"), ("in_flight_count", "In-Flight")]))
+    if ctx.graphite.get("enabled"):
+        body.append('<div class="charts">'
+                    + _graphite_img(ctx, _statsd_target(ctx, "channel", topic, channel,
+                                                        "message_count"), "messages")
+                    + _graphite_img(ctx, _statsd_target(ctx, "channel", topic, channel,
+                                                        "depth"), "depth")
+                    + "</div>")
+    clients = agg.get("clients") or []
+    body.append(f'<h3>Clients <span class="count">{len(clients)}</span></h3>')
+    if not clients:
+        body.append('<div class="alert alert-info">No clients are connected to this '
+                    'channel.</div>')
+    else:
+        now = time.time()
+        trs = []
+        for c in clients:
+            attrs = []
+            if c.get("tls"):
+                attrs.append(f'<span class="badge badge-ok" title="{e(c.get("tls_version", ""))} '
+                             f'{e(c.get("tls_cipher_suite", ""))}">TLS</span>')
+            if c.get("snappy"):
+                attrs.append('<span class="badge">snappy</span>')
+            if c.get("deflate"):
+                attrs.append('<span class="badge">deflate</span>')
+            if c.get("sample_rate"):
+                attrs.append(f'<span class="badge">sampled {int(c["sample_rate"])}%</span>')
+            if c.get("authed"):
+                ident = c.get("auth_identity") or "authed"
+                url = c.get("auth_identity_url") or ""
+                if url.startswith(("http://", "https://")):
+                    attrs.append(f'<a class="badge badge-ok" href="{e(url)}" rel="noopener">'
+                                 f'{e(ident)}</a>')
+                else:
+                    attrs.append(f'<span class="badge badge-ok">{e(ident)}</span>')
+            host = c.get("hostname") or c.get("remote_address")
+            trs.append(
+                f'<tr data-client="{e(c.get("client_id", ""))}">'
+                f'<td class="name">{e(host)} <span class="muted">{e(c.get("remote_address"))}'
+                f'</span></td>'
+                f'<td>{e(c.get("user_agent") or c.get("version"))}</td>'
+                f'<td>{"".join(attrs)}</td>'
+                f'<td><a href="{ctx.url("/nodes/" + q(c["node"]))}">{e(c["node"])}</a></td>'
+                f'{_cell("ready_count", c["ready_count"])}'
+                f'{_cell("in_flight_count", c["in_flight_count"])}'
+                f'{_cell("finish_count", c["finish_count"])}'
+                f'{_cell("requeue_count", c["requeue_count"])}'
+                f'{_cell("message_count", c["message_count"])}'
+                f'<td title="{e(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["connect_ts"])))}">'
+                f'{e(since(c["connect_ts"], now))}</td></tr>')
+        body.append(
+            '<div class="table-wrap"><table class="table" id="channel-clients"><thead><tr>'
+            '<th>Client host</th><th>User agent</th><th>Attributes</th><th>NSQd host</th>'
+            '<th class="num">RDY</th><th class="num">In-Flight</th><th class="num">Finished</th>'
+            '<th class="num">Requeued</th><th class="num">Messages</th><th>Connected</th>'
+            '</tr></thead><tbody>' + "".join(trs) + "</tbody></table></div>")
+    return layout(ctx, f"Channel {topic}/{channel}", "streams", "".join(body), page="channel")
+
+
+# ------------------------------------------------------------------------- nodes
+
+TOMB_TITLE = ' title="tombstoned on this node"'
+
+
+def render_nodes(ctx: Ctx, producers: list[dict[str, Any]], health: dict[str, dict[str, Any]],
+                 lookupds: list[dict[str, Any]]) -> str:
+    body = [f'<div class="page-head"><h2>NSQd Nodes <span class="count">{len(producers)}'
+            '</span></h2></div>']
+    trs = []
+    for p in producers:
+        node = p["_node"]
+        h = health.get(node, {})
+        if h.get("down"):
+            status = f'<span class="badge badge-down" title="{e(h.get("error", ""))}">DOWN</span>'
+        elif h.get("health") and h["health"] != "OK":
+            status = f'<span class="badge badge-warn">{e(h["health"])}</span>'
+        else:
+            status = '<span class="badge badge-ok">OK</span>'
+        topics = " ".join(
+            f'<a class="badge{" badge-warn" if t["tombstoned"] else ""}" '
+            f'href="{ctx.url("/topics/" + q(t["topic"]))}"'
+            f'{TOMB_TITLE if t["tombstoned"] else ""}>'
+            f'{e(t["topic"])}</a>' for t in p["topics"][:50])
+        if len(p["topics"]) > 50:
+            topics += f' <span class="muted">+{len(p["topics"]) - 50} more</span>'
+        conns = ""
+        if ctx.lookupd:
+            n = len(p["remote_addresses"])
+            cls = "" if n == len(ctx.lookupd) else " badge-warn"
+            conns = (f'<td class="num"><span class="badge{cls}" '
+                     f'title="{e(", ".join(p["remote_addresses"]))}">{n}</span></td>')
+        trs.append(
+            f'<tr data-node="{e(node)}" class="{"row-down" if h.get("down") else ""}'
+            f'{" row-warn" if p.get("out_of_date") else ""}">'
+            f'<td class="name"><a href="{ctx.url("/nodes/" + q(node))}">{e(p["hostname"])}</a>'
+            f'</td><td>{e(p["broadcast_address"])}</td><td class="num">{int(p["tcp_port"])}</td>'
+            f'<td class="num">{int(p["http_port"])}</td><td>{e(p["version"])}</td>'
+            f'<td>{status}</td><td>{e(p.get("topology_region", ""))}</td>'
+            f'<td>{e(p.get("topology_zone", ""))}</td>{conns}'
+            f'<td class="num">{len(p["topics"])}</td><td class="topics">{topics}</td></tr>')
+    body.append(
+        '<div class="table-wrap"><table class="table" id="nodes-table"><thead><tr>'
+        '<th>Hostname</th><th>Broadcast Address</th><th class="num">TCP</th>'
+        '<th class="num">HTTP</th><th>Version</th><th>Health</th><th>Region</th><th>Zone</th>'
+        + ('<th class="num">Lookupd Conns.</th>' if ctx.lookupd else "")
+        + '<th class="num">Topics</th><th></th></tr></thead><tbody>' + "".join(trs)
+        + "</tbody></table></div>")
+    if lookupds:
+        rows = "".join(
+            f'<tr data-lookupd="{e(lk["address"])}" class="{"" if lk["up"] else "row-down"}">'
+            f'<td>{e(lk["address"])}</td><td>{e(lk["version"])}</td><td>'
+            + ('<span class="badge badge-ok">OK</span>' if lk["up"] else
+               f'<span class="badge badge-down" title="{e(lk["error"])}">DOWN</span>')
+            + "</td></tr>" for lk in lookupds)
+        body.append(
+            f'<h3>nsqlookupd <span class="count">{len(lookupds)}</span></h3>'
+            '<div class="table-wrap"><table class="table" id="lookupd-table"><thead><tr>'
+            '<th>Address</th><th>Version</th><th>Health</th></tr></thead><tbody>'
+            + rows + "</tbody></table></div>")
+    return layout(ctx, "Nodes", "nodes", "".join(body), page="nodes")
+
+
+def render_node(ctx: Ctx, node: str, producer: dict[str, Any] | None,
+                topics: list[dict[str, Any]], down_error: str) -> str:
+    body = [_breadcrumb(ctx, [("Nodes", "/nodes"), (node, None)])]
+    body.append(f'<div class="page-head"><h2>Node <strong>{e(node)}</strong></h2></div>')
+    if producer is None:
+        body.append('<div class="alert alert-warning">This node is not known to the '
+                    'cluster.</div>')
+        return layout(ctx, f"Node {node}", "nodes", "".join(body), page="node")
+    if down_error:
+        body.append(f'<div class="alert alert-danger">This node is down: {e(down_error)}</div>')
+    total_msgs = sum(t["message_count"] for t in topics)
+    total_clients = sum(len(c["clients"]) for t in topics for c in t["channels"])
+    body.append(
+        '<div class="summary card"><dl>'
+        f'<dt>Hostname</dt><dd>{e(producer["hostname"])}</dd>'
+        f'<dt>Version</dt><dd>{e(producer["version"])}</dd>'
+        f'<dt>TCP / HTTP</dt><dd>{int(producer["tcp_port"])} / {int(producer["http_port"])}</dd>'
+        f'<dt>Topics</dt><dd data-metric="topics">{len(topics)}</dd>'
+        f'<dt>Messages</dt><dd data-metric="total_messages">{num(total_msgs)}</dd>'
+        f'<dt>Clients</dt><dd data-metric="total_clients">{num(total_clients)}</dd>'
+        '</dl></div>')
+    trs = []
+    for t in topics:
+        name = t["topic_name"]
+        trs.append(
+            f'<tr class="topic-row" data-topic="{e(name)}"><td class="name">'
+            f'<a href="{ctx.url("/topics/" + q(name))}">{e(name)}</a>{_paused(t["paused"])}</td>'
+            f'{_cell("depth", t["depth"])}<td class="num">–</td><td class="num">–</td>'
+            f'{_cell("message_count", t["message_count"])}<td class="num">–</td></tr>')
+        for c in t["channels"]:
+            cname = c["channel_name"]
+            trs.append(
+                f'<tr class="channel-row" data-topic="{e(name)}" data-channel="{e(cname)}">'
+                f'<td class="name indent"><a href="{ctx.url(f"/topics/{q(name)}/{q(cname)}")}">'
+                f'{e(cname)}</a>{_paused(c["paused"])}</td>'
+                f'{_cell("depth", c["depth"])}{_cell("in_flight_count", c["in_flight_count"])}'
+                f'{_cell("requeue_count", c["requeue_count"])}'
+                f'{_cell("message_count", c["message_count"])}'
+                f'{_cell("client_count", c["client_count"])}</tr>')
+    body.append(
+        '<div class="table-wrap"><table class="table" id="node-topics"><thead><tr>'
+        '<th>Topic / channel</th><th class="num">Depth</th><th class="num">In-Flight</th>'
+        '<th class="num">Requeued</th><th class="num">Messages</th>'
+        '<th class="num">Connections</th></tr></thead><tbody>' + "".join(trs)
+        + "</tbody></table></div>")
+    return layout(ctx, f"Node {node}", "nodes", "".join(body), page="node")
+
+
+# ------------------------------------------------------------------------- counter, lookup
+
+def render_counter(ctx: Ctx) -> str:
+    body = ('<div class="counter-page"><h2>Messages processed</h2>'
+            '<div class="counter" id="counter" data-src="'
+            f'{ctx.url("/api/counter")}">–</div>'
+            '<p class="muted" id="counter-rate">&nbsp;</p></div>')
+    return layout(ctx, "Counter", "counter", body, page="counter")
+
+
+def render_lookup(ctx: Ctx, topics: dict[str, list[str]], inactive: set[str]) -> str:
+    body = [f'<div class="page-head"><h2>Lookup <span class="count">{len(topics)}</span></h2>'
+            '</div>']
+    if not ctx.lookupd:
+        body.append('<div class="alert alert-info">nsqadmin was started with '
+                    '--nsqd-http-address: there is no nsqlookupd to show.</div>')
+    else:
+        addrs = ", ".join(e(a) for a in ctx.lookupd)
+        body.append(f'<p class="muted">Topics and channels registered in nsqlookupd ({addrs}).'
+                    '</p>')
+        trs = []
+        for t, chans in topics.items():
+            clinks = " ".join(
+                f'<a class="badge" href="{ctx.url(f"/topics/{q(t)}/{q(c)}")}">{e(c)}</a>'
+                for c in chans)
+            flag = (' <span class="badge badge-warn">no producers</span>'
+                    if t in inactive else "")
+            trs.append(f'<tr data-topic="{e(t)}"><td class="name">'
+                       f'<a href="{ctx.url("/topics/" + q(t))}">{e(t)}</a>{flag}</td>'
+                       f'<td>{clinks}</td></tr>')
+        body.append('<div class="table-wrap"><table class="table" id="lookup-table"><thead>'
+                    '<tr><th>Topic</th><th>Channels</th></tr></thead><tbody>' + "".join(trs)
+                    + "</tbody></table></div>")
+        body.append(_create_form(ctx))
+    return layout(ctx, "Lookup", "lookup", "".join(body), page="lookup")
+
+
+def render_error(ctx: Ctx, status: int, message: str) -> str:
+    body = (f'<div class="alert alert-danger"><h4>Error {status}</h4><p>{e(message)}</p></div>')
+    return layout(ctx, f"Error {status}", "", body, page="error")

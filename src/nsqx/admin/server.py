@@ -1,0 +1,107 @@
+"""One nsqadmin: the HTTP server, the cluster client, the stats sampler and the
+notification sender, started and stopped together (upstream ``nsqadmin/nsqadmin.go``)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+
+from aiohttp import web
+
+from .cluster import ClusterClient
+from .http import AdminHTTP
+from .notify import Notifier
+from .options import Options, version_string
+from .sampler import Sampler
+
+__all__ = ["NSQAdmin", "bind_listener"]
+
+log = logging.getLogger("nsqx.admin")
+
+
+def bind_listener(address: str, backlog: int = 1024) -> socket.socket:
+    """A listening socket for ``host:port`` like Go's ``net.Listen`` (``:port`` = all)."""
+    host, sep, port_s = address.rpartition(":")
+    if not sep or not port_s.isdigit() or int(port_s) > 65535:
+        raise OSError(f"address {address}: missing or invalid port")
+    host = host.strip("[]")
+    infos = socket.getaddrinfo(host or None, int(port_s), type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    if not host:
+        infos.sort(key=lambda i: i[0] != socket.AF_INET6)
+    last: OSError | None = None
+    for family, kind, proto, _, sockaddr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and not host:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(sockaddr)
+            sock.listen(backlog)
+            sock.setblocking(False)
+            return sock
+        except OSError as e:
+            sock.close()
+            last = e
+    raise last or OSError(f"address {address}: no usable address")
+
+
+def _format(addr: tuple) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class NSQAdmin:
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.cluster = ClusterClient(opts)
+        self.sampler = Sampler(self.cluster, opts.stats_sample_interval, opts.stats_sample_window)
+        self.notifier = Notifier(opts.notification_http_endpoint,
+                                 opts.http_client_connect_timeout,
+                                 opts.http_client_request_timeout)
+        self.http = AdminHTTP(opts, self.cluster, self.sampler, self.notifier)
+        self.http_address = ""
+        self.http_port = 0
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        log.info("%s", version_string())
+        try:
+            sock = bind_listener(self.opts.http_address)
+        except OSError as e:
+            raise OSError(f"listen ({self.opts.http_address}) failed - {e}") from e
+        try:
+            self.http_address = _format(sock.getsockname())
+            self.http_port = sock.getsockname()[1]
+            await self.cluster.start()
+            runner = web.AppRunner(self.http.make_app(), access_log=None, handle_signals=False,
+                                   shutdown_timeout=3.0)
+            await runner.setup()
+            self._runner = runner
+            await web.SockSite(runner, sock).start()
+            sock = None
+        finally:
+            if sock is not None:
+                sock.close()
+        log.info("HTTP: listening on %s", self.http_address)
+        self.sampler.start()
+        self.notifier.start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            log.info("HTTP: closing %s", self.http_address)
+            with contextlib.suppress(Exception):
+                await self._runner.cleanup()
+            self._runner = None
+        await self.sampler.close()
+        await self.notifier.close()
+        await self.cluster.close()
+
+    async def __aenter__(self) -> NSQAdmin:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
