@@ -13,9 +13,11 @@ import pytest
 
 from tests.support.auth_server import AuthServer
 from tests.support.certs import TLSFiles, make_tls_files
+from tests.support.lookupd_process import LookupdFactory
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess
 
 _FACTORY_KEY = pytest.StashKey[NsqdFactory]()
+_LOOKUPD_KEY = pytest.StashKey[LookupdFactory]()
 
 
 @pytest.fixture
@@ -53,10 +55,29 @@ def auth_server() -> Iterator[AuthServer]:
         server.close()
 
 
+@pytest.fixture
+def lookupd_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LookupdFactory]:
+    """Start nsqlookupd processes with ``lookupd_factory.start([flags])``; all are killed afterwards."""
+    factory = LookupdFactory(tmp_path / "lookupd")
+    request.node.stash[_LOOKUPD_KEY] = factory
+    try:
+        yield factory
+    finally:
+        complaints = factory.close()
+    if complaints:
+        pytest.fail("nsqlookupd misbehaved as a process:\n" + "\n".join(complaints),
+                    pytrace=False)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     outcome = yield
     report = outcome.get_result()
+    if not report.failed:
+        return
     factory = item.stash.get(_FACTORY_KEY, None)
-    if factory is not None and report.failed and factory.procs:
+    if factory is not None and factory.procs:
         report.sections.append(("nsqd logs", factory.logs()))
+    lookupds = item.stash.get(_LOOKUPD_KEY, None)
+    if lookupds is not None and lookupds.procs:
+        report.sections.append(("nsqlookupd logs", lookupds.logs()))

@@ -19,19 +19,6 @@ from tests.support.lookupd_process import LookupdFactory, LookupdProcess
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess
 
 _AKEY = pytest.StashKey[AdminFactory]()
-_LKEY = pytest.StashKey[LookupdFactory]()
-
-
-@pytest.fixture
-def lookupd_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LookupdFactory]:
-    factory = LookupdFactory(tmp_path / "lookupd")
-    request.node.stash[_LKEY] = factory
-    try:
-        yield factory
-    finally:
-        complaints = factory.close()
-    if complaints:
-        pytest.fail("nsqlookupd misbehaved:\n" + "\n".join(complaints), pytrace=False)
 
 
 @pytest.fixture
@@ -109,6 +96,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     af = item.stash.get(_AKEY, None)
     if af is not None and af.procs:
         report.sections.append(("nsqadmin logs", af.logs()))
-    lf = item.stash.get(_LKEY, None)
-    if lf is not None and lf.procs:
-        report.sections.append(("nsqlookupd logs", lf.logs()))

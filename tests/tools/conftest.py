@@ -7,23 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.lookupd_process import LookupdFactory
 from tests.tools.helpers import ToolFactory
 
-_LKEY = pytest.StashKey[LookupdFactory]()
 _TKEY = pytest.StashKey[ToolFactory]()
-
-
-@pytest.fixture
-def lookupd_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LookupdFactory]:
-    factory = LookupdFactory(tmp_path / "lookupd")
-    request.node.stash[_LKEY] = factory
-    try:
-        yield factory
-    finally:
-        complaints = factory.close()
-    if complaints:
-        pytest.fail("nsqlookupd misbehaved:\n" + "\n".join(complaints), pytrace=False)
 
 
 @pytest.fixture
@@ -46,6 +32,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     tf = item.stash.get(_TKEY, None)
     if tf is not None and tf.procs:
         report.sections.append(("tool output", tf.logs()))
-    lf = item.stash.get(_LKEY, None)
-    if lf is not None and lf.procs:
-        report.sections.append(("nsqlookupd logs", lf.logs()))
