@@ -98,6 +98,10 @@ class Options:
     max_bytes_per_file: int = 104857600
     sync_every: int = 2500  # fsync after this many messages
     sync_timeout: float = 2.0  # fsync at least this often when dirty
+    # nsqx: how long/much of the log to keep after every channel consumed it (replay)
+    retention_time: float = 0.0
+    retention_bytes: int = 0
+    max_log_bytes: int = 0  # hard cap per topic: lagging channels skip what it drops
 
     queue_scan_interval: float = 0.1  # no flag upstream
     queue_scan_refresh_interval: float = 5.0  # no flag upstream
@@ -298,6 +302,12 @@ def _flags() -> list[Flag]:
         Flag("sync-every", INT, d.sync_every, "number of messages per fsync"),
         Flag("sync-timeout", DUR, d.sync_timeout, "duration of time per fsync (fsync at least "
              "this often when there are unsynced writes)"),
+        Flag("retention-time", DUR, d.retention_time, "[nsqx] keep consumed log segments at "
+             "least this long for replay (0 = delete once every channel consumed them)"),
+        Flag("retention-bytes", INT, d.retention_bytes, "[nsqx] keep up to this many bytes of "
+             "consumed log per topic for replay (0 = none)"),
+        Flag("max-log-bytes", INT, d.max_log_bytes, "[nsqx] hard cap of a topic's log; beyond "
+             "it the oldest segments go even if channels lag, and they skip them (0 = no cap)"),
         Flag("queue-scan-worker-pool-max", INT, d.queue_scan_worker_pool_max, "max concurrency "
              "for checking in-flight and deferred message timeouts"),
         Flag("queue-scan-selection-count", INT, d.queue_scan_selection_count, "number of channels "

@@ -53,6 +53,9 @@ class Topic:
                 segment_bytes=opts.max_bytes_per_file,
                 sync_every=max(opts.sync_every, 1),
                 sync_interval=opts.sync_timeout,
+                retention_seconds=opts.retention_time or None,
+                retention_bytes=opts.retention_bytes or None,
+                hard_size_cap=opts.max_log_bytes or None,
             )
             self.log = PartitionLog(self.dir / "p0", 0, config)
         self.committer = GroupCommitter(self.log, nsqd.loop)
