@@ -1,0 +1,472 @@
+"""nsqd's log API for data pipelines (Spark): offsets, raw fetch, idempotent publish.
+
+These endpoints read a topic's partition log by offset, independently of channels (no cursor
+moves, nothing is FINished), which is what Spark's data source ``nsqx.spark`` needs.
+
+Endpoints (query-string parameters, errors as upstream's ``{"message": CODE}``):
+
+``GET /nsqx/offsets?topic=T[&timestamp_ns=NS]``
+    200 JSON ``{"topic": T, "partitions": [{"partition": 0, "earliest": E, "latest": L,
+    "synced": S[, "offset_for_timestamp": O]}]}``. ``earliest`` is the first offset still
+    kept, ``latest`` the next offset to be written (records ``[earliest, latest)`` are
+    readable), ``synced`` the end of what is fsynced. ``offset_for_timestamp`` is the first
+    offset whose timestamp is >= NS (``latest`` when there is none). 404 ``TOPIC_NOT_FOUND``
+    (the topic is never created by a read), 400 ``MISSING_ARG_TOPIC``/``INVALID_TOPIC``/
+    ``INVALID_TIMESTAMP``.
+
+``GET /nsqx/fetch?topic=T&partition=P&offset=O[&end=E][&max_bytes=B][&headers=1]``
+    200 ``application/octet-stream``: whole records from ``O`` (at least one when any is
+    readable, at most ``B`` bytes otherwise, never at or past ``E``)::
+
+        header (48 bytes, big endian, struct ">4sBBHQIQQQI"):
+          magic "NQXF", version 1, flags (bit 0: headers section follows),
+          partition u16, start u64 (offset of the first record; > O when retention
+          removed O..start-1), count u32, next_offset u64, earliest u64, latest u64,
+          frames_len u32
+        frames   frames_len bytes: the stored records, which are ready NSQ message frames
+                 [4B size][4B type=2][8B ts ns][2B attempts][16B hex id][body], back to back
+        headers  (flag bit 0, asked for with headers=1) u32 n, then n entries
+                 [u64 offset][u16 nkeys]([u16 klen][key utf-8][u32 vlen][value])*
+
+    The same range always returns the same bytes (offsets are immutable). ``O`` past
+    ``latest``: 416 ``OFFSET_OUT_OF_RANGE``; ``O == latest``: an empty answer (count 0).
+    ``B`` defaults to 8 MiB and is capped at 64 MiB. 404 ``TOPIC_NOT_FOUND`` or
+    ``PARTITION_NOT_FOUND``; 400 ``INVALID_ARG_*`` for malformed numbers.
+
+``POST /nsqx/pub?topic=T&writer=W&batch=B&task=K[&partition=P][&keys=1]``
+    Idempotent publish: the body (upstream's binary MPUB body, ``[u32 n]([u32 size][body])*``;
+    with ``keys=1`` each message is ``[u32 klen][key][u32 size][body]`` and a non-empty key is
+    stored as the message's ``key`` extension header) is appended at most once per
+    ``(W, B, K)`` and topic. 200 JSON ``{"partition": 0, "base": first offset, "count": n,
+    "duplicate": bool}``; a duplicate answers the first publish's offsets and appends
+    nothing. A retry while the first attempt is still being written waits for it. The key is
+    stored in the log itself (extension header ``nsqx-pub`` on the batch's first record) and
+    in a small SQLite index under the topic directory (``pubkeys.sqlite``); after a crash the
+    index is completed from the log's headers, so a key acknowledged once is never appended
+    again. Keys older than 7 days are forgotten. 400 ``MISSING_ARG_WRITER`` etc., 413 for
+    bodies over ``--max-body-size``.
+
+Authorization (nsqd with ``--auth-http-address``): the secret comes from an
+``Authorization: Bearer SECRET`` header; offsets and fetch need the ``subscribe`` permission
+on the topic (as SUB; an optional ``channel`` parameter is matched as SUB does), pub needs
+``publish``. 401 ``AUTH_REQUIRED`` without a secret, 401 ``AUTH_FAILED`` when the auth
+server refuses it or cannot be asked, 403 ``UNAUTHORIZED`` when the permission is missing.
+Answers are cached for the TTL the auth server gives.
+
+Registered by :func:`add_routes` (called from ``nsqx.nsqd.http.make_app``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from nsqx.nsqd.auth import AuthState, query_auth
+from nsqx.nsqd.http import HTTPError, _first, _query, _read_capped, parse_mpub_binary
+from nsqx.protocol.names import valid_channel_name, valid_topic_name
+
+__all__ = ["add_routes", "FETCH_HEADER", "FETCH_MAGIC", "PUB_KEY_HEADER", "encode_fetch_headers"]
+
+log = logging.getLogger("nsqx.nsqd.fetch_api")
+
+FETCH_MAGIC = b"NQXF"
+FETCH_VERSION = 1
+FETCH_HEADER = struct.Struct(">4sBBHQIQQQI")  # 48 bytes
+FLAG_HEADERS = 1
+DEFAULT_MAX_BYTES = 8 << 20
+MAX_MAX_BYTES = 64 << 20
+PUB_KEY_HEADER = "nsqx-pub"
+KEY_TTL = 7 * 86400.0
+_U32 = struct.Struct(">I")
+_HDR_ENTRY = struct.Struct(">QH")
+_U16 = struct.Struct(">H")
+_MAX_NAME = 256
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json",
+                        charset="utf-8")
+
+
+def _int_arg(params: dict[str, list[str]], key: str, default: int | None = None, *,
+             lo: int = 0, hi: int = (1 << 63) - 1) -> int:
+    v = _first(params, key)
+    if v is None or v == "":
+        if default is None:
+            raise HTTPError(400, f"MISSING_ARG_{key.upper()}")
+        return default
+    if not (v.isascii() and v.isdigit()) or not lo <= int(v) <= hi:
+        raise HTTPError(400, f"INVALID_ARG_{key.upper()}")
+    return int(v)
+
+
+def _partitions(topic: Any) -> dict[int, Any]:
+    """partition id -> log. A topic of this node has one log unless it says otherwise."""
+    parts = getattr(topic, "partitions", None)
+    if isinstance(parts, dict):
+        return {int(k): getattr(v, "log", v) for k, v in parts.items()}
+    if isinstance(parts, list | tuple):
+        return {i: getattr(v, "log", v) for i, v in enumerate(parts)}
+    return {int(getattr(topic.log, "partition", 0) or 0): topic.log}
+
+
+def encode_fetch_headers(items: list[tuple[int, dict[str, bytes]]]) -> bytes:
+    parts = [_U32.pack(len(items))]
+    for off, h in items:
+        parts.append(_HDR_ENTRY.pack(off, len(h)))
+        for k, v in h.items():
+            kb = k.encode()
+            parts += (_U16.pack(len(kb)), kb, _U32.pack(len(v)), bytes(v))
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------- idempotent publish index
+
+class PubKeyIndex:
+    """Keys of idempotent publishes of one topic partition: SQLite, completed from the log.
+
+    ``done`` maps a key to (base, count). The watermark says every keyed publish whose base is
+    below it is in the table; keys between the watermark and the log end are recovered from
+    the log's ``nsqx-pub`` headers when the index is opened.
+    """
+
+    def __init__(self, path: Path | None, plog: Any) -> None:
+        self.path = path
+        self.log = plog
+        self.inflight: dict[str, asyncio.Future[tuple[int, int]]] = {}
+        self.mem: dict[str, tuple[int, int]] = {}
+        self.db: sqlite3.Connection | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            # no fsync per key: the log's nsqx-pub headers are the truth, the index is rebuilt
+            # from them past its watermark after a crash
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, base INTEGER, "
+                            "count INTEGER, created REAL)")
+            self.db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value)")
+            self._recover()
+
+    def _watermark(self) -> int:
+        assert self.db is not None
+        row = self.db.execute("SELECT value FROM meta WHERE name='watermark'").fetchone()
+        return int(row[0]) if row else 0
+
+    def _recover(self) -> None:
+        """Keys appended after the watermark but not indexed (crash between ack and insert)."""
+        assert self.db is not None
+        lo = max(self._watermark(), self.log.start_offset)
+        hi = self.log.flushed_offset
+        found = []
+        for off in range(lo, hi):
+            h = self.log.headers(off)
+            if h and PUB_KEY_HEADER in h:
+                key, _, count = bytes(h[PUB_KEY_HEADER]).decode().rpartition("#")
+                found.append((key, off, int(count), time.time()))
+        with self.db:
+            self.db.executemany("INSERT OR IGNORE INTO keys VALUES (?,?,?,?)", found)
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('watermark', ?)", (hi,))
+        if found:
+            log.info("%s: recovered %d publish keys from the log", self.path, len(found))
+
+    def get(self, key: str) -> tuple[int, int] | None:
+        if self.db is None:
+            return self.mem.get(key)
+        row = self.db.execute("SELECT base, count FROM keys WHERE key=?", (key,)).fetchone()
+        return (int(row[0]), int(row[1])) if row else None
+
+    def before_append(self) -> None:
+        """Nothing keyed is in flight: every keyed publish below the log end is indexed."""
+        if self.db is not None and not self.inflight:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('watermark', ?)",
+                            (self.log.next_offset,))
+
+    def put(self, key: str, base: int, count: int) -> None:
+        if self.db is None:
+            self.mem[key] = (base, count)
+            return
+        now = time.time()
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO keys VALUES (?,?,?,?)", (key, base, count, now))
+            if int(now) % 64 == 0:
+                self.db.execute("DELETE FROM keys WHERE created < ?", (now - KEY_TTL,))
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+
+# ---------------------------------------------------------------- handlers
+
+class _FetchAPI:
+    def __init__(self, nsqd: Any) -> None:
+        self.nsqd = nsqd
+        self._auth: dict[tuple[str, str, bool], AuthState] = {}
+        self._indexes: dict[tuple[int, int], PubKeyIndex] = {}
+
+    # -- common -----------------------------------------------------------------------
+    async def _authorize(self, request: web.Request, topic: str, permission: str,
+                         channel: str | None = None) -> None:
+        if not getattr(self.nsqd, "auth_enabled", False):
+            return
+        header = request.headers.get("Authorization", "")
+        scheme, _, secret = header.partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret:
+            raise HTTPError(401, "AUTH_REQUIRED")
+        remote = request.remote or ""
+        ck = (secret, remote, request.secure)
+        state = self._auth.get(ck)
+        if state is None or state.expired():
+            try:
+                state = await query_auth(self.nsqd, secret, remote, request.secure, "")
+            except Exception as exc:
+                log.warning("auth for %s failed: %s", remote, exc)
+                raise HTTPError(401, "AUTH_FAILED") from None
+            if len(self._auth) > 1024:
+                self._auth.clear()
+            self._auth[ck] = state
+        if not state.allows(topic, channel, permission):
+            raise HTTPError(403, "UNAUTHORIZED")
+
+    def _topic_name(self, params: dict[str, list[str]]) -> str:
+        name = _first(params, "topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not valid_topic_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        return name
+
+    def _topic(self, name: str) -> Any:
+        topic = self.nsqd.get_topic(name, create=False)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic
+
+    @staticmethod
+    def _channel(params: dict[str, list[str]]) -> str | None:
+        ch = _first(params, "channel")
+        if ch is not None and not valid_channel_name(ch):
+            raise HTTPError(400, "INVALID_CHANNEL")
+        return ch
+
+    # -- offsets ----------------------------------------------------------------------
+    async def offsets(self, request: web.Request) -> web.Response:
+        params = _query(request)
+        name = self._topic_name(params)
+        await self._authorize(request, name, "subscribe", self._channel(params))
+        ts = _first(params, "timestamp_ns")
+        ts_ns: int | None = None
+        if ts is not None:
+            body = ts[1:] if ts[:1] == "-" else ts
+            if not (body.isascii() and body.isdigit()):
+                raise HTTPError(400, "INVALID_TIMESTAMP")
+            ts_ns = int(ts)
+        topic = self._topic(name)
+        out = []
+        for pid, plog in sorted(_partitions(topic).items()):
+            entry = {"partition": pid, "earliest": plog.start_offset,
+                     "latest": plog.flushed_offset, "synced": plog.synced_offset}
+            if ts_ns is not None:
+                entry["offset_for_timestamp"] = plog.offset_for_time(ts_ns)
+            out.append(entry)
+        return _json({"topic": name, "partitions": out})
+
+    # -- fetch ------------------------------------------------------------------------
+    async def fetch(self, request: web.Request) -> web.Response:
+        params = _query(request)
+        name = self._topic_name(params)
+        await self._authorize(request, name, "subscribe", self._channel(params))
+        pid = _int_arg(params, "partition", 0, hi=(1 << 16) - 1)
+        offset = _int_arg(params, "offset")
+        end = _int_arg(params, "end", (1 << 63) - 1)
+        max_bytes = min(_int_arg(params, "max_bytes", DEFAULT_MAX_BYTES, lo=1), MAX_MAX_BYTES)
+        want_headers = (_first(params, "headers") or "") in ("1", "true")
+        plog = _partitions(self._topic(name)).get(pid)
+        if plog is None:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        earliest, latest = plog.start_offset, plog.flushed_offset
+        if offset > latest:
+            raise HTTPError(416, "OFFSET_OUT_OF_RANGE")
+        start = max(offset, earliest)
+        limit = max(0, min(end, latest) - start)
+        if limit:
+            r = plog.read(start, max_bytes, limit)
+            data, count, nxt = r.data, r.count, r.next_offset
+        else:
+            data, count, nxt = b"", 0, start
+        flags = 0
+        tail = b""
+        if want_headers:
+            flags |= FLAG_HEADERS
+            items = []
+            for off in range(start, start + count):
+                h = plog.headers(off)
+                if h:
+                    items.append((off, h))
+            tail = encode_fetch_headers(items)
+        head = FETCH_HEADER.pack(FETCH_MAGIC, FETCH_VERSION, flags, pid, start, count, nxt,
+                                 earliest, latest, len(data))
+        if len(data) < (64 << 10):
+            return web.Response(body=b"".join((head, data, tail)),
+                                content_type="application/octet-stream")
+        # large answers: the frames go to the socket as they are (no join copy)
+        resp = web.StreamResponse()
+        resp.content_type = "application/octet-stream"
+        resp.content_length = len(head) + len(data) + len(tail)
+        await resp.prepare(request)
+        await resp.write(head)
+        await resp.write(data)
+        if tail:
+            await resp.write(tail)
+        await resp.write_eof()
+        return resp
+
+    # -- idempotent publish -----------------------------------------------------------
+    def _index(self, topic: Any, pid: int, plog: Any) -> PubKeyIndex:
+        k = (id(plog), pid)
+        idx = self._indexes.get(k)
+        if idx is None or idx.log is not plog:
+            if idx is not None:
+                idx.close()
+            path = None
+            if not getattr(topic, "ephemeral", False) and getattr(topic, "dir", None) is not None:
+                path = Path(topic.dir) / f"pubkeys-p{pid}.sqlite"
+            idx = self._indexes[k] = PubKeyIndex(path, plog)
+        return idx
+
+    @staticmethod
+    def _parse_keyed(body: bytes, max_msg: int) -> tuple[list[bytes], list[bytes]]:
+        n = len(body)
+        if n < 4:
+            raise HTTPError(413, "BAD_BODY")
+        (count,) = _U32.unpack_from(body, 0)
+        if count <= 0 or count > n // 8:
+            raise HTTPError(413, "BAD_BODY")
+        view = memoryview(body)
+        keys: list[bytes] = []
+        msgs: list[bytes] = []
+        pos = 4
+        for _ in range(count):
+            if pos + 4 > n:
+                raise HTTPError(413, "BAD_MESSAGE")
+            (kl,) = _U32.unpack_from(body, pos)
+            if kl > 65535 or pos + 8 + kl > n:
+                raise HTTPError(413, "BAD_MESSAGE")
+            keys.append(bytes(view[pos + 4:pos + 4 + kl]))
+            pos += 4 + kl
+            (size,) = _U32.unpack_from(body, pos)
+            if size <= 0 or size > max_msg or pos + 4 + size > n:
+                raise HTTPError(413, "BAD_MESSAGE")
+            msgs.append(bytes(view[pos + 4:pos + 4 + size]))
+            pos += 4 + size
+        if pos != n:
+            raise HTTPError(413, "BAD_BODY")
+        return msgs, keys
+
+    async def pub(self, request: web.Request) -> web.Response:
+        o = self.nsqd.opts
+        if (request.content_length or 0) > o.max_body_size:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        params = _query(request)
+        name = self._topic_name(params)
+        ids = []
+        for arg in ("writer", "batch", "task"):
+            v = _first(params, arg)
+            if not v:
+                raise HTTPError(400, f"MISSING_ARG_{arg.upper()}")
+            if len(v) > _MAX_NAME or "#" in v:
+                raise HTTPError(400, f"INVALID_ARG_{arg.upper()}")
+            ids.append(v)
+        key = ":".join(ids)
+        pid = _int_arg(params, "partition", 0, hi=(1 << 16) - 1)
+        keyed = (_first(params, "keys") or "") in ("1", "true")
+        await self._authorize(request, name, "publish")
+        body = await _read_capped(request, o.max_body_size)
+        if len(body) > o.max_body_size:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        if keyed:
+            msgs, keys = self._parse_keyed(body, o.max_msg_size)
+        else:
+            msgs = parse_mpub_binary(body, o.max_msg_size, o.max_body_size)
+            keys = []
+        topic = self.nsqd.get_topic(name)
+        if topic is None:
+            raise HTTPError(503, "EXITING")
+        plog = _partitions(topic).get(pid)
+        if plog is None:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        idx = self._index(topic, pid, plog)
+        while True:
+            done = idx.get(key)
+            if done is not None:
+                return _json({"partition": pid, "base": done[0], "count": done[1],
+                              "duplicate": True})
+            pending = idx.inflight.get(key)
+            if pending is None:
+                break
+            try:
+                await asyncio.shield(pending)
+            except Exception:
+                pass  # the first attempt failed: this one may try again
+        headers: list[dict[str, bytes] | None] = [
+            {"key": k} if k else None for k in keys] if keys else [None] * len(msgs)
+        first = dict(headers[0] or {})
+        first[PUB_KEY_HEADER] = f"{key}#{len(msgs)}".encode()
+        headers[0] = first
+        idx.before_append()
+        fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        idx.inflight[key] = fut
+        try:
+            committer = getattr(topic, "committer", None)
+            if committer is None or len(_partitions(topic)) > 1:
+                raise HTTPError(500, "INTERNAL_ERROR")
+            try:
+                base = await committer.append(msgs, headers=headers)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.error("TOPIC(%s): idempotent publish %s failed - %s", name, key, exc)
+                raise HTTPError(503, "PUB_FAILED") from None
+            topic.message_count += len(msgs)
+            topic.message_bytes += sum(map(len, msgs))
+            idx.put(key, base, len(msgs))
+            fut.set_result((base, len(msgs)))
+        except BaseException as exc:
+            if not fut.done():
+                fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError("cancelled"))
+                fut.exception()  # retrieved: nobody else may be waiting
+            raise
+        finally:
+            idx.inflight.pop(key, None)
+        return _json({"partition": pid, "base": base, "count": len(msgs), "duplicate": False})
+
+    async def close(self, _app: web.Application) -> None:
+        for idx in self._indexes.values():
+            idx.close()
+        self._indexes.clear()
+
+
+def add_routes(app: web.Application, nsqd: Any) -> None:
+    """Register /nsqx/offsets, /nsqx/fetch and /nsqx/pub on nsqd's HTTP app."""
+    api = getattr(nsqd, "_nsqx_fetch_api", None)
+    if api is None:  # one per node: the HTTP and HTTPS apps share the publish-key indexes
+        api = _FetchAPI(nsqd)
+        try:
+            nsqd._nsqx_fetch_api = api
+        except AttributeError:
+            pass
+    app.router.add_get("/nsqx/offsets", api.offsets, allow_head=False)
+    app.router.add_get("/nsqx/fetch", api.fetch, allow_head=False)
+    app.router.add_post("/nsqx/pub", api.pub)
+    app.on_cleanup.append(api.close)
