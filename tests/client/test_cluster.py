@@ -10,6 +10,7 @@ from aiohttp import web
 
 from nsqx.client import Consumer, Message, NoConnectionsError, Producer
 from tests.client.helpers import run, start_fixed, wait_for
+from tests.support.http_api import channel_stats
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess
 
 
@@ -104,6 +105,13 @@ def test_reconnect_after_nsqd_restart(nsqd_factory: NsqdFactory) -> None:
                          max_in_flight=5) as c:
             await p.publish("rs", b"before")
             await wait_for(lambda: got == [b"before"])
+
+            def finished_on_server() -> bool:
+                ch = channel_stats(node.http_address, "rs", "ch")
+                return ch is not None and ch["in_flight_count"] == 0 and ch["depth"] == 0
+
+            # the FIN must have reached nsqd before the restart, or a redelivery is correct
+            await wait_for(finished_on_server)
             await asyncio.to_thread(node.restart)
             await wait_for(lambda: len(c.connections) == 1 and len(p.connections) == 1, 15)
             await p.publish("rs", b"after")
