@@ -2,6 +2,7 @@
 
     nsqx spark archive --nsqd 127.0.0.1:4151 --topic events --to ./archive/events
     nsqx spark stats --nsqd 127.0.0.1:4151 --topic events --from 2026-11-22T10:00
+    nsqx bench --nsqd 127.0.0.1:4150,127.0.0.1:4151 --nsqd 127.0.0.1:5150,127.0.0.1:5151
 
 To add a group: write ``add_<group>_commands(subparsers)`` that registers its parser with
 ``set_defaults(func=...)`` for every leaf command, and list it in ``GROUPS``.
@@ -19,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["main", "build_parser", "add_spark_commands", "GROUPS"]
+__all__ = ["main", "build_parser", "add_spark_commands", "add_bench_commands", "GROUPS"]
 
 
 def _kv(value: str) -> tuple[str, str]:
@@ -140,7 +141,57 @@ def add_spark_commands(sub: Any) -> None:
     p2.set_defaults(func=run_stats)
 
 
-GROUPS: list[Callable[[Any], None]] = [add_spark_commands]
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run one scenario against each address in turn; print rates and the ratio."""
+    from nsqx.benchmark import scenarios
+
+    targets = [a.split(",", 1) for a in args.nsqd]
+    results = []
+    for tcp, http in targets:
+        topic = f"{args.topic}{len(results)}"
+        scenarios.http_post(http, f"/topic/create?topic={topic}")
+        scenarios.http_post(http, f"/channel/create?topic={topic}&channel=bench")
+        if args.scenario == "pub":
+            r = scenarios.pub_latency(tcp, topic, size=args.size, seconds=args.seconds)
+        else:
+            r = scenarios.ingest(tcp, topic, size=args.size, batch=args.batch,
+                                 seconds=args.seconds, writers=args.writers)
+            if args.scenario == "drain":
+                scenarios.wait_depth(http, topic, "bench", r["messages"])
+                r = scenarios.drain(tcp, topic, "bench", expect=r["messages"],
+                                    seconds=args.seconds * 10)
+        extra = (f"  p50 {r['p50_us']:.0f}us p99 {r['p99_us']:.0f}us p999 {r['p999_us']:.0f}us"
+                 if "p50_us" in r else "")
+        print(f"{tcp}: {args.scenario} {r['msgs_per_s']:,.0f} msgs/s {r['mb_per_s']:.1f} MB/s"
+              f" ({r['messages']:,} msgs){extra}", flush=True)
+        if r["errors"]:
+            print(f"  errors: {r['errors']}", file=sys.stderr)
+        results.append(r["msgs_per_s"])
+    if len(results) == 2 and results[1]:
+        print(f"ratio {targets[0][0]} / {targets[1][0]}: {results[0] / results[1]:.2f}x")
+    return 0
+
+
+def add_bench_commands(sub: Any) -> None:
+    """``nsqx bench``: load any NSQ-compatible nsqd (or two, side by side)."""
+    p = sub.add_parser(
+        "bench", help="benchmark NSQ-compatible nsqd(s)",
+        description="Load one or two nsqd with pre-encoded raw-socket clients and print msgs/s "
+                    "(and the ratio of the first to the second). Scenarios: ingest (MPUB), "
+                    "drain (ingest, then consume it with RDY 2500 and FIN each), pub (one PUB "
+                    "at a time, with latency percentiles).")
+    p.add_argument("--nsqd", action="append", required=True, metavar="TCP,HTTP",
+                   help="tcp_host:port,http_host:port of an nsqd; give it twice to compare")
+    p.add_argument("--scenario", choices=["ingest", "drain", "pub"], default="ingest")
+    p.add_argument("--size", type=int, default=200, help="message size in bytes (default 200)")
+    p.add_argument("--batch", type=int, default=200, help="messages per MPUB (default 200)")
+    p.add_argument("--seconds", type=float, default=10.0, help="duration (default 10)")
+    p.add_argument("--writers", type=int, default=2, help="writer processes (default 2)")
+    p.add_argument("--topic", default="nsqx_bench", help="topic prefix (default nsqx_bench)")
+    p.set_defaults(func=cmd_bench)
+
+
+GROUPS: list[Callable[[Any], None]] = [add_spark_commands, add_bench_commands]
 
 
 def build_parser() -> argparse.ArgumentParser:
