@@ -2,42 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import signal
-
-from nsqx.cli.nsqd import setup_logging
-from nsqx.lookupd.options import Options, parse_args
-
-
-async def run(opts: Options) -> None:
-    from nsqx.lookupd.node import NSQLookupd
-
-    loop = asyncio.get_running_loop()
-    lookupd = NSQLookupd(opts)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await lookupd.start()
-    except OSError as exc:
-        logging.getLogger("nsqx.lookupd").critical("%s", exc)
-        await lookupd.stop()
-        raise SystemExit(1) from exc
-    await stop.wait()
-    await lookupd.stop()
+from nsqx.cli.daemon import run_daemon
+from nsqx.lookupd.options import parse_args
 
 
 def main(argv: list[str] | None = None) -> None:
     opts = parse_args(argv)
-    setup_logging(opts.log_level, opts.log_prefix)
-    try:
-        import uvloop
 
-        uvloop.install()
-    except ImportError:
-        pass
-    asyncio.run(run(opts))
+    def make():  # type: ignore[no-untyped-def]
+        from nsqx.lookupd.node import NSQLookupd
+
+        return NSQLookupd(opts)
+
+    run_daemon(opts, make, "nsqx.lookupd")
 
 
 if __name__ == "__main__":

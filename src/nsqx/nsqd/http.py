@@ -29,6 +29,9 @@ import orjson
 from aiohttp import web
 
 from nsqx import NSQ_VERSION
+from nsqx.httpapi import JSON_TYPE, V1_HEADER, V1_VALUE, HTTPError, parse_go_query
+from nsqx.httpapi import first as _first
+from nsqx.httpapi import query as _query
 from nsqx.nsqd.metrics import memory_stats, prometheus_text
 from nsqx.nsqd.options import LOG_LEVELS, TLS_REQUIRED
 from nsqx.nsqd.stats_text import format_stats
@@ -38,10 +41,6 @@ __all__ = ["HTTPError", "make_app", "parse_go_query", "parse_mpub_binary"]
 
 log = logging.getLogger("nsqx.nsqd.http")
 
-V1_HEADER = "X-NSQ-Content-Type"
-V1_VALUE = "nsq; version=1.0"
-JSON_TYPE = "application/json"
-
 # upstream's boolParams: anything else means "not given" (or "true" for /mpub binary)
 BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 
@@ -50,82 +49,6 @@ _PY_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.
 
 NSQD_KEY = web.AppKey("nsqd", object)
 
-
-class HTTPError(Exception):
-    """An upstream ``http_api.Err``: answered as ``{"message": code}`` with ``status``."""
-
-    def __init__(self, status: int, code: str) -> None:
-        super().__init__(code)
-        self.status = status
-        self.code = code
-
-
-class QueryError(ValueError):
-    pass
-
-
-# ---------------------------------------------------------------- helpers
-
-_HEX = frozenset(b"0123456789abcdefABCDEF")
-
-
-def _unescape(s: str) -> str:
-    """Go's url.QueryUnescape: '+' is a space, '%XX' must be two hex digits."""
-    if "%" not in s and "+" not in s:
-        return s
-    raw = s.encode("utf-8", "surrogateescape")
-    out = bytearray()
-    i, n = 0, len(raw)
-    while i < n:
-        b = raw[i]
-        if b == 0x25:  # %
-            hexpart = raw[i + 1:i + 3]
-            if len(hexpart) != 2 or not all(c in _HEX for c in hexpart):
-                raise QueryError("invalid URL escape")
-            out.append(int(hexpart, 16))
-            i += 3
-        elif b == 0x2B:  # +
-            out.append(0x20)
-            i += 1
-        else:
-            out.append(b)
-            i += 1
-    return out.decode("utf-8", "surrogateescape")
-
-
-def parse_go_query(query: str) -> dict[str, list[str]]:
-    """Go's url.ParseQuery: '&' separated, ';' refused, bad escapes refused (QueryError)."""
-    values: dict[str, list[str]] = {}
-    error: str | None = None
-    for part in query.split("&"):
-        if ";" in part:
-            error = "invalid semicolon separator in query"
-            continue
-        if not part:
-            continue
-        key, _, value = part.partition("=")
-        try:
-            key = _unescape(key)
-            value = _unescape(value)
-        except QueryError as e:
-            error = error or str(e)
-            continue
-        values.setdefault(key, []).append(value)
-    if error is not None:
-        raise QueryError(error)
-    return values
-
-
-def _query(request: web.Request) -> dict[str, list[str]]:
-    try:
-        return parse_go_query(request.raw_path.partition("?")[2])
-    except QueryError:
-        raise HTTPError(400, "INVALID_REQUEST") from None
-
-
-def _first(params: dict[str, list[str]], key: str) -> str | None:
-    v = params.get(key)
-    return v[0] if v else None
 
 
 async def _read_capped(request: web.Request, limit: int) -> bytes:

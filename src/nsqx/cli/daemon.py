@@ -1,0 +1,56 @@
+"""What every server entry point does: logging, uvloop, start, wait for SIGTERM/SIGINT, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, Protocol
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+          "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}
+
+
+class Server(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+def setup_logging(level: str, prefix: str) -> None:
+    """Upstream's log shape: `<prefix><time> <LEVEL>: <message>` on stderr."""
+    logging.basicConfig(
+        level=LEVELS.get(str(level).lower(), logging.INFO),
+        format=f"{prefix}%(asctime)s %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def serve(make: Callable[[], Server], logger: str) -> None:
+    """Start the server, run until SIGTERM/SIGINT, then stop it gracefully."""
+    loop = asyncio.get_running_loop()
+    server = make()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+    except OSError as exc:
+        logging.getLogger(logger).critical("failed to start: %s", exc)
+        await server.stop()
+        raise SystemExit(1) from exc
+    await stop.wait()
+    await server.stop()
+
+
+def run_daemon(opts: Any, make: Callable[[], Server], logger: str) -> None:
+    """Entry-point body: logging from the options, uvloop when available, serve."""
+    setup_logging(opts.log_level, opts.log_prefix)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve(make, logger))
