@@ -13,6 +13,7 @@ given; programs merge that over a config file and their defaults (Go's
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -376,3 +377,39 @@ class FlagSet:
         for name in sorted(self._flags):
             lines.append(self._flags[name].help_entry())
         return "\n".join(lines) + "\n"
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """A `--config` TOML file; errors say which file and why (as upstream's)."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as e:
+        raise FlagError(f"failed to load config file {path} - {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise FlagError(f"failed to load config file {path} - {e}") from None
+
+
+def parse_or_exit(prog: str, argv: Sequence[str] | None,
+                  load: Callable[[Sequence[str]], tuple[Any, dict[str, Any]]],
+                  usage: Callable[[], str], version: Callable[[], str],
+                  errors: tuple[type[Exception], ...] = ()) -> Any:
+    """The command line -> options; `--help`/`--version` print and exit 0, a bad flag or
+    option prints the problem and exits 2 (Go's flag package behaviour)."""
+    import sys
+
+    if argv is None:
+        argv = sys.argv[1:]
+    try:
+        opts, extras = load(argv)
+    except (FlagError, *errors) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        print(f"Run '{prog} --help' for the list of flags.", file=sys.stderr)
+        raise SystemExit(2) from None
+    if extras["help"]:
+        sys.stdout.write(usage())
+        raise SystemExit(0)
+    if extras["version"]:
+        print(version())
+        raise SystemExit(0)
+    return opts

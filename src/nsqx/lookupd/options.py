@@ -9,13 +9,12 @@ from __future__ import annotations
 import platform
 import socket
 import sys
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nsqx import NSQ_VERSION, __version__
-from nsqx.cli.flags import Flag, FlagError, FlagSet
+from nsqx.cli.flags import Flag, FlagError, FlagSet, load_toml, parse_or_exit
 
 __all__ = ["LOG_LEVELS", "Options", "OptionsError", "flag_set", "load", "parse_args",
            "version_string"]
@@ -87,14 +86,6 @@ def flag_set() -> FlagSet:
 _CFG_INDEX: dict[str, Flag] = {f.cfg: f for f in _flags() if f.name not in _NON_OPTION_FLAGS}
 
 
-def _load_config(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as e:
-        raise FlagError(f"failed to load config file {path} - {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise FlagError(f"failed to load config file {path} - {e}") from None
 
 
 def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
@@ -112,7 +103,7 @@ def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
     given.pop("verbose", None)
     values: dict[str, Any] = {}
     if config_path:
-        for key, raw in _load_config(config_path).items():
+        for key, raw in load_toml(config_path).items():
             flag = _CFG_INDEX.get(key)
             if flag is None:
                 print(f"[nsqlookupd] WARNING: config file {config_path}: unknown option {key!r} "
@@ -130,21 +121,8 @@ def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
     return opts, extras
 
 
+
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    """The command line -> Options; ``--help``/``--version`` print and exit 0, a bad flag or
-    option prints the problem and exits 2."""
-    if argv is None:
-        argv = sys.argv[1:]
-    try:
-        opts, extras = load(argv)
-    except (FlagError, OptionsError) as e:
-        print(f"nsqlookupd: {e}", file=sys.stderr)
-        print("Run 'nsqlookupd --help' for the list of flags.", file=sys.stderr)
-        raise SystemExit(2) from None
-    if extras["help"]:
-        sys.stdout.write(flag_set().usage())
-        raise SystemExit(0)
-    if extras["version"]:
-        print(version_string())
-        raise SystemExit(0)
-    return opts
+    """The nsqlookupd command line -> Options (exits 0 after --help/--version, 2 on a bad flag)."""
+    return parse_or_exit("nsqlookupd", argv, load, lambda: flag_set().usage(), version_string,
+                         (OptionsError,))

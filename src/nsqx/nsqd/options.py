@@ -15,14 +15,13 @@ import platform
 import socket
 import ssl
 import sys
-import tomllib
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from nsqx import NSQ_VERSION, __version__
-from nsqx.cli.flags import Flag, FlagError, FlagSet, parse_go_bool
+from nsqx.cli.flags import Flag, FlagError, FlagSet, load_toml, parse_go_bool, parse_or_exit
 
 __all__ = [
     "LOG_LEVELS",
@@ -391,14 +390,6 @@ assert all(f.dest in _FIELD_NAMES for f in _CFG_INDEX.values())
 
 # ---------------------------------------------------------------- loading
 
-def _load_config(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as e:
-        raise FlagError(f"failed to load config file {path} - {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise FlagError(f"failed to load config file {path} - {e}") from None
 
 
 def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
@@ -420,7 +411,7 @@ def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
 
     values: dict[str, Any] = {}
     if config_path:
-        cfg = _load_config(config_path)
+        cfg = load_toml(config_path)
         for key, raw in cfg.items():
             flag = _CFG_INDEX.get(key)
             if flag is None:
@@ -446,21 +437,8 @@ def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
     return opts, extras
 
 
+
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    """The nsqd command line -> Options; ``--help``/``--version`` print and exit 0,
-    a bad flag or option prints the problem and exits 2."""
-    if argv is None:
-        argv = sys.argv[1:]
-    try:
-        opts, extras = load(argv)
-    except (FlagError, OptionsError) as e:
-        print(f"nsqd: {e}", file=sys.stderr)
-        print("Run 'nsqd --help' for the list of flags.", file=sys.stderr)
-        raise SystemExit(2) from None
-    if extras["help"]:
-        sys.stdout.write(flag_set().usage())
-        raise SystemExit(0)
-    if extras["version"]:
-        print(version_string())
-        raise SystemExit(0)
-    return opts
+    """The nsqd command line -> Options (exits 0 after --help/--version, 2 on a bad flag)."""
+    return parse_or_exit("nsqd", argv, load, lambda: flag_set().usage(), version_string,
+                         (OptionsError,))
