@@ -20,6 +20,7 @@ from tests.support.nsqd_process import NsqdProcess
 from tests.support.rawclient import RawClient
 
 READER_SCRIPT = Path(__file__).with_name("pynsq_lookup_reader.py")
+GNSQ_READER_SCRIPT = Path(__file__).with_name("gnsq_lookup_reader.py")
 
 
 def wait_until(pred, timeout: float = 10.0, interval: float = 0.05, what: str = ""):
@@ -241,3 +242,23 @@ def test_nsqd_precreates_channels_lookupd_knows(cluster):
                what="channel pre-created on nsqd2")
     wait_until(lambda: producer_ports(ld, "pre") == {n1.tcp_port, n2.tcp_port})
     assert lookup(ld, "pre")[1]["channels"] == ["keep"]
+
+
+@pytest.mark.slow
+@pytest.mark.compat
+def test_gnsq_consumer_discovers_nsqds_through_lookupd(cluster):
+    ld, (n1, n2) = cluster()
+    for i in range(5):
+        ok(http_api.pub(n1.http_address, "gt", f"n1-{i}".encode()))
+        ok(http_api.pub(n2.http_address, "gt", f"n2-{i}".encode()))
+    wait_until(lambda: producer_ports(ld, "gt") == {n1.tcp_port, n2.tcp_port})
+    params = {"lookupd": ld.http_address, "topic": "gt", "channel": "readers",
+              "expect": 10, "deadline_s": 30}
+    r = subprocess.run([sys.executable, str(GNSQ_READER_SCRIPT), json.dumps(params)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert not out["timed_out"], (out, r.stderr[-3000:])
+    assert sorted(out["bodies"]) == sorted([f"n1-{i}" for i in range(5)]
+                                           + [f"n2-{i}" for i in range(5)])
+    assert len(out["connections"]) == 2
