@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 
 from nsqx import NSQ_VERSION
+from nsqx.protocol.names import valid_channel_name
 
 if TYPE_CHECKING:
     from nsqx.nsqd.node import NSQD
@@ -172,11 +173,10 @@ class LookupPeers:
     def unregister(self, topic: str, channel: str | None) -> None:
         self._broadcast(f"UNREGISTER {topic}{' ' + channel if channel else ''}\n".encode())
 
-    def known_channels(self, topic: str) -> list[str]:
-        """Channels lookupd knows of; fetched in the background (see `precreate_channels`)."""
+    def precreate_channels_soon(self, topic: str) -> None:
+        """Create the channels lookupd lists for a new topic, in the background."""
         if self.peers:
             self.nsqd.loop.create_task(self.precreate_channels(topic))
-        return []
 
     async def precreate_channels(self, topic_name: str) -> None:
         """Create the channels lookupd lists for a new topic.
@@ -203,11 +203,9 @@ class LookupPeers:
         if topic is None:
             return
         for name in names:
-            if isinstance(name, str) and not name.endswith("#ephemeral"):
-                from nsqx.protocol.names import valid_channel_name
-
-                if valid_channel_name(name):
-                    topic.get_channel(name)
+            if isinstance(name, str) and not name.endswith("#ephemeral") \
+                    and valid_channel_name(name):
+                topic.get_channel(name)
 
     async def close(self) -> None:
         for peer in self.peers.values():

@@ -101,11 +101,11 @@ class NSQD:
         self.topics[name] = topic
         log.info("TOPIC(%s): created", name)
         # Pre-create the channels lookupd knows of, so messages published before the
-        # consumers reconnect are kept for them (upstream does this synchronously).
+        # consumers reconnect are kept for them. Upstream asks synchronously; here it
+        # happens a moment later, which loses nothing: a topic's first channel starts
+        # at the topic's first offset.
         if not topic.ephemeral:
-            for ch in self.lookup.known_channels(name):
-                if valid_channel_name(ch) and not ch.endswith("#ephemeral"):
-                    topic.get_channel(ch)
+            self.lookup.precreate_channels_soon(name)
         self.metadata_changed()
         self.lookup_register(name, None)
         return topic
