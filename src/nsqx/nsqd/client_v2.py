@@ -109,6 +109,7 @@ class ClientV2(asyncio.Protocol):
         self._decoder: Any = None
         self._decoder_new = False
         self._responses: deque[list[Any]] = deque()
+        self._drained: asyncio.Future[None] | None = None  # set when _responses empties
         self._blocked = False
         self._backlog: deque[Command] = deque()
         self._raw_backlog: list[bytes] = []
@@ -141,6 +142,8 @@ class ClientV2(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
         if self._hb_handle is not None:
             self._hb_handle.cancel()
         if self.channel is not None:
@@ -347,6 +350,8 @@ class ClientV2(asyncio.Protocol):
         if out:
             self._write(b"".join(out))
         if not q:
+            if self._drained is not None and not self._drained.done():
+                self._drained.set_result(None)
             if self._close_after_responses:
                 self._shutdown()
             elif self._reading_paused and self.transport is not None:
@@ -498,7 +503,8 @@ class ClientV2(asyncio.Protocol):
     async def _wait_responses(self) -> None:
         """Let every earlier publish be answered before IDENTIFY's response goes out."""
         while self._responses and not self._closing:
-            await asyncio.sleep(0.001)
+            self._drained = self.nsqd.loop.create_future()
+            await self._drained
 
     def _cmd_auth(self, cmd: Command) -> Any:
         if self.state != STATE_INIT:
