@@ -4,7 +4,14 @@
 
 Each scenario gets a fresh server on a fresh data directory. Prints msgs/s per
 server and the ratio nsqx/other, plus server CPU per message and peak RSS.
-Go nsqd runs with --mem-queue-size=1000000 (nsq's own bench.sh settings).
+Go nsqd runs with --mem-queue-size=1000000 (nsq's own bench.sh settings),
+except in backlog_disk, where it keeps its default 10000 so the backlog
+overflows to its disk queue.
+
+tls_* scenarios give both servers a throwaway self-signed cert (made with the
+openssl CLI in the server's temp data dir) and upgrade each client connection
+with IDENTIFY tls_v1. topics_1000's idle part always measures 10 s of server
+CPU with nothing happening and reports it as % of one core.
 """
 
 from __future__ import annotations
@@ -33,8 +40,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def make_cert(directory: str) -> tuple[str, str]:
+    """A throwaway self-signed cert + key for 127.0.0.1, via the openssl CLI."""
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", cert],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return cert, key
+
+
 @contextlib.contextmanager
-def server(kind: str, go_path: str | None, extra: list[str]) -> Iterator[tuple[str, str, int]]:
+def server(kind: str, go_path: str | None, extra: list[str],
+           tls: bool = False) -> Iterator[tuple[str, str, int]]:
     data = tempfile.mkdtemp(prefix=f"bench-{kind}-")
     tcp, http = free_port(), free_port()
     if kind == "nsqx":
@@ -43,6 +61,11 @@ def server(kind: str, go_path: str | None, extra: list[str]) -> Iterator[tuple[s
         cmd = [go_path or "nsqd", "--mem-queue-size=1000000"]
     cmd += [f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http}",
             f"--data-path={data}", *extra]
+    if tls:
+        cert, key = make_cert(data)
+        # without --https-address Go nsqd (and nsqx) would bind 0.0.0.0:4152
+        cmd += [f"--tls-cert={cert}", f"--tls-key={key}",
+                f"--https-address=127.0.0.1:{free_port()}"]
     log = open(os.path.join(data, "server.log"), "wb")  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -65,7 +88,9 @@ def server(kind: str, go_path: str | None, extra: list[str]) -> Iterator[tuple[s
 
 def run_scenario(name: str, kind: str, go_path: str | None, secs: float) -> dict:
     extra: list[str] = []
-    with server(kind, go_path, extra) as (tcp, http, pid):
+    if name == "backlog_disk" and kind == "go":
+        extra.append("--mem-queue-size=10000")  # Go's default: overflow to its disk queue
+    with server(kind, go_path, extra, tls=name.startswith("tls_")) as (tcp, http, pid):
         topic = "bench"
         scenarios.http_post(http, f"/topic/create?topic={topic}")
         scenarios.http_post(http, f"/channel/create?topic={topic}&channel=ch")
@@ -90,10 +115,41 @@ def run_scenario(name: str, kind: str, go_path: str | None, secs: float) -> dict
             scenarios.wait_depth(http, topic, "c9", w["messages"])
             r = scenarios.fanout(tcp, topic, chans, expect=w["messages"], seconds=secs * 10, pid=pid)
             return {"ingest": w, "drain_10ch": r}
+        if name == "tls_ingest":
+            return {"ingest": scenarios.ingest(tcp, topic, size=200, batch=200, seconds=secs,
+                                               pid=pid, tls=True)}
+        if name == "tls_drain":
+            # fill over plain TCP, then drain over TLS; only the drain is reported
+            w = scenarios.ingest(tcp, topic, size=200, batch=200, seconds=secs, pid=pid)
+            scenarios.wait_depth(http, topic, "ch", w["messages"])
+            return {"drain": scenarios.drain(tcp, topic, "ch", expect=w["messages"],
+                                             seconds=secs * 6, pid=pid, tls=True)}
+        if name == "http_pub":
+            # http.client (as a typical client) and a raw pre-encoded sender (server-bound)
+            return {"http_pub": scenarios.http_pub(http, topic, size=200, seconds=secs, pid=pid),
+                    "raw": scenarios.http_pub(http, topic, size=200, seconds=secs, raw=True,
+                                              pid=pid)}
+        if name == "topics_1000":
+            topics = [f"t{i:04d}" for i in range(1000)]
+            paths: list[str] = []
+            for t in topics:
+                paths += [f"/topic/create?topic={t}", f"/channel/create?topic={t}&channel=c0",
+                          f"/channel/create?topic={t}&channel=c1"]
+            scenarios.http_post_many(http, paths)
+            idle = scenarios.idle_cpu(pid, 10.0)
+            active = scenarios.ingest_topics(tcp, topics, size=200, batch=20, seconds=secs,
+                                             pid=pid)
+            return {"idle": idle, "active": active}
+        if name == "backlog_disk":
+            w = scenarios.ingest(tcp, topic, size=200, batch=200, seconds=secs, pid=pid)
+            scenarios.wait_depth(http, topic, "ch", w["messages"])
+            r = scenarios.drain(tcp, topic, "ch", expect=w["messages"], seconds=secs * 6, pid=pid)
+            return {"ingest": w, "drain": r}
     raise ValueError(name)
 
 
-SCENARIOS = ["ingest_200x200", "ingest_100x100", "mixed_50_2000", "pub_one_at_a_time", "channels_10"]
+SCENARIOS = ["ingest_200x200", "ingest_100x100", "mixed_50_2000", "pub_one_at_a_time", "channels_10",
+             "tls_ingest", "tls_drain", "http_pub", "topics_1000", "backlog_disk"]
 
 
 def main() -> None:
@@ -113,11 +169,16 @@ def main() -> None:
                 row.append(f"{k}: {d['msgs_per_s']:>10,.0f} msgs/s {d.get('mb_per_s', 0):6.1f} MB/s"
                            f" cpu {d.get('server_us_per_msg', 0):5.2f} us/msg"
                            f" rss {d.get('server_peak_rss_mib', 0):6.1f} MiB")
+                if "cpu_pct" in d:
+                    row.append(f"cpu {d['cpu_pct']:.1f}% of a core")
                 if "p50_us" in d:
                     row.append(f"p50 {d['p50_us']:.0f}us p99 {d['p99_us']:.0f}us p999 {d['p999_us']:.0f}us")
                 if d.get("errors"):
                     row.append(f"errors {d['errors']}")
-            if "go" in results:
+            if "go" in results and "cpu_pct" in results["nsqx"][part]:
+                ratio = results["nsqx"][part]["cpu_pct"] / max(results["go"][part]["cpu_pct"], 0.01)
+                row.append(f"cpu ratio nsqx/go {ratio:.2f}x")
+            elif "go" in results:
                 ratio = results["nsqx"][part]["msgs_per_s"] / max(results["go"][part]["msgs_per_s"], 1)
                 row.append(f"ratio nsqx/go {ratio:.2f}x")
             print("  ".join(row), flush=True)

@@ -7,6 +7,7 @@ when the server's pid is known).
 
 from __future__ import annotations
 
+import http.client
 import multiprocessing as mp
 import statistics
 import time
@@ -48,26 +49,85 @@ def _sum(results: list[loadgen.Result], seconds: float) -> dict[str, Any]:
 
 
 def ingest(addr: str, topic: str, *, size: int = 200, batch: int = 200, seconds: float = 10.0,
-           writers: int = 2, mixed: tuple[int, int] | None = None, pid: int | None = None) -> dict[str, Any]:
+           writers: int = 2, mixed: tuple[int, int] | None = None, pid: int | None = None,
+           tls: bool = False) -> dict[str, Any]:
     """MPUB ingest from `writers` processes (bench_writer's scenario)."""
     def go() -> dict[str, Any]:
         with _pool(writers) as pool:
             res = pool.starmap(loadgen.run_writer,
-                               [(addr, topic, size, batch, seconds, mixed)] * writers)
+                               [(addr, topic, size, batch, seconds, mixed, 8, tls)] * writers)
+        return _sum(res, seconds)
+    return _with_server(pid, go)
+
+
+def ingest_topics(addr: str, topics: list[str], *, size: int = 200, batch: int = 20,
+                  seconds: float = 10.0, writers: int = 2, per_send: int = 10,
+                  pid: int | None = None) -> dict[str, Any]:
+    """MPUB batches of `batch` round-robin over many topics from `writers` processes.
+
+    Each writer starts at a different point of the topic list so they do not
+    walk it in lockstep.
+    """
+    def go() -> dict[str, Any]:
+        step = len(topics) // writers
+        args = [(addr, "", size, batch, seconds, None, 8, False,
+                 topics[i * step:] + topics[: i * step], per_send) for i in range(writers)]
+        with _pool(writers) as pool:
+            res = pool.starmap(loadgen.run_writer, args)
         return _sum(res, seconds)
     return _with_server(pid, go)
 
 
 def drain(addr: str, topic: str, channel: str, *, expect: int, seconds: float = 60.0,
-          readers: int = 1, rdy: int = 2500, pid: int | None = None) -> dict[str, Any]:
+          readers: int = 1, rdy: int = 2500, pid: int | None = None,
+          tls: bool = False) -> dict[str, Any]:
     """Consume `expect` messages with `readers` connections, FIN each (bench_reader)."""
     def go() -> dict[str, Any]:
         per = -(-expect // readers)
         with _pool(readers) as pool:
             res = pool.starmap(loadgen.run_reader,
-                               [(addr, topic, channel, per, seconds, rdy)] * readers)
+                               [(addr, topic, channel, per, seconds, rdy, tls)] * readers)
         return _sum(res, seconds)
     return _with_server(pid, go)
+
+
+def http_pub(http_addr: str, topic: str, *, size: int = 200, seconds: float = 10.0,
+             clients: int = 2, raw: bool = False, pid: int | None = None) -> dict[str, Any]:
+    """HTTP POST /pub requests/s, one keep-alive connection per client process.
+
+    raw=False uses http.client; raw=True a pre-encoded request on a raw socket
+    (cheap enough that the server, not the client, sets the rate).
+    """
+    fn = loadgen.run_http_pub_raw if raw else loadgen.run_http_pub
+    def go() -> dict[str, Any]:
+        with _pool(clients) as pool:
+            res = pool.starmap(fn, [(http_addr, topic, size, seconds)] * clients)
+        out = _sum(res, seconds)
+        out.update(_percentiles(sorted(x for r in res for x in r.latencies_us)))
+        return out
+    return _with_server(pid, go)
+
+
+def idle_cpu(pid: int, seconds: float = 10.0) -> dict[str, Any]:
+    """Server CPU while nothing happens (timer/scan cost), as % of one core."""
+    before = loadgen.proc_stats(pid)
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    after = loadgen.proc_stats(pid)
+    wall = time.monotonic() - t0
+    cpu = after["cpu_s"] - before["cpu_s"]
+    return {"messages": 0, "msgs_per_s": 0.0, "seconds": wall, "server_cpu_s": cpu,
+            "cpu_pct": cpu / wall * 100, "server_peak_rss_mib": after["peak_rss"] / 2**20,
+            "server_rss_mib": after["rss"] / 2**20}
+
+
+def _percentiles(lat: list[float]) -> dict[str, float]:
+    if not lat:
+        return {}
+    def q(p: float) -> float:
+        return lat[min(len(lat) - 1, int(p * len(lat)))]
+    return {"p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999),
+            "mean_us": statistics.fmean(lat)}
 
 
 def fanout(addr: str, topic: str, channels: list[str], *, expect: int, seconds: float = 60.0,
@@ -88,12 +148,7 @@ def pub_latency(addr: str, topic: str, *, size: int = 200, seconds: float = 10.0
         with _pool(1) as pool:
             (res,) = pool.starmap(loadgen.run_pub_latency, [(addr, topic, size, seconds)])
         out = _sum([res], seconds)
-        lat = sorted(res.latencies_us)
-        if lat:
-            def q(p: float) -> float:
-                return lat[min(len(lat) - 1, int(p * len(lat)))]
-            out.update(p50_us=q(0.5), p99_us=q(0.99), p999_us=q(0.999),
-                       mean_us=statistics.fmean(lat))
+        out.update(_percentiles(sorted(res.latencies_us)))
         return out
     return _with_server(pid, go)
 
@@ -102,6 +157,21 @@ def http_post(http_addr: str, path: str) -> None:
     req = urllib.request.Request(f"http://{http_addr}{path}", data=b"", method="POST")
     with urllib.request.urlopen(req, timeout=10) as r:
         r.read()
+
+
+def http_post_many(http_addr: str, paths: list[str]) -> None:
+    """POST each path over one keep-alive connection (bulk topic/channel creation)."""
+    host, _, port = http_addr.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        for path in paths:
+            conn.request("POST", path, b"")
+            r = conn.getresponse()
+            data = r.read()
+            if r.status != 200:
+                raise RuntimeError(f"POST {path}: {r.status} {data[:200]!r}")
+    finally:
+        conn.close()
 
 
 def wait_depth(http_addr: str, topic: str, channel: str, depth: int, timeout: float = 30.0) -> int:
