@@ -19,6 +19,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from nsqx.protocol.names import valid_channel_name, valid_topic_name
+
 __all__ = [
     "JSON_TYPE",
     "V1_HEADER",
@@ -32,6 +34,7 @@ __all__ = [
     "parse_go_query",
     "query",
     "text",
+    "topic_channel_args",
     "v1_error",
     "v1_json",
 ]
@@ -153,3 +156,18 @@ def empty() -> web.Response:
 async def add_v1_header(request: web.Request, response: web.StreamResponse) -> None:
     """``on_response_prepare`` hook: the V1 marker on every response."""
     response.headers[V1_HEADER] = V1_VALUE
+
+
+def topic_channel_args(params: dict[str, list[str]]) -> tuple[str, str]:
+    """Upstream ``http_api.GetTopicChannelArgs``."""
+    topic = first(params, "topic")
+    if topic is None:
+        raise HTTPError(400, "MISSING_ARG_TOPIC")
+    if not valid_topic_name(topic):
+        raise HTTPError(400, "INVALID_ARG_TOPIC")
+    channel = first(params, "channel")
+    if channel is None:
+        raise HTTPError(400, "MISSING_ARG_CHANNEL")
+    if not valid_channel_name(channel):
+        raise HTTPError(400, "INVALID_ARG_CHANNEL")
+    return topic, channel

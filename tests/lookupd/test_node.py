@@ -10,8 +10,8 @@ import socket
 import pytest
 
 from nsqx.lookupd import NSQLookupd, Options
-from nsqx.lookupd.node import bind_listener
 from nsqx.lookupd.registry import CLIENT, TOPIC
+from nsqx.netutil import bind_listener
 from nsqx.protocol import lookup_v1 as lk
 
 

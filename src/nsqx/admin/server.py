@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 
 from aiohttp import web
+
+from nsqx.netutil import bind_listener
 
 from .cluster import ClusterClient
 from .http import AdminHTTP
@@ -15,37 +16,11 @@ from .notify import Notifier
 from .options import Options, version_string
 from .sampler import Sampler
 
-__all__ = ["NSQAdmin", "bind_listener"]
+__all__ = ["NSQAdmin"]
 
 log = logging.getLogger("nsqx.admin")
 
 
-def bind_listener(address: str, backlog: int = 1024) -> socket.socket:
-    """A listening socket for ``host:port`` like Go's ``net.Listen`` (``:port`` = all)."""
-    host, sep, port_s = address.rpartition(":")
-    if not sep or not port_s.isdigit() or int(port_s) > 65535:
-        raise OSError(f"address {address}: missing or invalid port")
-    host = host.strip("[]")
-    infos = socket.getaddrinfo(host or None, int(port_s), type=socket.SOCK_STREAM,
-                               flags=socket.AI_PASSIVE)
-    if not host:
-        infos.sort(key=lambda i: i[0] != socket.AF_INET6)
-    last: OSError | None = None
-    for family, kind, proto, _, sockaddr in infos:
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6 and not host:
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(sockaddr)
-            sock.listen(backlog)
-            sock.setblocking(False)
-            return sock
-        except OSError as e:
-            sock.close()
-            last = e
-    raise last or OSError(f"address {address}: no usable address")
 
 
 def _format(addr: tuple) -> str:

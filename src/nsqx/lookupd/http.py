@@ -28,10 +28,11 @@ from nsqx.httpapi import (
     first,
     query,
     text,
+    topic_channel_args,
     v1_error,
     v1_json,
 )
-from nsqx.protocol.names import valid_channel_name, valid_topic_name
+from nsqx.protocol.names import valid_topic_name
 
 from .registry import CHANNEL, CLIENT, TOPIC, Registration, filter_by_active
 
@@ -62,19 +63,6 @@ def _peer_json(info: Any) -> dict[str, Any]:
     }
 
 
-def _topic_channel_args(params: dict[str, list[str]]) -> tuple[str, str]:
-    """Upstream ``http_api.GetTopicChannelArgs``."""
-    topic = first(params, "topic")
-    if topic is None:
-        raise HTTPError(400, "MISSING_ARG_TOPIC")
-    if not valid_topic_name(topic):
-        raise HTTPError(400, "INVALID_ARG_TOPIC")
-    channel = first(params, "channel")
-    if channel is None:
-        raise HTTPError(400, "MISSING_ARG_CHANNEL")
-    if not valid_channel_name(channel):
-        raise HTTPError(400, "INVALID_ARG_CHANNEL")
-    return topic, channel
 
 
 class _Handlers:
@@ -204,7 +192,7 @@ class _Handlers:
         return empty()
 
     async def channel_create(self, request: web.Request) -> web.Response:
-        topic, channel = _topic_channel_args(query(request))
+        topic, channel = topic_channel_args(query(request))
         log.info("DB: adding channel(%s) in topic(%s)", channel, topic)
         self.db.add_registration(Registration(CHANNEL, topic, channel))
         log.info("DB: adding topic(%s)", topic)
@@ -212,7 +200,7 @@ class _Handlers:
         return empty()
 
     async def channel_delete(self, request: web.Request) -> web.Response:
-        topic, channel = _topic_channel_args(query(request))
+        topic, channel = topic_channel_args(query(request))
         regs = self.db.find_registrations(CHANNEL, topic, channel)
         if not regs:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")

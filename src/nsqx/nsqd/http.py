@@ -29,13 +29,20 @@ import orjson
 from aiohttp import web
 
 from nsqx import NSQ_VERSION
-from nsqx.httpapi import JSON_TYPE, V1_HEADER, V1_VALUE, HTTPError, parse_go_query
+from nsqx.httpapi import (
+    JSON_TYPE,
+    V1_HEADER,
+    V1_VALUE,
+    HTTPError,
+    parse_go_query,
+    topic_channel_args,
+)
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.metrics import memory_stats, prometheus_text
 from nsqx.nsqd.options import LOG_LEVELS, TLS_REQUIRED
 from nsqx.nsqd.stats_text import format_stats
-from nsqx.protocol.names import valid_channel_name, valid_topic_name
+from nsqx.protocol.names import valid_topic_name
 
 __all__ = ["HTTPError", "make_app", "parse_go_query", "parse_mpub_binary"]
 
@@ -286,17 +293,7 @@ class _Handlers:
 
     # -- channels ----------------------------------------------------------------------
     def _topic_channel(self, request: web.Request) -> tuple[Any, str]:
-        params = _query(request)
-        tname = _first(params, "topic")
-        if tname is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_topic_name(tname):
-            raise HTTPError(400, "INVALID_ARG_TOPIC")
-        cname = _first(params, "channel")
-        if cname is None:
-            raise HTTPError(400, "MISSING_ARG_CHANNEL")
-        if not valid_channel_name(cname):
-            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        tname, cname = topic_channel_args(_query(request))
         return self._existing_topic(tname), cname
 
     def _existing_channel(self, topic: Any, name: str) -> Any:
