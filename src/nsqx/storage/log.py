@@ -511,12 +511,18 @@ class PartitionLog:
             os.close(fd)
 
     def _write_checkpoint(self, offset: int) -> None:
+        """Move the recovery point (written after the data it covers was fsynced).
+
+        Not fsynced itself: it is only a hint of how much recovery may skip verifying. A
+        lost or torn checkpoint reads as 0 (crc) and recovery verifies everything, so an
+        fsync here would buy nothing but cost one per sync (measured: ~25% of the sync
+        thread's time with 1,000 active topics).
+        """
         raw = struct.pack(">Q", offset)
         tmp = self.path / f"{CHECKPOINT}.{threading.get_ident()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, raw + struct.pack(">I", zlib.crc32(raw)))
-            os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, self.path / CHECKPOINT)
