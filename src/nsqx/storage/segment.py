@@ -618,7 +618,8 @@ class Segment:
 
     def fsync_fds(self) -> list[int]:
         """Dups of the files that must be durable (indexes are rebuilt from them if needed)."""
-        return [os.dup(fd) for fd in (self.log_fd, self.hdr_fd, self.meta_fd)]
+        fds = (self.log_fd, self.meta_fd, self.hdr_fd) if self.sizes[4] else (self.log_fd, self.meta_fd)
+        return [os.dup(fd) for fd in fds]  # an empty .headers (the usual case) needs no fsync
 
 
 def list_segments(directory: Path) -> list[int]:
