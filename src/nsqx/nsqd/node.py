@@ -22,6 +22,7 @@ from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
 from nsqx.nsqd.topic import Topic
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
+from nsqx.storage.commit import FileSystemSyncer
 
 if TYPE_CHECKING:
     from nsqx.nsqd.client_v2 import ClientV2
@@ -66,6 +67,8 @@ class NSQD:
         self.tls_required_tcp = opts.tls_required != TLS_NOT_REQUIRED
         self.tls_required_http = opts.tls_required == TLS_REQUIRED
         self.lookup = LookupPeers(self)
+        # interval fsyncs of every topic's log share one syncfs() per pass
+        self.fs_syncer = FileSystemSyncer(str(self.data_path), self.loop)
         self.statsd: Any = None
 
     # -- facade used by the TCP and HTTP front ends --------------------------------------

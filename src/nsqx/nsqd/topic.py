@@ -58,7 +58,7 @@ class Topic:
                 hard_size_cap=opts.max_log_bytes or None,
             )
             self.log = PartitionLog(self.dir / "p0", 0, config)
-        self.committer = GroupCommitter(self.log, nsqd.loop)
+        self.committer = GroupCommitter(self.log, nsqd.loop, syncer=nsqd.fs_syncer)
         self.committer.on_flushed.append(self._on_flushed)
         # Where messages published while the topic has no channel start: the first
         # channel created receives them (upstream buffers them in the topic).
