@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import ipaddress
 import platform
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nsqx import NSQ_VERSION, __version__
-from nsqx.cli.flags import Flag, FlagError, FlagSet, load_toml, parse_or_exit
+from nsqx.cli.flags import Flag, FlagError, FlagSet, command_line_values, parse_or_exit
 
 __all__ = ["LOG_LEVELS", "Options", "OptionsError", "flag_set", "load", "normalize_base_path",
            "parse_args", "version_string"]
@@ -193,27 +192,9 @@ _CFG_INDEX: dict[str, Flag] = {f.cfg: f for f in _flags() if f.name not in _NON_
 
 def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
     """argv (+ ``--config``) -> (validated Options, extras {help, version})."""
-    given, positional = flag_set().parse(argv)
-    extras = {"help": given.pop("help", False), "version": given.pop("version", False)}
+    values, extras = command_line_values("nsqadmin", flag_set(), _CFG_INDEX, argv, ("verbose",))
     if extras["help"] or extras["version"]:
         return Options(), extras
-    if positional:
-        raise FlagError(f"unexpected argument {positional[0]!r} (flags take the form -name=value)")
-    config_path = given.pop("config", "")
-    given.pop("verbose", None)
-    values: dict[str, Any] = {}
-    if config_path:
-        for key, raw in load_toml(config_path).items():
-            flag = _CFG_INDEX.get(key)
-            if flag is None:
-                print(f"[nsqadmin] WARNING: config file {config_path}: unknown option {key!r} "
-                      "ignored", file=sys.stderr)
-                continue
-            try:
-                values[flag.dest] = flag.coerce_config(raw)
-            except FlagError as e:
-                raise FlagError(f"config file {config_path}: failed parsing {key} - {e}") from None
-    values.update(given)
     opts = Options(**values)
     opts.validate()
     return opts, extras

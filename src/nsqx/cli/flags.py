@@ -413,3 +413,38 @@ def parse_or_exit(prog: str, argv: Sequence[str] | None,
         print(version())
         raise SystemExit(0)
     return opts
+
+
+def command_line_values(prog: str, flags: FlagSet, cfg_index: dict[str, Flag],
+                        argv: Sequence[str],
+                        ignored: Iterable[str] = ("verbose",)) -> tuple[dict[str, Any], dict[str, Any]]:
+    """argv (+ its ``--config`` TOML) -> (option values by field, extras {help, version}).
+
+    Precedence is upstream's: command line > config file > default. Unknown config keys
+    are ignored with a warning (upstream ignores them silently; a typo deserves a word).
+    """
+    import sys
+
+    given, positional = flags.parse(argv)
+    extras = {"help": given.pop("help", False), "version": given.pop("version", False)}
+    if extras["help"] or extras["version"]:
+        return {}, extras
+    if positional:
+        raise FlagError(f"unexpected argument {positional[0]!r} (flags take the form -name=value)")
+    config_path = given.pop("config", "")
+    for name in ignored:
+        given.pop(name, None)
+    values: dict[str, Any] = {}
+    if config_path:
+        for key, raw in load_toml(config_path).items():
+            flag = cfg_index.get(key)
+            if flag is None:
+                print(f"[{prog}] WARNING: config file {config_path}: unknown option {key!r} "
+                      "ignored", file=sys.stderr)
+                continue
+            try:
+                values[flag.dest] = flag.coerce_config(raw)
+            except FlagError as e:
+                raise FlagError(f"config file {config_path}: failed parsing {key} - {e}") from None
+    values.update(given)
+    return values, extras

@@ -14,14 +14,20 @@ import os
 import platform
 import socket
 import ssl
-import sys
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from nsqx import NSQ_VERSION, __version__
-from nsqx.cli.flags import Flag, FlagError, FlagSet, load_toml, parse_go_bool, parse_or_exit
+from nsqx.cli.flags import (
+    Flag,
+    FlagError,
+    FlagSet,
+    command_line_values,
+    parse_go_bool,
+    parse_or_exit,
+)
 
 __all__ = [
     "LOG_LEVELS",
@@ -393,37 +399,10 @@ assert all(f.dest in _FIELD_NAMES for f in _CFG_INDEX.values())
 
 
 def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
-    """Parse argv (+ ``--config``) -> (validated Options, extras {help, version}).
-
-    Raises FlagError/OptionsError with a user-facing message. Precedence is
-    upstream's: command line > config file > default.
-    """
-    fs = flag_set()
-    given, positional = fs.parse(argv)
-    extras = {"help": given.pop("help", False), "version": given.pop("version", False)}
+    """argv (+ ``--config``) -> (validated Options, extras {help, version})."""
+    values, extras = command_line_values("nsqd", flag_set(), _CFG_INDEX, argv, ("verbose", "worker_id"))
     if extras["help"] or extras["version"]:
         return Options(), extras
-    if positional:
-        raise FlagError(f"unexpected argument {positional[0]!r} (flags take the form -name=value)")
-    config_path = given.pop("config", "")
-    given.pop("verbose", None)
-    given.pop("worker_id", None)
-
-    values: dict[str, Any] = {}
-    if config_path:
-        cfg = load_toml(config_path)
-        for key, raw in cfg.items():
-            flag = _CFG_INDEX.get(key)
-            if flag is None:
-                # upstream ignores unknown keys; a typo deserves a word at least
-                print(f"[nsqd] WARNING: config file {config_path}: unknown option {key!r} ignored",
-                      file=sys.stderr)
-                continue
-            try:
-                values[flag.dest] = flag.coerce_config(raw)
-            except FlagError as e:
-                raise FlagError(f"config file {config_path}: failed parsing {key} - {e}") from None
-    values.update(given)
     if "e2e_processing_latency_percentiles" in values:
         # upstream FloatArray keeps them sorted, largest first
         values["e2e_processing_latency_percentiles"] = sorted(
