@@ -216,3 +216,23 @@ def test_file_system_syncer_falls_back_to_fsync_without_syncfs(tmp_path):
         lg.close()
 
     asyncio.run(main())
+
+
+def test_file_system_syncer_survives_a_failing_syncfs(tmp_path):
+    from nsqx.storage.commit import FileSystemSyncer
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = FileSystemSyncer(str(tmp_path / "missing"), loop)  # os.open fails
+        lg = PartitionLog(tmp_path / "p", 0, LogConfig(sync_every=10**9, sync_interval=0.05))
+        c = GroupCommitter(lg, loop, syncer=syncer)
+        await c.append([b"a"])
+        for _ in range(200):
+            if lg.synced_offset == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert lg.synced_offset == 1  # fsynced file by file instead
+        await c.close()
+        lg.close()
+
+    asyncio.run(main())

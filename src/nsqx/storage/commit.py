@@ -218,11 +218,14 @@ class FileSystemSyncer:
     def _sync_all(self, tickets: list) -> None:
         fs_synced = False
         if self._syncfs is not None:
-            fd = os.open(self.path, os.O_RDONLY)
             try:
-                fs_synced = self._syncfs(fd) == 0
-            finally:
-                os.close(fd)
+                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    fs_synced = self._syncfs(fd) == 0
+                finally:
+                    os.close(fd)
+            except OSError as e:  # then every log fsyncs its own files below
+                log.warning("syncfs(%s) failed, fsyncing file by file: %s", self.path, e)
         for c, ticket in tickets:
             try:
                 c.log.end_sync(ticket, fs_synced=fs_synced)
