@@ -34,6 +34,7 @@ __all__ = [
     "parse_go_query",
     "query",
     "text",
+    "task_dump",
     "topic_channel_args",
     "v1_error",
     "v1_json",
@@ -171,3 +172,20 @@ def topic_channel_args(params: dict[str, list[str]]) -> tuple[str, str]:
     if not valid_channel_name(channel):
         raise HTTPError(400, "INVALID_ARG_CHANNEL")
     return topic, channel
+
+
+def task_dump() -> str:
+    """Every asyncio task with its stack: the Python analogue of pprof/goroutine."""
+    import asyncio
+    import io
+
+    buf = io.StringIO()
+    tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
+    buf.write(f"tasks: {len(tasks)}\n")
+    for task in tasks:
+        buf.write(f"\n--- {task.get_name()} {task!r}\n")
+        try:
+            task.print_stack(limit=30, file=buf)
+        except Exception as exc:  # a stack can't always be walked
+            buf.write(f"(no stack: {exc})\n")
+    return buf.getvalue()

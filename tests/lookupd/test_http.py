@@ -339,3 +339,10 @@ def test_inactive_producer_timeout_and_tombstone_lifetime(lookupd_factory):
         assert ld.get_json("/lookup?topic=t")[1] == {"channels": ["c"], "producers": []}
         assert ld.get_json("/nodes")[1] == {"producers": []}
         assert len(ld.get_json("/debug")[1]["topic:t:"]) == 2
+
+
+def test_debug_tasks_lists_the_servers_tasks(lookupd):
+    r = get(lookupd, "/debug/tasks")
+    assert r.status == 200
+    body = r.body.decode()
+    assert body.startswith("tasks: ") and "\n--- " in body

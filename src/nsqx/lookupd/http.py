@@ -11,7 +11,6 @@ A bug in a handler answers 500 ``INTERNAL_ERROR``; the traceback goes to the log
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import posixpath
 import re
@@ -27,6 +26,7 @@ from nsqx.httpapi import (
     empty,
     first,
     query,
+    task_dump,
     text,
     topic_channel_args,
     v1_error,
@@ -210,17 +210,7 @@ class _Handlers:
         return empty()
 
     async def debug_tasks(self, request: web.Request) -> web.Response:
-        """Every asyncio task with its stack: the Python analogue of pprof/goroutine."""
-        buf = io.StringIO()
-        tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
-        buf.write(f"tasks: {len(tasks)}\n")
-        for task in tasks:
-            buf.write(f"\n--- {task.get_name()} {task!r}\n")
-            try:
-                task.print_stack(limit=30, file=buf)
-            except Exception as exc:
-                buf.write(f"(no stack: {exc})\n")
-        return text(buf.getvalue())
+        return text(task_dump())
 
 
 # ---------------------------------------------------------------- httprouter-like routing

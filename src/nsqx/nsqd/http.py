@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
-import io
 import logging
 import socket
 import struct
@@ -35,6 +34,7 @@ from nsqx.httpapi import (
     V1_VALUE,
     HTTPError,
     parse_go_query,
+    task_dump,
     topic_channel_args,
 )
 from nsqx.httpapi import first as _first
@@ -409,17 +409,7 @@ class _Handlers:
 
     # -- debug -------------------------------------------------------------------------
     async def debug_tasks(self, request: web.Request) -> web.Response:
-        """Every asyncio task with its stack: the Python analogue of pprof/goroutine."""
-        buf = io.StringIO()
-        tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
-        buf.write(f"tasks: {len(tasks)}\n")
-        for task in tasks:
-            buf.write(f"\n--- {task.get_name()} {task!r}\n")
-            try:
-                task.print_stack(limit=30, file=buf)
-            except Exception as exc:  # a stack can't always be walked
-                buf.write(f"(no stack: {exc})\n")
-        return _ok_text(buf.getvalue())
+        return _ok_text(task_dump())
 
     async def free_memory(self, request: web.Request) -> web.Response:
         gc.collect()
