@@ -302,6 +302,32 @@ def test_pipelined_producer_responses_in_order(node: NsqdProcess, topic: str) ->
     assert got == expected
 
 
+def test_one_at_a_time_pubs(node: NsqdProcess, topic: str) -> None:
+    """A read holding one PUB to an existing topic takes nsqd's fast path; reads holding
+    anything else take the general one. Both count, order and answer the same."""
+    expected = []
+    with RawClient(node.tcp_address) as p:
+        for i in range(30):
+            body = b"one%03d" % i
+            data = v2.pub(topic, body)  # the first creates the topic (general path)
+            if i % 10 == 5:
+                data = data.replace(b"\n", b"\r\n", 1)  # upstream accepts CRLF lines
+            p.send(data)
+            p.expect_ok()
+            expected.append(body)
+        p.send(v2.pub(topic, b"x" * 2) + v2.pub(topic, b"y" * 3))  # two in one read
+        p.expect_ok()
+        p.expect_ok()
+        expected += [b"xx", b"yyy"]
+    with RawClient(node.tcp_address) as p:  # an existing topic, but an empty body
+        p.send(b"PUB " + topic.encode() + b"\n" + b"\x00\x00\x00\x00")
+        p.expect_error("E_BAD_MESSAGE", "PUB invalid message body size 0", closed=True)
+    topics = http_api.stats(node.http_address, topic)["topics"]
+    assert [t["message_count"] for t in topics if t["topic_name"] == topic] == [32]
+    with consumer(node.tcp_address, topic, "c", rdy=100) as c:
+        assert [m.body for m in c.drain_messages(quiet=0.5)] == expected
+
+
 def test_publish_and_consume_on_one_connection(node: NsqdProcess, topic: str) -> None:
     with consumer(node.tcp_address, topic, "c", rdy=10) as c:
         c.send(v2.pub(topic, b"self"))

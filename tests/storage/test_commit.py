@@ -102,22 +102,23 @@ def test_background_sync_by_interval(tmp_path):
     run(main())
 
 
-def test_write_error_fails_turn_then_recovers(tmp_path, monkeypatch):
+@pytest.mark.parametrize("appends", [1, 2])  # one batch: the fast commit; two: general
+def test_write_error_fails_turn_then_recovers(tmp_path, monkeypatch, appends):
     async def main():
         lg = PartitionLog(tmp_path, 0, LogConfig(sync_every=1))
         gc = GroupCommitter(lg)
         assert await gc.append([b"ok"]) == 0
-        real = os.writev
 
-        def enospc(fd, bufs):
+        def enospc(*_args):
             raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(os, "writev", enospc)
-        futs = [gc.append([b"no"]), gc.append([b"no"])]
+        monkeypatch.setattr(os, "write", enospc)
+        futs = [gc.append([b"no"]) for _ in range(appends)]
         for f in futs:
             with pytest.raises(LogError, match="disk full"):
                 await f
-        monkeypatch.setattr(os, "writev", real)
+        monkeypatch.undo()
         assert await gc.append([b"again"]) == 1
         assert lg.read_frame(1).endswith(b"again")
         await gc.close()

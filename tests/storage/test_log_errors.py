@@ -12,6 +12,37 @@ def frames(lg):
     return [lg.read_frame(i) for i in range(lg.start_offset, lg.flushed_offset)]
 
 
+@pytest.fixture(params=["fast", "general"], autouse=True)
+def commit_path(request, monkeypatch):
+    """Every test runs with the one-batch fast commit and with the general commit."""
+    monkeypatch.setattr(PartitionLog, "_fast_commit", request.param == "fast")
+    return request.param
+
+
+def patch_file_writes(monkeypatch, fail):
+    """Route os.write and os.writev through fail(n) (n = 1-based call count); undo()."""
+    real_write, real_writev = os.write, os.writev
+    calls = {"n": 0}
+
+    def write(fd, data):
+        calls["n"] += 1
+        fail(calls["n"])
+        return real_write(fd, data)
+
+    def writev(fd, bufs):
+        calls["n"] += 1
+        fail(calls["n"])
+        return real_writev(fd, bufs)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "writev", writev)
+
+    def undo():
+        monkeypatch.setattr(os, "write", real_write)
+        monkeypatch.setattr(os, "writev", real_writev)
+    return undo
+
+
 @pytest.mark.parametrize("code, words", [(errno.ENOSPC, "disk full"), (errno.EIO, "I/O error"),
                                          (errno.EROFS, "not writable")])
 def test_write_error_rolls_back(tmp_path, monkeypatch, code, words):
@@ -20,20 +51,16 @@ def test_write_error_rolls_back(tmp_path, monkeypatch, code, words):
     lg.flush()
     before = frames(lg)
     sizes = [s.sizes[:] for s in lg._segments]
-    real = os.writev
-    calls = {"n": 0}
 
-    def failing(fd, bufs):
-        calls["n"] += 1
-        if calls["n"] == 2:  # fail the metadata write after the data went out
+    def failing(n):
+        if n == 2:  # fail the metadata write after the data went out
             raise OSError(code, os.strerror(code))
-        return real(fd, bufs)
 
-    monkeypatch.setattr(os, "writev", failing)
+    undo = patch_file_writes(monkeypatch, failing)
     lg.append([b"c"] * 10, 2)
     with pytest.raises(LogError, match=words):
         lg.flush()
-    monkeypatch.setattr(os, "writev", real)
+    undo()
     assert lg.next_offset == lg.flushed_offset == 2
     assert frames(lg) == before
     assert [s.sizes for s in lg._segments] == sizes
@@ -53,19 +80,18 @@ def test_error_on_first_write_and_segment_roll(tmp_path, monkeypatch):
     lg = PartitionLog(tmp_path, 0, cfg)
     lg.append([b"x" * 150], 1)
     lg.flush()
-    real = os.writev
 
-    def enospc(fd, bufs):
+    def enospc(n):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "writev", enospc)
+    undo = patch_file_writes(monkeypatch, enospc)
     lg.append([b"y" * 150], 2)  # needs a new segment
     with pytest.raises(LogError, match="disk full"):
         lg.flush()
     assert len(lg._segments) == 1
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".log") == [
         "00000000000000000000.log"]
-    monkeypatch.setattr(os, "writev", real)
+    undo()
     lg.append([b"z" * 150], 3)
     lg.flush()
     assert len(lg._segments) == 2 and lg.read_frame(1).endswith(b"z" * 150)

@@ -38,6 +38,7 @@ from nsqx.protocol.v2 import (
     identify_response,
     parse_fin,
     parse_identify,
+    parse_lone_pub,
     parse_rdy,
     parse_req,
     parse_touch,
@@ -55,6 +56,7 @@ STATE_INIT, STATE_SUBSCRIBED, STATE_CLOSING = 0, 3, 4
 _PENDING = object()  # a response slot whose commit is not durable yet
 # Publishes waiting for their commit before we stop reading from this client.
 MAX_PENDING_RESPONSES = 4096
+_PUB_FAILED = ("E_PUB_FAILED", "PUB failed")
 
 
 class Fatal(Exception):
@@ -169,6 +171,9 @@ class ClientV2(asyncio.Protocol):
         self._last_read = time.monotonic()
         if self._closing:
             return
+        if (data[:4] == b"PUB " and self._decoder is None and not self._blocked
+                and not self._backlog and self.parser.idle() and self._lone_pub(data)):
+            return
         if len(self.magic) < 4:
             need = 4 - len(self.magic)
             self.magic += data[:need]
@@ -196,6 +201,28 @@ class ClientV2(asyncio.Protocol):
                 chunk = dec.decode(b"")
         except ProtocolError as exc:  # corrupt or oversized compressed stream
             self._fatal(Fatal(exc.code, exc.text))
+
+    def _lone_pub(self, data: bytes) -> bool:
+        """Publish a read holding exactly one plain PUB to an existing topic; False = not that.
+
+        Speed: the one-at-a-time producer's path (see parse_lone_pub). Same effects as
+        parser -> _run -> _cmd_pub; cases with extra checks (auth, TLS required, exiting,
+        a new topic, bad input) return False before doing anything and go the general way.
+        """
+        nsqd = self.nsqd
+        if len(self.magic) < 4 or nsqd.exiting or nsqd.auth_enabled or (
+                nsqd.tls_required_tcp and not self.tls):
+            return False
+        pub = parse_lone_pub(data, self.parser.max_msg_size)
+        if pub is None:
+            return False
+        name = pub[0].decode("ascii")
+        topic = nsqd.topics.get(name)
+        if topic is None:
+            return False
+        topic.publish([pub[1]], 0, self._respond_when_done(frames.OK_FRAME, _PUB_FAILED))
+        self.pub_counts[name] = self.pub_counts.get(name, 0) + 1
+        return True
 
     def _ingest(self, data: bytes) -> None:
         if self._blocked:

@@ -12,13 +12,26 @@ _NAME_RE = re.compile(r"[.a-zA-Z0-9_-]+(?:#ephemeral)?")
 _NAME_RE_B = re.compile(rb"[.a-zA-Z0-9_-]+(?:#ephemeral)?")
 
 
+# Every PUB checks its topic name: remember the verdicts of the names seen (bounded, so
+# a client inventing names cannot grow it) and skip the regex for them.
+_VERDICTS: dict[str | bytes, bool] = {}
+_MAX_VERDICTS = 4096
+
+
 def valid_name(name: str | bytes) -> bool:
     """1..64 bytes (the ``#ephemeral`` suffix counts) of ``[.a-zA-Z0-9_-]``, optional suffix."""
+    verdict = _VERDICTS.get(name)
+    if verdict is not None:
+        return verdict
     if not 1 <= len(name) <= 64:
         return False
     if isinstance(name, str):
-        return _NAME_RE.fullmatch(name) is not None
-    return _NAME_RE_B.fullmatch(name) is not None
+        verdict = _NAME_RE.fullmatch(name) is not None
+    else:
+        verdict = _NAME_RE_B.fullmatch(name) is not None
+    if len(_VERDICTS) < _MAX_VERDICTS:
+        _VERDICTS[name] = verdict
+    return verdict
 
 
 valid_topic_name = valid_name

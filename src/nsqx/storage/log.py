@@ -68,6 +68,8 @@ class _Pending:
 class PartitionLog:
     """Segment files + sparse indexes + group-writable tail; see module doc."""
 
+    _fast_commit = True  # flush of one batch via Segment.write_single (tests turn it off)
+
     def __init__(self, path: str | Path, partition: int = 0, config: LogConfig | None = None
                  ) -> None:
         self.path = Path(path)
@@ -201,6 +203,11 @@ class PartitionLog:
             return 0
         self._pending = []
         seg = self._segments[-1]
+        if len(pending) == 1 and self._fast_commit:
+            p = pending[0]
+            if p.headers is None and (seg.sizes[0] == 0 or
+                                      seg.sizes[0] + len(p.data) <= self.config.segment_bytes):
+                return self._flush_single(seg, p)
         created: list[Segment] = []
         saved = {}  # segment -> file sizes before the write, for rollback
         applied: list[tuple[Segment, list[Chunk], tuple]] = []
@@ -248,6 +255,29 @@ class PartitionLog:
         if created:
             self._segments.extend(created)
             self._seg_bases = [s.base for s in self._segments]
+        n = self.next_offset - self._flushed
+        self._flushed = self.next_offset
+        return n
+
+    def _flush_single(self, seg: Segment, p: _Pending) -> int:
+        """flush() of one headerless batch that fits the open segment: Segment.write_single.
+
+        Speed: this is every flush of one PUB (or one MPUB) per loop turn; the general path
+        costs ~18 us of Python for it (plans, snapshots, groups), this one a third of that.
+        tests/storage/test_log_fast_commit.py checks both write the same files.
+        """
+        saved = list(seg.sizes)
+        pos = seg.log_end
+        try:
+            seg.write_single(p.data, p.base, p.count, p.ts, p.epoch, self._commit_id, p.flen,
+                             p.rel, b"" if p.flen else p.frame_sizes())
+        except OSError as e:
+            self._rollback({seg: saved}, [])
+            raise log_error("writing", self.path, e) from e
+        self._commit_id += 1
+        with self._lock:
+            self._dirty.add(seg)
+        self._add_tail(Chunk(p.base, p.count, p.data, p.rel, p.flen, seg.base, pos, p.ts))
         n = self.next_offset - self._flushed
         self._flushed = self.next_offset
         return n

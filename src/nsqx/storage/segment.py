@@ -68,6 +68,13 @@ def write_all(fd: int, bufs: list) -> None:
         done += os.write(fd, rest)
 
 
+def write_one(fd: int, buf: bytes) -> None:
+    """os.write of one buffer until all of it is written (the commit fast path's write)."""
+    done = os.write(fd, buf)
+    if done < len(buf):
+        write_all(fd, [memoryview(buf)[done:]])
+
+
 class Segment:
     """Files and in-memory lookup arrays of one segment (per-commit arrays, sparse indexes)."""
 
@@ -181,6 +188,59 @@ class Segment:
                 "epoch": epoch, "commit_id": commit_id, "flen": flen, "spos": spos,
                 "scrc": scrc,
                 "entry": entry, "idx": idx, "next_idx": next_idx, "tidx": tidx}
+
+    def write_single(self, data: bytes, base: int, count: int, ts: int, epoch: int,
+                     commit_id: int, flen: int, rel: array | None, sizes: bytes) -> None:
+        """Commit one headerless batch: frames, then its metadata, then the memory arrays.
+
+        The fast path of PartitionLog's flush (one PUB or MPUB per loop turn, the common
+        case): the same bytes as plan_index + plan_commit + meta_bytes + apply, without the
+        plan dict or a snapshot, because memory changes only after every write succeeded
+        (on failure the caller truncates the files back to their sizes).
+        """
+        pos = self.log_end
+        end = pos + len(data)
+        idx, next_idx = self.plan_index(base, pos, rel, flen, count, self._next_idx_pos)
+        fs = self.sizes
+        spos, scrc = (fs[5], zlib.crc32(sizes)) if sizes else (NO_SIZES, 0)
+        body = ENTRY_BODY.pack(base, count, pos, end - pos, ts, ts, epoch, commit_id,
+                               zlib.crc32(data), fs[4], 0, 0, flen, spos, scrc)
+        max_ts = self.max_ts
+        tidx = (max_ts, base, len(self.bases)) if pos >= self._next_tidx_pos else None
+        write_one(self.log_fd, data)
+        fs[0] = end
+        if sizes:
+            write_one(self.sizes_fd, sizes)
+            fs[5] += len(sizes)
+        write_one(self.meta_fd, body + _U32.pack(zlib.crc32(body)))
+        fs[1] += ENTRY_SIZE
+        if idx:
+            o, p = idx[0]
+            write_one(self.idx_fd, _with_crc(IDX_BODY.pack(o, p)))
+            fs[2] += IDX_SIZE
+        if tidx:
+            write_one(self.tidx_fd, _with_crc(TIDX_BODY.pack(*tidx)))
+            fs[3] += TIDX_SIZE
+        # every write done: now the in-memory state (as apply() would)
+        self.bases.append(base)
+        self.poss.append(pos)
+        self.runmax.append(ts if ts > max_ts else max_ts)
+        self.flens.append(flen)
+        self.spos.append(spos)
+        self.scrc.append(scrc)
+        if idx:
+            self.idx_off.append(o)
+            self.idx_pos.append(p)
+        self._next_idx_pos = next_idx
+        if tidx:
+            self.tidx_ts.append(max_ts)
+            self.tidx_off.append(base)
+            self.tidx_bidx.append(tidx[2])
+            self._next_tidx_pos = pos + self.interval
+        self.next_offset = base + count
+        self.log_end = end
+        self.last_commit_id = commit_id
+        self.last_epoch = epoch
 
     def snapshot(self) -> tuple:
         return (self.log_end, self._next_idx_pos, self._next_tidx_pos, len(self.bases),
