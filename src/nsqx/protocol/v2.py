@@ -14,6 +14,7 @@ import re
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .errors import ProtocolError, go_quote, raw_text
@@ -186,7 +187,10 @@ class CommandParser:
         self.batch_fin = batch_fin and max_line > 22
         self.max_req_timeout_ms = max_req_timeout_ms
         self.precheck = precheck
-        self._buf = bytearray()
+        # Held bytes as a list of chunks, joined once when a command completes (a 200 KB
+        # MPUB arriving in 64 KB reads is copied once, not once per read plus once more).
+        self._chunks: list[bytes | memoryview] = []
+        self._held = 0
         self._need = 1  # do not parse again before the buffer holds this many bytes
         self._prechecked = False  # precheck already ran for the command at buffer start
         self._await_line = False  # the buffer is an incomplete line (no \n in it)
@@ -195,12 +199,12 @@ class CommandParser:
     @property
     def buffered(self) -> int:
         """Bytes held (one incomplete command, or the leftover after IDENTIFY/AUTH)."""
-        return len(self._buf)
+        return self._held
 
     def take_buffered(self) -> bytes:
         """Remove and return raw unparsed bytes (e.g. to decompress them after an upgrade)."""
-        data = bytes(self._buf)
-        self._buf.clear()
+        data = b"".join(self._chunks)
+        self._chunks, self._held = [], 0
         self._need = 1
         self._prechecked = False
         self._await_line = False
@@ -208,24 +212,26 @@ class CommandParser:
 
     def idle(self) -> bool:
         """No bytes held and no error: the next feed() starts at a command boundary."""
-        return not self._buf and self.error is None
+        return not self._held and self.error is None
 
     def feed(self, data: bytes) -> list[Command]:
         if self.error is not None:
             raise self.error
-        if self._buf:
-            self._buf += data
-            if len(self._buf) < self._need:
+        if self._held:
+            if data:
+                self._chunks.append(data if type(data) is bytes else bytes(data))
+                self._held += len(data)
+            if self._held < self._need:
                 return []
             if self._await_line and b"\n" not in data:
                 # still inside one line: O(new bytes), no rescan or copy of the buffer
-                if len(self._buf) >= self.max_line:
+                if self._held >= self.max_line:
                     self.error = _line_too_long(self.max_line)
-                    self._buf.clear()
+                    self._chunks, self._held = [], 0
                     raise self.error
                 return []
-            buf = bytes(self._buf)
-            self._buf.clear()
+            buf = b"".join(self._chunks)
+            self._chunks, self._held = [], 0
         elif not data:
             return []
         else:
@@ -236,11 +242,12 @@ class CommandParser:
             pos = self._parse(buf, out)
         except ProtocolError as e:
             self.error = e
-            self._buf.clear()
+            self._chunks, self._held = [], 0
             e.commands = out
             raise
         if pos < len(buf):
-            self._buf += memoryview(buf)[pos:]
+            self._chunks.append(memoryview(buf)[pos:])
+            self._held = len(buf) - pos
         return out
 
     def _parse(self, buf: bytes, out: list[Command]) -> int:
@@ -348,7 +355,8 @@ class CommandParser:
                 _check_mpub_count(_I32_unpack_from(buf, p + 4)[0], self.max_body_size)
             if end - p - 4 < size:
                 return self._need_more(start, p, 4 + size)
-            body = buf[p + 4 : p + 4 + size]
+            # a view: the split copies each body straight out of the read buffer
+            body = memoryview(buf)[p + 4 : p + 4 + size]
             return Command(name, params, None, split_mpub(body, self.max_msg_size, self.max_body_size)), p + 4 + size
         # IDENTIFY / AUTH: upstream checks "too big" before "<= 0" here
         if name == b"AUTH" and len(params) != 0:
@@ -410,20 +418,27 @@ def _check_mpub_count(count: int, max_body_size: int) -> None:
         raise ProtocolError("E_BAD_BODY", f"MPUB invalid message count {count}")
 
 
-def split_mpub(body: bytes, max_msg_size: int, max_body_size: int | None = None) -> list[bytes]:
+def split_mpub(body: bytes | memoryview, max_msg_size: int,
+               max_body_size: int | None = None) -> list[bytes]:
     """MPUB body ``[4B count]([4B size][bytes])*`` -> message bodies, upstream's checks/texts.
 
     Uniform batches (every size equal) take a path with no per-message Python code;
-    anything else takes the general path, which gives identical results.
+    mixed sizes a walk of the size fields with the checks done afterwards in C and one
+    struct call cutting the bodies; any
+    failure is re-walked by the checking loop for upstream's exact error. All three
+    give identical results (tests/protocol). ``body`` may be a memoryview (no copy of
+    the whole body first); the bodies returned are always bytes.
     """
     if len(body) < 4:
         raise ProtocolError("E_BAD_BODY", "MPUB failed to read message count")
     count = _I32_unpack_from(body, 0)[0]
     _check_mpub_count(count, len(body) + 4 if max_body_size is None else max_body_size)
     res = _split_uniform(body, count, max_msg_size)
-    if res is not None:
-        return res
-    return _split_general(body, count, max_msg_size)
+    if res is None:
+        res = _split_mixed(body, count, max_msg_size)
+    if res is None:
+        res = _split_general(body, count, max_msg_size)
+    return res
 
 
 def _split_uniform(body: bytes, count: int, max_msg_size: int) -> list[bytes] | None:
@@ -439,13 +454,47 @@ def _split_uniform(body: bytes, count: int, max_msg_size: int) -> list[bytes] | 
             return None
     if size > max_msg_size:
         raise ProtocolError("E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg_size}")
-    if count == 1:
-        return [body[8:]]
+    if count <= _MAX_CUT:
+        # one cached struct cuts every body: 23 ns/msg against 150 for slice objects
+        return list(_uniform_cutter(size, count).unpack_from(body, 4))
+    body = bytes(body)
     end = len(body)
     return list(map(body.__getitem__, map(slice, range(8, end, stride), range(8 + size, end + 1, stride))))
 
 
-def _split_general(body: bytes, count: int, max_msg_size: int) -> list[bytes]:
+_MAX_CUT = 4096  # bigger batches are cut by slices: a struct's codes grow with the count
+
+
+@lru_cache(maxsize=64)
+def _uniform_cutter(size: int, count: int) -> struct.Struct:
+    return struct.Struct(f"4x{size}s" * count)
+
+
+def _split_mixed(body: bytes | memoryview, count: int, max_msg_size: int) -> list[bytes] | None:
+    """Mixed sizes: the walk is inherently sequential (each size says where the next
+    is), so keep its loop minimal and check every size afterwards with min/max in C.
+    None = something is wrong: the checking loop finds what, with upstream's text."""
+    if count > (len(body) - 4) // 5 or count > _MAX_CUT:
+        return None  # cannot hold count messages of at least one byte each, or very many
+    unpack = _I32_unpack_from
+    sizes = [0] * count
+    off = 4
+    try:
+        for i in range(count):
+            size = unpack(body, off)[0]
+            sizes[i] = size
+            off += 4 + size
+    except struct.error:  # ran past the end (or a negative size walked backwards)
+        return None
+    if off != len(body) or min(sizes) <= 0 or max(sizes) > max_msg_size:
+        return None
+    # one C call cuts every body: a struct format skipping each size field ("4x<n>s"),
+    # half the cost of per-message slice objects
+    return list(struct.Struct(("4x%ds" * count) % tuple(sizes)).unpack_from(body, 4))
+
+
+def _split_general(body: bytes | memoryview, count: int, max_msg_size: int) -> list[bytes]:
+    body = bytes(body)  # bodies are bytes whatever the input (this path is rare)
     end = len(body)
     off = 4
     out: list[bytes] = []

@@ -28,12 +28,12 @@ import os
 import struct
 import sys
 import time
-import zlib
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
+from nsqx.storage.checksum import crc32
 from nsqx.storage.delaystore import DelayStore
 
 __all__ = ["ChannelCursor", "Delivery", "NotInFlight", "NotOwner", "DelayStore"]
@@ -912,7 +912,7 @@ class ChannelCursor:
                 da.tobytes(),
             )
         )
-        data = body + _CRC.pack(zlib.crc32(body))
+        data = body + _CRC.pack(crc32(body))
         path = self.state_path
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -944,7 +944,7 @@ class ChannelCursor:
         if len(data) < _HEAD.size + _CRC.size:
             raise ValueError(f"cursor state {path}: truncated")
         body, (crc,) = data[: -_CRC.size], _CRC.unpack(data[-_CRC.size :])
-        if zlib.crc32(body) != crc:
+        if crc32(body) != crc:
             raise ValueError(f"cursor state {path}: checksum mismatch")
         magic, confirmed, flags, nr, nd = _HEAD.unpack_from(body)
         if magic != _MAGIC:

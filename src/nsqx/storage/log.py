@@ -14,7 +14,6 @@ import struct
 import sys
 import threading
 import time
-import zlib
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
@@ -22,6 +21,7 @@ from itertools import accumulate, repeat
 from operator import add
 from pathlib import Path
 
+from nsqx.storage.checksum import crc32
 from nsqx.storage.memlog import MemoryLog
 from nsqx.storage.message_id import ids_for_range
 from nsqx.storage.records import (
@@ -106,7 +106,7 @@ class PartitionLog:
         try:
             raw = (self.path / CHECKPOINT).read_bytes()
             off, crc = _CKPT.unpack(raw)
-            if zlib.crc32(raw[:8]) == crc:
+            if crc32(raw[:8]) == crc:
                 return off
         except (OSError, struct.error):
             pass
@@ -311,7 +311,7 @@ class PartitionLog:
                     e, target = s.plan_index(b.base, p, b.rel, b.flen, b.count, target)
                     if e:
                         idx += e
-                    crc = zlib.crc32(b.data, crc)
+                    crc = crc32(b.data, crc)
                     chunks.append(Chunk(b.base, b.count, b.data, b.rel, b.flen, s.base, p, b.ts))
                     log_bufs.append(b.data)
                     p += len(b.data)
@@ -570,7 +570,7 @@ class PartitionLog:
         tmp = self.path / f"{CHECKPOINT}.{threading.get_ident()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, raw + struct.pack(">I", zlib.crc32(raw)))
+            os.write(fd, raw + struct.pack(">I", crc32(raw)))
         finally:
             os.close(fd)
         os.replace(tmp, self.path / CHECKPOINT)

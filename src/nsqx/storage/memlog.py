@@ -158,13 +158,13 @@ class MemoryLog:
                                                   default=self._flushed))
 
     def batches(self, from_offset: int = 0) -> Iterator[BatchInfo]:
-        import zlib
+        from nsqx.storage.checksum import crc32
 
         start = max(self._head, self._index(from_offset)) if self._bases else 0
         for i in range(start, len(self._chunks)):
             ch, (epoch, cid, _h) = self._chunks[i], self._meta[i]
             yield BatchInfo(ch.base, ch.count, ch.ts, epoch, cid,
-                            zlib.crc32(memoryview(ch.data)[: ch.at(ch.count)]))
+                            crc32(memoryview(ch.data)[: ch.at(ch.count)]))
 
     def headers(self, offset: int) -> dict[str, bytes] | None:
         if not self.start_offset <= offset < self._flushed:

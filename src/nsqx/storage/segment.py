@@ -19,12 +19,12 @@ import logging
 import os
 import struct
 import sys
-import zlib
 from array import array
 from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from pathlib import Path
 
+from nsqx.storage.checksum import crc32
 from nsqx.storage.message_id import ids_for_range
 from nsqx.storage.records import scan_positions
 
@@ -52,7 +52,7 @@ def seg_name(base: int) -> str:
 
 
 def _with_crc(body: bytes) -> bytes:
-    return body + _U32.pack(zlib.crc32(body))
+    return body + _U32.pack(crc32(body))
 
 
 def _open(path: Path) -> int:
@@ -177,10 +177,10 @@ class Segment:
                     sizes_pos: int = NO_SIZES) -> dict:
         pos = self.log_end
         spos = sizes_pos if sizes else NO_SIZES
-        scrc = zlib.crc32(sizes) if sizes else 0
+        scrc = crc32(sizes) if sizes else 0
         entry = _with_crc(ENTRY_BODY.pack(base, count, pos, length, first_ts, max_ts, epoch,
                                           commit_id, crc, hdr_pos, len(hdr),
-                                          zlib.crc32(hdr) if hdr else 0, flen, spos, scrc))
+                                          crc32(hdr) if hdr else 0, flen, spos, scrc))
         tidx = None
         if pos >= self._next_tidx_pos:
             tidx = (self.max_ts, base, len(self.bases))
@@ -202,9 +202,9 @@ class Segment:
         end = pos + len(data)
         idx, next_idx = self.plan_index(base, pos, rel, flen, count, self._next_idx_pos)
         fs = self.sizes
-        spos, scrc = (fs[5], zlib.crc32(sizes)) if sizes else (NO_SIZES, 0)
+        spos, scrc = (fs[5], crc32(sizes)) if sizes else (NO_SIZES, 0)
         body = ENTRY_BODY.pack(base, count, pos, end - pos, ts, ts, epoch, commit_id,
-                               zlib.crc32(data), fs[4], 0, 0, flen, spos, scrc)
+                               crc32(data), fs[4], 0, 0, flen, spos, scrc)
         max_ts = self.max_ts
         tidx = (max_ts, base, len(self.bases)) if pos >= self._next_tidx_pos else None
         write_one(self.log_fd, data)
@@ -212,7 +212,7 @@ class Segment:
         if sizes:
             write_one(self.sizes_fd, sizes)
             fs[5] += len(sizes)
-        write_one(self.meta_fd, body + _U32.pack(zlib.crc32(body)))
+        write_one(self.meta_fd, body + _U32.pack(crc32(body)))
         fs[1] += ENTRY_SIZE
         if idx:
             o, p = idx[0]
@@ -352,7 +352,7 @@ class Segment:
             return None
         count = (self.bases[c + 1] if c + 1 < len(self.bases) else self.next_offset) - self.bases[c]
         raw = os.pread(self.sizes_fd, 4 * count, sp)
-        if len(raw) != 4 * count or zlib.crc32(raw) != self.scrc[c]:
+        if len(raw) != 4 * count or crc32(raw) != self.scrc[c]:
             log.warning("%s: frame sizes of commit at offset %d damaged; scanning frames instead",
                         self.paths[5], self.bases[c])
             self.spos[c] = NO_SIZES
@@ -399,7 +399,7 @@ class Segment:
         for i in range(n):
             body = raw[i * ENTRY_SIZE : i * ENTRY_SIZE + ENTRY_BODY.size]
             (crc,) = _U32.unpack_from(raw, i * ENTRY_SIZE + ENTRY_BODY.size)
-            if zlib.crc32(body) != crc:
+            if crc32(body) != crc:
                 break
             e = ENTRY_BODY.unpack(body)
             if e[0] != expect_base or e[2] != expect_pos or e[2] + e[3] > self.sizes[0]:
@@ -414,7 +414,7 @@ class Segment:
             # a bad entry followed by a valid one means corruption, not a torn tail
             for i in range(good + 1, n):
                 body = raw[i * ENTRY_SIZE : i * ENTRY_SIZE + ENTRY_BODY.size]
-                if zlib.crc32(body) == _U32.unpack_from(raw, i * ENTRY_SIZE + ENTRY_BODY.size)[0]:
+                if crc32(body) == _U32.unpack_from(raw, i * ENTRY_SIZE + ENTRY_BODY.size)[0]:
                     corrupt_mid = True
                     break
         missing = self.sizes[1] == 0 and self.sizes[0] > 0
@@ -450,7 +450,7 @@ class Segment:
     def _verify(self, e: tuple) -> bool:
         base, count, pos, length = e[0], e[1], e[2], e[3]
         data = os.pread(self.log_fd, length, pos)
-        if len(data) != length or zlib.crc32(data) != e[8]:
+        if len(data) != length or crc32(data) != e[8]:
             return False
         return self._frames_ok(data, base, count)
 
@@ -519,7 +519,7 @@ class Segment:
             ts = [struct.unpack_from(">q", chunk, p + 8)[0] for p in P[:k]]
             lens = {P[i + 1] - P[i] for i in range(k)}
             flen = lens.pop() if len(lens) == 1 else 0
-            parsed.append((off, k, pos, len(chunk), ts[0], max(ts), 0, 0, zlib.crc32(chunk),
+            parsed.append((off, k, pos, len(chunk), ts[0], max(ts), 0, 0, crc32(chunk),
                            0, 0, 0, flen, NO_SIZES, 0))
             pos += len(chunk)
             off += k
@@ -552,7 +552,7 @@ class Segment:
         last = -1
         for i in range(0, len(raw), IDX_SIZE):
             body = raw[i : i + IDX_BODY.size]
-            if zlib.crc32(body) != _U32.unpack_from(raw, i + IDX_BODY.size)[0]:
+            if crc32(body) != _U32.unpack_from(raw, i + IDX_BODY.size)[0]:
                 return False
             o, p = IDX_BODY.unpack(body)
             if p <= last or p >= self.log_end or not self.base <= o < self.next_offset:
@@ -570,7 +570,7 @@ class Segment:
             return False
         for i in range(0, len(raw), TIDX_SIZE):
             body = raw[i : i + TIDX_BODY.size]
-            if zlib.crc32(body) != _U32.unpack_from(raw, i + TIDX_BODY.size)[0]:
+            if crc32(body) != _U32.unpack_from(raw, i + TIDX_BODY.size)[0]:
                 return False
             ts, o, b = TIDX_BODY.unpack(body)
             if b >= len(self.bases):
@@ -639,7 +639,7 @@ class Segment:
             data = os.pread(self.log_fd, cut_pos - e[2], e[2])
             P = scan_positions(data)
             ts = [struct.unpack_from(">q", data, p + 8)[0] for p in P[:-1]]
-            e[1], e[3], e[8] = offset - e[0], len(data), zlib.crc32(data)
+            e[1], e[3], e[8] = offset - e[0], len(data), crc32(data)
             e[13], e[14] = NO_SIZES, 0
             e[4], e[5] = ts[0], max(ts)
             entries[-1] = tuple(e)
