@@ -143,9 +143,24 @@ def run_scenario(name: str, kind: str, go_path: str | None, secs: float) -> dict
         if name == "backlog_disk":
             w = scenarios.ingest(tcp, topic, size=200, batch=200, seconds=secs, pid=pid)
             scenarios.wait_depth(http, topic, "ch", w["messages"])
+            if DROP_CACHES:
+                drop_page_cache()
             r = scenarios.drain(tcp, topic, "ch", expect=w["messages"], seconds=secs * 6, pid=pid)
             return {"ingest": w, "drain": r}
     raise ValueError(name)
+
+
+DROP_CACHES = False  # --drop-caches: backlog_disk's drain reads from the disk, not the page cache
+
+
+def drop_page_cache() -> None:
+    """sync, then drop the clean page cache (root only): the next reads hit the disk."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as exc:
+        print(f"# could not drop the page cache ({exc}); reads may come from memory")
 
 
 SCENARIOS = ["ingest_200x200", "ingest_100x100", "mixed_50_2000", "pub_one_at_a_time", "channels_10",
@@ -157,7 +172,11 @@ def main() -> None:
     ap.add_argument("--go-nsqd", default=os.environ.get("NSQD_GO"), help="path of the other nsqd")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--only", action="append", choices=SCENARIOS)
+    ap.add_argument("--drop-caches", action="store_true",
+                    help="backlog_disk: drop the page cache between ingest and drain (root)")
     args = ap.parse_args()
+    global DROP_CACHES
+    DROP_CACHES = args.drop_caches
     kinds = ["nsqx"] + (["go"] if args.go_nsqd else [])
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} {os.cpu_count()} cpus, {args.seconds:.0f}s runs")
     for name in args.only or SCENARIOS:

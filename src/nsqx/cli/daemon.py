@@ -51,7 +51,7 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
 
-def tune_malloc(mmap_threshold: int = 16 << 20, trim_threshold: int = 32 << 20) -> bool:
+def tune_malloc(mmap_threshold: int = 16 << 20, trim_threshold: int = 8 << 20) -> bool:
     """Serve large buffers (reads, MPUB bodies, frame batches) from the heap, not mmap.
 
     Speed: glibc hands out blocks over 128 KiB (its starting threshold) with a fresh mmap,

@@ -107,6 +107,7 @@ class Options:
     retention_time: float = 0.0
     retention_bytes: int = 0
     max_log_bytes: int = 0  # hard cap per topic: lagging channels skip what it drops
+    mem_tail_budget: int = 32 * 1024 * 1024  # newest messages kept in memory, all topics together
 
     queue_scan_interval: float = 0.1  # no flag upstream
     queue_scan_refresh_interval: float = 5.0  # no flag upstream
@@ -313,6 +314,9 @@ def _flags() -> list[Flag]:
              "consumed log per topic for replay (0 = none)"),
         Flag("max-log-bytes", INT, d.max_log_bytes, "[nsqx] hard cap of a topic's log; beyond "
              "it the oldest segments go even if channels lag, and they skip them (0 = no cap)"),
+        Flag("mem-tail-budget", INT, d.mem_tail_budget, "[nsqx] bytes of the newest messages "
+             "kept in memory for readers that keep up, all topics together (each durable topic "
+             "gets an even share, 16 KiB to 8 MiB; older messages are read from the log)"),
         Flag("queue-scan-worker-pool-max", INT, d.queue_scan_worker_pool_max, "max concurrency "
              "for checking in-flight and deferred message timeouts"),
         Flag("queue-scan-selection-count", INT, d.queue_scan_selection_count, "number of channels "

@@ -84,6 +84,9 @@ class PartitionLog:
         self._tail_head = 0
         self._tail_bytes = 0
         self._disk_chunks: list[Chunk] = []
+        self.tail_limit = self.config.mem_tail_bytes
+        self._disk_cache = _DISK_CACHE
+        self._read_ahead = READ_AHEAD
         self._dirty: set[Segment] = set()
         self._dir_dirty = False
         self._last_checkpoint = 0.0
@@ -371,7 +374,19 @@ class PartitionLog:
         self._tail.append(ch)
         self._tail_bases.append(ch.base)
         self._tail_bytes += len(ch.data)
-        limit = self.config.mem_tail_bytes
+        self._trim_tail()
+
+    def set_tail_limit(self, nbytes: int) -> None:
+        """Memory for the newest frames (and lagging readers' read-ahead), set by the node
+        so that all topics together stay within its budget; trims at once."""
+        self.tail_limit = nbytes
+        self._disk_cache = max(1, min(_DISK_CACHE, nbytes // READ_AHEAD))
+        self._read_ahead = max(64 << 10, min(READ_AHEAD, nbytes))
+        del self._disk_chunks[: max(0, len(self._disk_chunks) - self._disk_cache)]
+        self._trim_tail()
+
+    def _trim_tail(self) -> None:
+        limit = self.tail_limit
         while self._tail_bytes > limit and self._tail_head < len(self._tail) - 1:
             old = self._tail[self._tail_head]
             self._tail_bytes -= len(old.data)
@@ -396,7 +411,7 @@ class PartitionLog:
                 return ch
         ch = self._load_chunk(offset)
         self._disk_chunks.append(ch)
-        if len(self._disk_chunks) > _DISK_CACHE:
+        if len(self._disk_chunks) > self._disk_cache:
             del self._disk_chunks[0]
         return ch
 
@@ -404,7 +419,7 @@ class PartitionLog:
         """Read ahead (one large pread) from the frame at offset; frames located per commit."""
         seg = self._segment_for(offset)
         pos = seg.position_of(offset)
-        n = min(READ_AHEAD, seg.log_end - pos)
+        n = min(self._read_ahead, seg.log_end - pos)
         data = os.pread(seg.log_fd, n, pos)
         P = seg.positions_in(data, offset, pos)
         if len(P) == 1:  # the frame alone is bigger than the read-ahead

@@ -1,0 +1,63 @@
+"""--mem-tail-budget: the topics' memory tails share one node-wide budget (in-process node)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from nsqx.nsqd.node import NSQD, TAIL_SHARE_MAX, TAIL_SHARE_MIN
+from nsqx.nsqd.options import parse_args
+
+
+def _opts(tmp_path: Path, *extra: str):
+    return parse_args(["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                       f"--data-path={tmp_path}", *extra])
+
+
+def test_topics_share_the_budget_and_reads_stay_whole(tmp_path: Path) -> None:
+    async def main() -> None:
+        nsqd = NSQD(_opts(tmp_path, f"--mem-tail-budget={4 * 1024 * 1024}"))
+        await nsqd.start()
+        try:
+            first = nsqd.get_topic("t0")
+            assert first.log.tail_limit == 4 * 1024 * 1024  # one topic: all of it
+            for i in range(1, 64):
+                nsqd.get_topic(f"t{i}")
+            nsqd.get_topic("eph#ephemeral")  # memory-only topics are not counted
+            assert {t.log.tail_limit for n, t in nsqd.topics.items() if n != "eph#ephemeral"} == {
+                4 * 1024 * 1024 // 64}
+            bodies = [b"%0200d" % i for i in range(2000)]  # 460 KB: far over the 64 KiB share
+            for k in range(0, 2000, 100):
+                await nsqd.publish("t0", bodies[k : k + 100])
+            lg = first.log
+            assert lg._tail_bytes <= 64 * 1024 + 100 * 230  # trimmed to about its share
+            got, off = [], 0
+            while off < lg.flushed_offset:  # old frames come from the log files
+                r = lg.read(off, 1 << 16)
+                got.append(bytes(r.data))
+                off = r.next_offset
+            data = b"".join(got)
+            assert all(b in data for b in (bodies[0], bodies[999], bodies[1999]))
+            assert off == 2000
+            for i in range(1, 64):
+                await nsqd.delete_topic(f"t{i}")
+            assert first.log.tail_limit == 4 * 1024 * 1024  # the share grows back
+        finally:
+            await nsqd.stop()
+
+    asyncio.run(main())
+
+
+def test_share_bounds(tmp_path: Path) -> None:
+    async def main() -> None:
+        nsqd = NSQD(_opts(tmp_path, "--mem-tail-budget=1024"))
+        await nsqd.start()
+        try:
+            assert nsqd.get_topic("a").log.tail_limit == TAIL_SHARE_MIN
+            nsqd.opts.mem_tail_budget = 1 << 40
+            nsqd.share_memory()
+            assert nsqd.get_topic("a").log.tail_limit == TAIL_SHARE_MAX
+        finally:
+            await nsqd.stop()
+
+    asyncio.run(main())
