@@ -266,10 +266,21 @@ class NSQD:
                                    handle_signals=False)
             await runner.setup()
             host, port = split_hostport(o.http_address)
-            site = web.TCPSite(runner, host, port, reuse_address=True)
-            await site.start()
             self._runners.append(runner)
-            sock = site._server.sockets[0]  # type: ignore[union-attr]
+            if o.tls_required == TLS_REQUIRED:  # every plain request gets 403: no fast path
+                site = web.TCPSite(runner, host, port, reuse_address=True)
+                await site.start()
+                sock = site._server.sockets[0]  # type: ignore[union-attr]
+            else:
+                from nsqx.nsqd.http_fast import FastPubProtocol
+
+                handlers = runner.server
+                assert handlers is not None
+                http_server = await self.loop.create_server(
+                    lambda: FastPubProtocol(self, handlers()), host, port, reuse_address=True,
+                    backlog=1024)
+                self._servers.append(http_server)
+                sock = http_server.sockets[0]
             self.http_port = sock.getsockname()[1]
             log.info("HTTP: listening on %s", _fmt_addr(sock))
         if self.tls_context is not None and o.https_address:

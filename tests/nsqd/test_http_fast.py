@@ -1,0 +1,113 @@
+"""nsqd's HTTP /pub fast path (nsqd.http_fast): what it takes, what it hands to aiohttp."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nsqx.nsqd.http_fast import parse_simple_pub
+from tests.support import http_api
+from tests.support.nsqd_process import NsqdFactory, NsqdProcess
+from tests.support.rawclient import consumer
+
+MAX = 1000
+
+
+def req(target: bytes = b"/pub?topic=t", body: bytes = b"hi", *, method: bytes = b"POST",
+        version: bytes = b"HTTP/1.1", headers: list[bytes] | None = None) -> bytes:
+    hs = headers if headers is not None else [b"Host: x", b"Content-Length: %d" % len(body)]
+    return b"%s %s %s\r\n%s\r\n\r\n%s" % (method, target, version, b"\r\n".join(hs), body)
+
+
+def test_parse_simple_pub_takes_plain_requests() -> None:
+    assert parse_simple_pub(req(), MAX) == (b"t", b"hi")
+    assert parse_simple_pub(req(headers=[b"content-length:   2", b"User-Agent: curl"]), MAX) == (
+        b"t", b"hi")
+    assert parse_simple_pub(req(body=b"x" * MAX), MAX) == (b"t", b"x" * MAX)
+
+
+@pytest.mark.parametrize("data", [
+    req(method=b"PUT"), req(b"/mpub?topic=t"), req(b"/pub?topic=t&defer=10"),
+    req(b"/pub?topic=bad%20name"), req(b"/pub?topic=a#ephemeral"), req(b"/pub?topic="),
+    req(version=b"HTTP/1.0"), req(body=b""), req(body=b"x" * (MAX + 1)),
+    req(headers=[b"Host: x"]),  # no Content-Length
+    req(headers=[b"Content-Length: 2", b"Content-Length: 2"]),
+    req(headers=[b"Content-Length: +2"]), req(headers=[b"Content-Length : 2"]),
+    req(headers=[b"Content-Length: 2", b"Transfer-Encoding: chunked"]),
+    req(headers=[b"Content-Length: 2", b"Expect: 100-continue"]),
+    req(headers=[b"Content-Length: 2", b"Connection: close"]),
+    req(headers=[b"Content-Length: 2", b" folded"]), req(headers=[b"Content-Length: 2", b"junk"]),
+    req() + b"G",  # the start of a pipelined request
+    req()[:-1],  # body not complete yet
+    req().replace(b"\r\n\r\n", b"\r\n"),
+])
+def test_parse_simple_pub_refuses_the_rest(data: bytes) -> None:
+    assert parse_simple_pub(data, MAX) is None
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NsqdProcess]:
+    factory = NsqdFactory(Path(tmp_path_factory.mktemp("nsqd-http-fast")))
+    try:
+        yield factory.start()
+    finally:
+        complaints = factory.close()
+    assert not complaints, complaints
+
+
+def responses(sock: socket.socket, n: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """Read n HTTP/1.1 responses (Content-Length bodies) from a keep-alive socket."""
+    buf = b""
+    out = []
+    sock.settimeout(10)
+    while len(out) < n:
+        head_end = buf.find(b"\r\n\r\n")
+        if head_end >= 0:
+            lines = buf[:head_end].decode("latin-1").split("\r\n")
+            headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+            end = head_end + 4 + int(headers["content-length"])
+            if len(buf) >= end:
+                out.append((int(lines[0].split()[1]), headers, buf[head_end + 4 : end]))
+                buf = buf[end:]
+                continue
+        chunk = sock.recv(65536)
+        assert chunk, "server closed the connection"
+        buf += chunk
+    assert buf == b""
+    return out
+
+
+def test_fast_and_general_requests_on_one_connection(node: NsqdProcess) -> None:
+    topic = "fastpub"
+    host, port = node.http_address.rsplit(":", 1)
+    expected = []
+    with socket.create_connection((host, int(port))) as s:
+        for i in range(20):  # the first creates the topic (aiohttp), the rest go fast
+            body = b"m%02d" % i
+            s.sendall(req(b"/pub?topic=" + topic.encode(), body))
+            ((status, headers, got),) = responses(s, 1)
+            assert (status, got) == (200, b"OK")
+            assert headers["content-type"] == "text/plain; charset=utf-8"
+            assert headers["x-nsq-content-type"] == "nsq; version=1.0"
+            expected.append(body)
+        # two requests in one send: handed to aiohttp, answered in order
+        s.sendall(req(b"/pub?topic=" + topic.encode(), b"p1") + req(b"/pub?topic=" + topic.encode(),
+                                                                     b""))
+        (st1, _, b1), (st2, _, b2) = responses(s, 2)
+        assert (st1, b1, st2, b2) == (200, b"OK", 400, b'{"message":"MSG_EMPTY"}')
+        expected.append(b"p1")
+        s.sendall(req(b"/pub?topic=" + topic.encode(), b"after"))  # still served
+        assert responses(s, 1)[0][:1] == (200,)
+        expected.append(b"after")
+    with socket.create_connection((host, int(port))) as s:  # chunked: aiohttp's job
+        s.sendall(b"POST /pub?topic=" + topic.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n5\r\nchunk\r\n0\r\n\r\n")
+        assert responses(s, 1)[0][::2] == (200, b"OK")
+        expected.append(b"chunk")
+    topics = http_api.stats(node.http_address, topic)["topics"]
+    assert [t["message_count"] for t in topics if t["topic_name"] == topic] == [len(expected)]
+    with consumer(node.tcp_address, topic, "c", rdy=100) as c:
+        assert [m.body for m in c.drain_messages(quiet=0.5)] == expected
