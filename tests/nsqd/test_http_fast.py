@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from nsqx.nsqd.http_fast import parse_simple_pub
+from nsqx.nsqd.http_fast import NEED_MORE, parse_simple_pub
 from tests.support import http_api
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess
 from tests.support.rawclient import consumer
@@ -41,11 +42,16 @@ def test_parse_simple_pub_takes_plain_requests() -> None:
     req(headers=[b"Content-Length: 2", b"Connection: close"]),
     req(headers=[b"Content-Length: 2", b" folded"]), req(headers=[b"Content-Length: 2", b"junk"]),
     req() + b"G",  # the start of a pipelined request
-    req()[:-1],  # body not complete yet
-    req().replace(b"\r\n\r\n", b"\r\n"),
+    b"GET /stats HTTP/1.1\r\n", b"POST /pub?topic=t HTTP/1.1\r\n" + b"X: y\r\n" * 2000,
 ])
 def test_parse_simple_pub_refuses_the_rest(data: bytes) -> None:
     assert parse_simple_pub(data, MAX) is None
+
+
+@pytest.mark.parametrize("data", [b"", b"PO", b"POST /pub?topic=t HTTP/1.1\r\nHost: x",
+                                  req()[:-1], req(body=b"")[:-2]])
+def test_parse_simple_pub_waits_for_the_rest(data: bytes) -> None:
+    assert parse_simple_pub(data, MAX) == NEED_MORE
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +108,21 @@ def test_fast_and_general_requests_on_one_connection(node: NsqdProcess) -> None:
         s.sendall(req(b"/pub?topic=" + topic.encode(), b"after"))  # still served
         assert responses(s, 1)[0][:1] == (200,)
         expected.append(b"after")
+    with socket.create_connection((host, int(port))) as s:  # head and body sent apart
+        for part in (b"PO", b"ST /pub?topic=" + topic.encode() + b" HTTP/1.1\r\nContent-Le",
+                     b"ngth: 5\r\n\r\n", b"sp", b"lit"):
+            s.sendall(part)
+            time.sleep(0.05)
+        assert responses(s, 1)[0][::2] == (200, b"OK")
+        expected.append(b"split")
+    with socket.create_connection((host, int(port))) as s:  # cut short: aiohttp answers 400
+        s.sendall(b"POST /pub?topic=" + topic.encode() + b" HTTP/1.1\r\nContent-Length: 9\r\n\r\nab")
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(10)
+        rest = b""
+        while chunk := s.recv(65536):
+            rest += chunk
+        assert b"OK" not in rest  # nothing published, whatever aiohttp says
     with socket.create_connection((host, int(port))) as s:  # chunked: aiohttp's job
         s.sendall(b"POST /pub?topic=" + topic.encode() + b" HTTP/1.1\r\nHost: x\r\n"
                   b"Transfer-Encoding: chunked\r\n\r\n5\r\nchunk\r\n0\r\n\r\n")

@@ -3,7 +3,8 @@
 Speed: aiohttp spends ~150 us of server CPU on a keep-alive ``/pub`` (request and
 response objects, middlewares, routing); Go nsqd ~30. A read holding exactly one plain
 ``POST /pub?topic=<existing topic> HTTP/1.1`` with a Content-Length body is answered
-here with the same status and headers (~20 us). Anything else (another path or method,
+here with the same status and headers (~20 us), also when the head and the body come
+in separate reads. Anything else (another path or method,
 a query beyond ``topic``, chunked bodies, ``Expect``, ``Connection``, pipelined or
 partial requests, errors) hands the connection to aiohttp for good, so every rule
 and error of the HTTP API stays in one place (``nsqd.http``).
@@ -20,7 +21,7 @@ from typing import Any
 from nsqx.httpapi import V1_HEADER, V1_VALUE
 from nsqx.protocol.names import valid_topic_name
 
-__all__ = ["FastPubProtocol", "parse_simple_pub"]
+__all__ = ["NEED_MORE", "FastPubProtocol", "parse_simple_pub"]
 
 log = logging.getLogger("nsqx.nsqd.http")
 
@@ -29,13 +30,20 @@ _SUFFIX = b" HTTP/1.1"
 _REFUSED = (b"transfer-encoding", b"expect", b"connection", b"upgrade")
 
 
-def parse_simple_pub(data: bytes, max_msg_size: int) -> tuple[bytes, bytes] | None:
-    """(topic, body) when ``data`` is exactly one plain HTTP/1.1 POST /pub, else None."""
-    if not data.startswith(_PREFIX):
-        return None
+NEED_MORE = 0  # parse_simple_pub: a plain request so far, not complete yet
+MAX_HEAD = 8192  # a longer head is not a plain request: aiohttp decides
+
+
+def parse_simple_pub(data: bytes, max_msg_size: int) -> tuple[bytes, bytes] | int | None:
+    """(topic, body) when ``data`` is exactly one plain HTTP/1.1 POST /pub, NEED_MORE
+    when it is the start of one (clients often send the head and the body apart),
+    else None."""
     head_end = data.find(b"\r\n\r\n")
+    if head_end < 0:
+        plausible = data.startswith(_PREFIX) or _PREFIX.startswith(data)
+        return NEED_MORE if plausible and len(data) < MAX_HEAD else None
     line_end = data.find(b"\r\n")
-    if head_end < 0 or not data.endswith(_SUFFIX, 0, line_end):
+    if not data.startswith(_PREFIX) or not data.endswith(_SUFFIX, 0, line_end):
         return None
     topic = data[len(_PREFIX) : line_end - len(_SUFFIX)]
     if b"#" in topic or not valid_topic_name(topic):  # '#' would start a URL fragment
@@ -53,8 +61,10 @@ def parse_simple_pub(data: bytes, max_msg_size: int) -> tuple[bytes, bytes] | No
             length = int(value)
         elif name in _REFUSED:
             return None
-    if not 0 < length <= max_msg_size or len(data) != head_end + 4 + length:
+    if not 0 < length <= max_msg_size or len(data) > head_end + 4 + length:
         return None
+    if len(data) < head_end + 4 + length:
+        return NEED_MORE
     return topic, data[head_end + 4 :]
 
 
@@ -93,6 +103,7 @@ class FastPubProtocol(asyncio.Protocol):
         self.delegated = False
         self._busy = False  # a fast publish waits for its commit
         self._held: list[bytes] = []  # what came meanwhile (answered in order after it)
+        self._partial = b""  # the start of a plain request
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -111,14 +122,23 @@ class FastPubProtocol(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         if self._busy:
             return True  # keep the transport open until the pending answer is out
+        if self._partial:  # a request cut short: aiohttp answers it as it would
+            self.delegated = True
+            data, self._partial = self._partial, b""
+            self.inner.data_received(data)
         return self.inner.eof_received()
 
     def data_received(self, data: bytes) -> None:
         if self.delegated:
             self.inner.data_received(data)
-        elif self._busy:
+            return
+        if self._busy:
             self._held.append(data)
-        elif not self._try_fast(data):
+            return
+        if self._partial:
+            data = self._partial + data
+            self._partial = b""
+        if not self._try_fast(data):
             self.delegated = True
             self.inner.data_received(data)
 
@@ -129,6 +149,10 @@ class FastPubProtocol(asyncio.Protocol):
         req = parse_simple_pub(data, nsqd.opts.max_msg_size)
         if req is None:
             return False
+        if req == NEED_MORE:
+            self._partial = data
+            return True
+        assert isinstance(req, tuple)
         topic = nsqd.topics.get(req[0].decode("ascii"))
         if topic is None:
             return False  # creating a topic: the general handler does it
