@@ -4,10 +4,10 @@ Speed: aiohttp spends ~150 us of server CPU on a keep-alive ``/pub`` (request an
 response objects, middlewares, routing); Go nsqd ~30. A read holding exactly one plain
 ``POST /pub?topic=<existing topic> HTTP/1.1`` with a Content-Length body is answered
 here with the same status and headers (~20 us), also when the head and the body come
-in separate reads. Anything else (another path or method,
-a query beyond ``topic``, chunked bodies, ``Expect``, ``Connection``, pipelined or
-partial requests, errors) hands the connection to aiohttp for good, so every rule
-and error of the HTTP API stays in one place (``nsqd.http``).
+in separate reads. Anything else (another path or method, a query beyond ``topic``,
+chunked bodies, ``Expect``, ``Connection``, pipelined requests, requests cut short,
+errors) hands the connection to aiohttp for good, so every rule and error of the
+HTTP API stays in one place (``nsqd.http``).
 """
 
 from __future__ import annotations
