@@ -40,7 +40,7 @@ WRITER = textwrap.dedent("""
             sys.stdout.flush()
 
     async def main():
-        lg = PartitionLog(sys.argv[1], 3, LogConfig(segment_bytes=256 * 1024, sync_every=1,
+        lg = PartitionLog(sys.argv[1], 3, LogConfig(segment_bytes=1024 * 1024, sync_every=1,
                                                     index_interval_bytes=1024))
         gc = GroupCommitter(lg)
         sys.stdout.write(f"ready {lg.next_offset}\\n")
@@ -64,6 +64,10 @@ def check_frame(lg: PartitionLog, o: int) -> None:
     ts = struct.unpack_from(">q", f, 8)[0]
     assert ts % 1000 == 0 and ts // 1000 <= o  # base*1000 of its batch
     assert f[16:18] == b"\0\1" and f[18:34] == make_id(3, o) and f[34:] == b
+
+
+# Segments of 1 MiB: many rolls per run, but not thousands of segments (each keeps six
+# files open, and reader and writer share the machine's open-file limit).
 
 
 def run_cycles(tmp_path, cycles: int, seed: int) -> None:
@@ -97,7 +101,7 @@ def run_cycles(tmp_path, cycles: int, seed: int) -> None:
             parts = ln.split()
             if len(parts) == 2:  # a complete ack line
                 acked_end = max(acked_end, int(parts[0]) + int(parts[1]))
-        lg = PartitionLog(path, 3, LogConfig(segment_bytes=256 * 1024, index_interval_bytes=1024))
+        lg = PartitionLog(path, 3, LogConfig(segment_bytes=1024 * 1024, index_interval_bytes=1024))
         try:
             assert lg.next_offset >= acked_end, f"cycle {cycle}: lost acknowledged records"
             # every readable record is exact, acked or not; a sample plus the tail

@@ -6,6 +6,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
+import resource
 import signal
 import sys
 from collections.abc import Callable
@@ -69,10 +70,27 @@ def tune_malloc(mmap_threshold: int = 16 << 20, trim_threshold: int = 8 << 20) -
         mallopt(_M_TRIM_THRESHOLD, trim_threshold))
 
 
+def raise_open_file_limit() -> int:
+    """Soft RLIMIT_NOFILE up to the hard limit, as Go's runtime does for Go nsqd.
+
+    Every log segment keeps its files open (six), every client one socket: a large
+    backlog or many clients need more than the common soft limit of 1024.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 def run_daemon(opts: Any, make: Callable[[], Server], logger: str) -> None:
     """Entry-point body: logging from the options, uvloop when available, serve."""
     setup_logging(opts.log_level, opts.log_prefix)
     tune_malloc()
+    raise_open_file_limit()
     try:
         import uvloop
 

@@ -51,7 +51,9 @@ class LogConfig:
     """Per-partition log policy (sizes in bytes, times in seconds)."""
 
     segment_bytes: int = 64 * MiB
-    index_interval_bytes: int = 4096
+    # Sparse: frames are found from the commit entries (arithmetic or .sizes); the offset
+    # index is a fallback, and a denser one cost two more writes per large commit.
+    index_interval_bytes: int = 1 << 20
     sync_every: int = 2500  # fsync after this many messages (1 = every commit)
     sync_interval: float = 2.0  # fsync at least this often when dirty (0 = off)
     retention_seconds: float | None = None
