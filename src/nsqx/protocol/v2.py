@@ -387,7 +387,7 @@ def parse_lone_pub(data: bytes, max_msg_size: int) -> tuple[bytes, bytes] | None
     whole skips the general parser, its Command object and the command queue (several
     microseconds of a ~30 us path). Anything unusual (a bad name, a \\r, a size out of
     bounds, a partial or a second command) returns None and takes the general path,
-    which produces the errors; tests/protocol check both agree on every input.
+    which produces the errors; tests/protocol/test_lone_pub.py checks that they agree.
     """
     nl = data.find(b"\n", 4, 70)
     if nl < 0 or not data.startswith(b"PUB "):
