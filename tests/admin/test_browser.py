@@ -53,6 +53,21 @@ class Browser:
         return int(self.page.locator(f"{selector} [data-metric='{metric}']").first
                    .get_attribute("data-value"))
 
+    def wait_js(self, expression: str, timeout: float = 15.0) -> Any:
+        """Poll a JS expression until truthy. Not page.wait_for_function: Playwright may
+        evaluate a string predicate with eval in the page, which nsqadmin's CSP
+        (script-src 'self') refuses and reports as a page error (a flaky failure)."""
+        from playwright.sync_api import Error as PlaywrightError
+
+        def check() -> Any:
+            try:
+                return self.page.evaluate(expression)
+            except PlaywrightError as exc:  # the page navigated meanwhile: ask again
+                if "context was destroyed" in str(exc) or "navigat" in str(exc):
+                    return None
+                raise
+        return wait_for(check, timeout, what=expression)
+
     def click_and_confirm(self, selector: str, accept: bool = True) -> str:
         seen: list[str] = []
 
@@ -190,7 +205,7 @@ def test_every_page_shows_the_numbers_of_stats(cluster, browser) -> None:
     counter = get_json(admin.url + "/api/counter")
     want = sum(v["message_count"] for v in counter["stats"].values())
     page = browser.open(admin.url + "/counter")
-    page.wait_for_function(f"document.getElementById('counter').dataset.total === '{want}'")
+    browser.wait_js(f"document.getElementById('counter').dataset.total === '{want}'")
     wait_for(lambda: page.inner_text("#counter").replace(",", "") == str(want), 10)
     browser.shot("counter")
 
@@ -226,7 +241,7 @@ def test_topic_actions_pause_empty_delete(cluster, browser) -> None:
     assert browser.values(f"#topic-nodes tr[data-node='{a1}']", "depth") == 3
     browser.click_and_confirm("button[data-action='empty']")
     wait_for(lambda: nsqd_topic(a1, "solo")["depth"] == 0)
-    page.wait_for_function(
+    browser.wait_js(
         f"document.querySelector(\"#topic-nodes tr[data-node='{a1}'] [data-metric=depth]\")"
         ".dataset.value === '0'")
 
@@ -254,7 +269,7 @@ def test_channel_actions_pause_empty_delete(cluster, browser) -> None:
     assert "Empty channel billing" in browser.click_and_confirm("button[data-action='empty']")
     wait_for(lambda: nsqd_channel(a1, "orders", "billing")["depth"] == 0
              and nsqd_channel(a2, "orders", "billing")["depth"] == 0)
-    page.wait_for_function(
+    browser.wait_js(
         "document.querySelector(\"#channel-nodes tr[data-node='*'] [data-metric=depth]\")"
         ".dataset.value === '0'")
     browser.shot("channel-emptied")
@@ -359,7 +374,7 @@ def test_cross_site_requests_are_refused(cluster, browser) -> None:
     try:
         page = browser.open(evil.url)
         page.click("#fetch")
-        page.wait_for_function("document.title === 'sent' || document.title === 'err'")
+        browser.wait_js("document.title === 'sent' || document.title === 'err'")
         with page.expect_navigation():
             page.click("#go")
         assert "CSRF" in page.content()
