@@ -167,6 +167,8 @@ class FastPubProtocol(asyncio.Protocol):
             return
         if exc is None:
             t.write(_response(b"200 OK", b"text/plain; charset=utf-8", b"OK"))
+            if log.isEnabledFor(logging.DEBUG):  # the line nsqd.http's middleware logs
+                log.debug("200 POST /pub (%s) fast path", t.get_extra_info("peername"))
         else:
             log.error("HTTP publish failed - %s", exc)
             t.write(_response(b"503 Service Unavailable", b"application/json; charset=utf-8",
