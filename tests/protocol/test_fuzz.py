@@ -151,3 +151,34 @@ def test_mpub_fast_and_general_paths_agree(bodies, uniform):
     else:
         assert fast in (None, bodies)
     assert v2.split_mpub(body, 1 << 20) == bodies
+
+
+def _outcome(fn, *args):
+    try:
+        return ("ok", [bytes(b) for b in fn(*args)])
+    except ProtocolError as e:
+        return ("error", e.code, e.text)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.binary(min_size=0, max_size=40), min_size=1, max_size=30),
+       st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4),
+       st.integers(-3, 3), st.booleans())
+def test_split_mpub_fast_paths_agree_with_the_checking_loop(bodies, flips, count_delta, view):
+    """Whatever the body (sizes flipped to negative, zero or huge, a wrong count, trailing
+    bytes), split_mpub's fast paths give exactly what the per-message checking loop gives:
+    the same bodies, or the same upstream error."""
+    body = bytearray(v2.mpub_body(bodies))
+    for pos, value in flips:
+        body[pos % len(body)] = value
+    count = max(1, len(bodies) + count_delta)
+    body[0:4] = count.to_bytes(4, "big")
+    body = bytes(body)
+
+    def reference(b: bytes, max_msg: int) -> list[bytes]:  # split_mpub without fast paths
+        v2._check_mpub_count(count, len(b) + 4)
+        return v2._split_general(b, count, max_msg)
+
+    expected = _outcome(reference, body, 100)
+    arg = memoryview(body) if view else body
+    assert _outcome(v2.split_mpub, arg, 100) == expected
