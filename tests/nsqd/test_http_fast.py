@@ -28,6 +28,8 @@ def test_parse_simple_pub_takes_plain_requests() -> None:
     assert parse_simple_pub(req(headers=[b"content-length:   2", b"User-Agent: curl"]), MAX) == (
         b"t", b"hi")
     assert parse_simple_pub(req(body=b"x" * MAX), MAX) == (b"t", b"x" * MAX)
+    assert parse_simple_pub(req(headers=[b"Connection: Keep-Alive", b"Content-Length: 2"]),
+                            MAX) == (b"t", b"hi")  # python-requests sends it
 
 
 @pytest.mark.parametrize("data", [
@@ -40,6 +42,7 @@ def test_parse_simple_pub_takes_plain_requests() -> None:
     req(headers=[b"Content-Length: 2", b"Transfer-Encoding: chunked"]),
     req(headers=[b"Content-Length: 2", b"Expect: 100-continue"]),
     req(headers=[b"Content-Length: 2", b"Connection: close"]),
+    req(headers=[b"Content-Length: 2", b"Connection: Upgrade"]),
     req(headers=[b"Content-Length: 2", b" folded"]), req(headers=[b"Content-Length: 2", b"junk"]),
     req() + b"G",  # the start of a pipelined request
     b"GET /stats HTTP/1.1\r\n", b"POST /pub?topic=t HTTP/1.1\r\n" + b"X: y\r\n" * 2000,

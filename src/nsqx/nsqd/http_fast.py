@@ -5,7 +5,7 @@ response objects, middlewares, routing); Go nsqd ~30. A read holding exactly one
 ``POST /pub?topic=<existing topic> HTTP/1.1`` with a Content-Length body is answered
 here with the same status and headers (~20 us), also when the head and the body come
 in separate reads. Anything else (another path or method, a query beyond ``topic``,
-chunked bodies, ``Expect``, ``Connection``, pipelined requests, requests cut short,
+chunked bodies, ``Expect``, ``Connection`` other than keep-alive, pipelined requests, requests cut short,
 errors) hands the connection to aiohttp for good, so every rule and error of the
 HTTP API stays in one place (``nsqd.http``).
 """
@@ -59,6 +59,8 @@ def parse_simple_pub(data: bytes, max_msg_size: int) -> tuple[bytes, bytes] | in
             if length >= 0 or not value.isdigit():
                 return None
             length = int(value)
+        elif name == b"connection" and value.strip().lower() == b"keep-alive":
+            continue  # what requests/urllib3 send: HTTP/1.1's default anyway
         elif name in _REFUSED:
             return None
     if not 0 < length <= max_msg_size or len(data) > head_end + 4 + length:
