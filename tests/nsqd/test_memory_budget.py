@@ -5,20 +5,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from nsqx.nsqd.node import NSQD, TAIL_SHARE_MAX, TAIL_SHARE_MIN
-from nsqx.nsqd.options import parse_args
-
-
-def _opts(tmp_path: Path, *extra: str):
-    return parse_args(["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-                       f"--data-path={tmp_path}", *extra])
+from nsqx.nsqd.node import TAIL_SHARE_MAX, TAIL_SHARE_MIN
+from tests.nsqd.inprocess import running_node
 
 
 def test_topics_share_the_budget_and_reads_stay_whole(tmp_path: Path) -> None:
     async def main() -> None:
-        nsqd = NSQD(_opts(tmp_path, f"--mem-tail-budget={4 * 1024 * 1024}"))
-        await nsqd.start()
-        try:
+        async with running_node(tmp_path, f"--mem-tail-budget={4 * 1024 * 1024}") as nsqd:
             first = nsqd.get_topic("t0")
             assert first.log.tail_limit == 4 * 1024 * 1024  # one topic: all of it
             for i in range(1, 64):
@@ -42,22 +35,16 @@ def test_topics_share_the_budget_and_reads_stay_whole(tmp_path: Path) -> None:
             for i in range(1, 64):
                 await nsqd.delete_topic(f"t{i}")
             assert first.log.tail_limit == 4 * 1024 * 1024  # the share grows back
-        finally:
-            await nsqd.stop()
 
     asyncio.run(main())
 
 
 def test_share_bounds(tmp_path: Path) -> None:
     async def main() -> None:
-        nsqd = NSQD(_opts(tmp_path, "--mem-tail-budget=1024"))
-        await nsqd.start()
-        try:
+        async with running_node(tmp_path, "--mem-tail-budget=1024") as nsqd:
             assert nsqd.get_topic("a").log.tail_limit == TAIL_SHARE_MIN
             nsqd.opts.mem_tail_budget = 1 << 40
             nsqd.share_memory()
             assert nsqd.get_topic("a").log.tail_limit == TAIL_SHARE_MAX
-        finally:
-            await nsqd.stop()
 
     asyncio.run(main())

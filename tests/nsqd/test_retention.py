@@ -7,12 +7,7 @@ from pathlib import Path
 
 from nsqx.nsqd.channel import now_ms
 from nsqx.nsqd.node import NSQD
-from nsqx.nsqd.options import parse_args
-
-
-def _opts(tmp_path: Path, *extra: str):
-    return parse_args(["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-                       f"--data-path={tmp_path}", "--max-bytes-per-file=4096", *extra])
+from tests.nsqd.inprocess import running_node
 
 
 async def _fill(nsqd: NSQD, n: int) -> None:
@@ -34,9 +29,7 @@ def _consume(nsqd: NSQD, channel: str, count: int) -> None:
 
 def test_segments_below_every_channel_are_deleted(tmp_path: Path) -> None:
     async def main() -> None:
-        nsqd = NSQD(_opts(tmp_path))
-        await nsqd.start()
-        try:
+        async with running_node(tmp_path, "--max-bytes-per-file=4096") as nsqd:
             topic = nsqd.get_topic("t")
             topic.get_channel("a")
             topic.get_channel("b")
@@ -54,34 +47,26 @@ def test_segments_below_every_channel_are_deleted(tmp_path: Path) -> None:
             assert len(_segments(tmp_path)) < len(before)
             # what b has not consumed is still readable
             assert topic.log.read(200, 1 << 20, 1).count == 1
-        finally:
-            await nsqd.stop()
 
     asyncio.run(main())
 
 
 def test_retention_time_keeps_consumed_segments_for_replay(tmp_path: Path) -> None:
     async def main() -> None:
-        nsqd = NSQD(_opts(tmp_path, "--retention-time=1h"))
-        await nsqd.start()
-        try:
+        async with running_node(tmp_path, "--max-bytes-per-file=4096", "--retention-time=1h") as nsqd:
             topic = nsqd.get_topic("t")
             topic.get_channel("a")
             await _fill(nsqd, 300)
             _consume(nsqd, "a", 300)
             topic.apply_retention()
             assert topic.log.start_offset == 0  # younger than an hour: kept for replay
-        finally:
-            await nsqd.stop()
 
     asyncio.run(main())
 
 
 def test_hard_cap_moves_lagging_channels_forward(tmp_path: Path) -> None:
     async def main() -> None:
-        nsqd = NSQD(_opts(tmp_path, "--max-log-bytes=8192"))
-        await nsqd.start()
-        try:
+        async with running_node(tmp_path, "--max-bytes-per-file=4096", "--max-log-bytes=8192") as nsqd:
             topic = nsqd.get_topic("t")
             ch = topic.get_channel("slow")
             await _fill(nsqd, 300)
@@ -91,7 +76,5 @@ def test_hard_cap_moves_lagging_channels_forward(tmp_path: Path) -> None:
             assert topic.log.size_bytes() <= 8192 + 4096
             assert ch.cursor.confirmed >= start  # skipped what the cap dropped
             assert ch.depth == topic.log.next_offset - ch.cursor.confirmed
-        finally:
-            await nsqd.stop()
 
     asyncio.run(main())
