@@ -303,13 +303,13 @@ def test_pipelined_producer_responses_in_order(node: NsqdProcess, topic: str) ->
 
 
 def test_one_at_a_time_pubs(node: NsqdProcess, topic: str) -> None:
-    """A read holding one PUB to an existing topic takes nsqd's fast path; reads holding
+    """A read holding one PUB takes nsqd's fast path; reads holding
     anything else take the general one. Both count, order and answer the same."""
     expected = []
     with RawClient(node.tcp_address) as p:
         for i in range(30):
             body = b"one%03d" % i
-            data = v2.pub(topic, body)  # the first creates the topic (general path)
+            data = v2.pub(topic, body)  # the first creates the topic
             if i % 10 == 5:
                 data = data.replace(b"\n", b"\r\n", 1)  # upstream accepts CRLF lines
             p.send(data)

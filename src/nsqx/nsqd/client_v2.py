@@ -56,7 +56,6 @@ STATE_INIT, STATE_SUBSCRIBED, STATE_CLOSING = 0, 3, 4
 _PENDING = object()  # a response slot whose commit is not durable yet
 # Publishes waiting for their commit before we stop reading from this client.
 MAX_PENDING_RESPONSES = 4096
-_PUB_FAILED = ("E_PUB_FAILED", "PUB failed")
 
 
 class Fatal(Exception):
@@ -205,9 +204,9 @@ class ClientV2(asyncio.Protocol):
     def _lone_pub(self, data: bytes) -> bool:
         """Publish a read holding exactly one plain PUB to an existing topic; False = not that.
 
-        Speed: the one-at-a-time producer's path (see parse_lone_pub). Same effects as
-        parser -> _run -> _cmd_pub; cases with extra checks (auth, TLS required, exiting,
-        a new topic, bad input) return False before doing anything and go the general way.
+        Speed: the one-at-a-time producer's path (see parse_lone_pub): the same _publish
+        as parser -> _run -> _cmd_pub; cases with extra checks (auth, TLS required,
+        exiting, bad input) return False before doing anything and go the general way.
         """
         nsqd = self.nsqd
         if len(self.magic) < 4 or nsqd.exiting or nsqd.auth_enabled or (
@@ -216,12 +215,7 @@ class ClientV2(asyncio.Protocol):
         pub = parse_lone_pub(data, self.parser.max_msg_size)
         if pub is None:
             return False
-        name = pub[0].decode("ascii")
-        topic = nsqd.topics.get(name)
-        if topic is None:
-            return False
-        topic.publish([pub[1]], 0, self._respond_when_done(frames.OK_FRAME, _PUB_FAILED))
-        self.pub_counts[name] = self.pub_counts.get(name, 0) + 1
+        self._publish(pub[0].decode("ascii"), [pub[1]], 0, "E_PUB_FAILED", "PUB")
         return True
 
     def _ingest(self, data: bytes) -> None:
