@@ -94,7 +94,7 @@ def test_fast_and_general_requests_on_one_connection(node: NsqdProcess) -> None:
     host, port = node.http_address.rsplit(":", 1)
     expected = []
     with socket.create_connection((host, int(port))) as s:
-        for i in range(20):  # the first creates the topic (aiohttp), the rest go fast
+        for i in range(20):  # all fast, the first creating the topic
             body = b"m%02d" % i
             s.sendall(req(b"/pub?topic=" + topic.encode(), body))
             ((status, headers, got),) = responses(s, 1)
