@@ -33,11 +33,16 @@ def topic_dir(data_path: Path, name: str) -> Path:
 class Topic:
     """One topic of a node; owns its log, committer and channels."""
 
-    def __init__(self, nsqd: NSQD, name: str, *, paused: bool = False,
+    def __init__(self, nsqd: NSQD, name: str, *, partition: int = 0, paused: bool = False,
                  pending_from: int | None = None,
                  pending_deferred: list[list[int]] | None = None) -> None:
         self.nsqd = nsqd
         self.name = name
+        # Partition number of this object; message ids carry it. A topic of P partitions is
+        # P Topic objects (as Youzan's nsqd): `partitions` lists them in order, partition 0
+        # being the object nsqd.topics[name] holds.
+        self.partition = partition
+        self.partitions: list[Topic] = [self]
         self.ephemeral = name.endswith("#ephemeral")
         self.paused = paused
         self.channels: dict[str, Channel] = {}
@@ -47,7 +52,8 @@ class Topic:
         opts = nsqd.opts
         self.dir = topic_dir(nsqd.data_path, name)
         if self.ephemeral:
-            self.log: PartitionLog | MemoryLog = MemoryLog(0, mem_queue_size=max(opts.mem_queue_size, 1))
+            self.log: PartitionLog | MemoryLog = MemoryLog(partition,
+                                                            mem_queue_size=max(opts.mem_queue_size, 1))
         else:
             config = LogConfig(
                 segment_bytes=opts.max_bytes_per_file,
@@ -57,7 +63,7 @@ class Topic:
                 retention_bytes=opts.retention_bytes or None,
                 hard_size_cap=opts.max_log_bytes or None,
             )
-            self.log = PartitionLog(self.dir / "p0", 0, config)
+            self.log = PartitionLog(self.dir / f"p{partition}", partition, config)
         self.committer = GroupCommitter(self.log, nsqd.loop, syncer=nsqd.fs_syncer)
         self.committer.on_flushed.append(self._on_flushed)
         # Where messages published while the topic has no channel start: the first
@@ -72,14 +78,20 @@ class Topic:
 
     # -- publishing ------------------------------------------------------------------------
     def publish(self, bodies: list[bytes], defer_ms: int = 0,
-                done: Callable[[int, Exception | None], None] | None = None) -> asyncio.Future[int] | None:
-        """Append a batch, durable per policy: returns a future, or calls `done` (no future)."""
+                done: Callable[[int, Exception | None], None] | None = None, *,
+                headers: list[dict[str, bytes] | None] | None = None) -> asyncio.Future[int] | None:
+        """Append a batch, durable per policy: returns a future, or calls `done` (no future).
+
+        `headers` (one dict or None per body) go to the log's header sidecar, never into
+        the frames stock clients receive.
+        """
         base = self.log.next_offset
+        kw = {} if headers is None else {"headers": headers}
         if done is None:
-            fut: asyncio.Future[int] | None = self.committer.append(bodies)
+            fut: asyncio.Future[int] | None = self.committer.append(bodies, **kw)
         else:
             fut = None
-            self.committer.append_cb(bodies, done)
+            self.committer.append_cb(bodies, done, **kw)
         self.message_count += len(bodies)
         self.message_bytes += sum(map(len, bodies))
         if defer_ms > 0:
