@@ -1,0 +1,168 @@
+"""The cluster's metadata as values, and where each lives in etcd.
+
+Everything here is plain data with JSON round trips, so the coordinator, the nodes, the CLI
+and the tests agree on one layout. Keys (all under ``/nsqx/<cluster-id>/``):
+
+| key | value | written by |
+|---|---|---|
+| ``nodes/<node-id>`` | :class:`NodeInfo` (under the node's lease: gone when it dies) | the node |
+| ``coordinator`` | id of the elected nsqlookupd (under its lease) | election |
+| ``topics/<topic>`` | :class:`TopicMeta` | coordinator (create is a put-if-absent) |
+| ``partitions/<topic>/<p>`` | :class:`PartitionMeta` (leader, epoch, ISR, catch-up) | coordinator, CAS on mod revision |
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import orjson
+
+from nsqx.protocol.names import valid_name
+
+__all__ = ["ClusterKeys", "MetaError", "NodeInfo", "PartitionMeta", "TopicMeta"]
+
+
+class MetaError(ValueError):
+    """A request that the metadata rules refuse (the text is for the operator)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    id: str
+    broadcast_address: str
+    tcp_port: int
+    http_port: int
+    version: str = ""
+
+    @property
+    def http_address(self) -> str:
+        return f"{self.broadcast_address}:{self.http_port}"
+
+    @property
+    def tcp_address(self) -> str:
+        return f"{self.broadcast_address}:{self.tcp_port}"
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> NodeInfo:
+        d = orjson.loads(raw)
+        return cls(str(d["id"]), str(d["broadcast_address"]), int(d["tcp_port"]),
+                   int(d["http_port"]), str(d.get("version", "")))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMeta:
+    name: str
+    partitions: int
+    replicas: int
+    sync_every: int = 0  # 0: the node's --sync-every
+    ordered: bool = False
+    min_isr: int = 0  # 0: min(2, replicas)
+
+    def __post_init__(self) -> None:
+        if not valid_name(self.name) or self.name.endswith("#ephemeral"):
+            raise MetaError(f"invalid topic name {self.name!r} for a cluster topic")
+        if not 1 <= self.partitions <= 1024:
+            raise MetaError(f"partition_num must be 1..1024, got {self.partitions}")
+        if not 1 <= self.replicas <= 16:
+            raise MetaError(f"replicator must be 1..16, got {self.replicas}")
+        if self.sync_every < 0:
+            raise MetaError("syncdisk must be >= 0")
+        if self.min_isr < 0 or self.min_isr > self.replicas:
+            raise MetaError(f"min_isr must be 0..{self.replicas}, got {self.min_isr}")
+
+    @property
+    def effective_min_isr(self) -> int:
+        return self.min_isr or min(2, self.replicas)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> TopicMeta:
+        d = orjson.loads(raw)
+        return cls(str(d["name"]), int(d["partitions"]), int(d["replicas"]),
+                   int(d.get("sync_every", 0)), bool(d.get("ordered", False)),
+                   int(d.get("min_isr", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionMeta:
+    """Who holds a partition: ``replicas`` are assigned, ``isr`` are in sync (leader first).
+
+    Invariants (checked by :meth:`check`): leader in ISR, ISR within replicas, catch-up =
+    replicas not in ISR, epoch only grows.
+    """
+
+    topic: str
+    partition: int
+    replicas: tuple[str, ...]
+    leader: str | None
+    epoch: int
+    isr: tuple[str, ...]
+    catchup: tuple[str, ...] = field(default=())
+
+    def check(self) -> None:
+        if len(set(self.replicas)) != len(self.replicas):
+            raise MetaError(f"{self.topic}/{self.partition}: duplicate replicas {self.replicas}")
+        if not set(self.isr) <= set(self.replicas):
+            raise MetaError(f"{self.topic}/{self.partition}: ISR {self.isr} not within replicas")
+        if self.leader is not None and self.leader not in self.isr:
+            raise MetaError(f"{self.topic}/{self.partition}: leader {self.leader} not in ISR")
+        if set(self.catchup) != set(self.replicas) - set(self.isr):
+            raise MetaError(f"{self.topic}/{self.partition}: catch-up set is not replicas - ISR")
+
+    def with_isr(self, isr: tuple[str, ...]) -> PartitionMeta:
+        ordered = tuple(r for r in self.replicas if r in isr)
+        return replace(self, isr=ordered,
+                       catchup=tuple(r for r in self.replicas if r not in ordered))
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        return orjson.dumps(d)
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> PartitionMeta:
+        d: dict[str, Any] = orjson.loads(raw)
+        return cls(str(d["topic"]), int(d["partition"]), tuple(d["replicas"]),
+                   d.get("leader"), int(d["epoch"]), tuple(d["isr"]), tuple(d.get("catchup", ())))
+
+
+class ClusterKeys:
+    """etcd key names for one cluster id."""
+
+    def __init__(self, cluster_id: str) -> None:
+        if not cluster_id or "/" in cluster_id:
+            raise MetaError(f"invalid cluster id {cluster_id!r}")
+        self.root = f"/nsqx/{cluster_id}/".encode()
+
+    @property
+    def nodes(self) -> bytes:
+        return self.root + b"nodes/"
+
+    def node(self, node_id: str) -> bytes:
+        return self.nodes + node_id.encode()
+
+    @property
+    def coordinator(self) -> bytes:
+        return self.root + b"coordinator"
+
+    @property
+    def topics(self) -> bytes:
+        return self.root + b"topics/"
+
+    def topic(self, name: str) -> bytes:
+        return self.topics + name.encode()
+
+    @property
+    def partitions(self) -> bytes:
+        return self.root + b"partitions/"
+
+    def topic_partitions(self, name: str) -> bytes:
+        return self.partitions + name.encode() + b"/"
+
+    def partition(self, name: str, p: int) -> bytes:
+        return self.topic_partitions(name) + str(p).encode()

@@ -1,0 +1,140 @@
+"""The coordinator's decisions as pure functions: placement, leader election, ISR changes.
+
+No I/O here: the coordinator reads metadata from etcd, calls these, and writes the result
+back with a compare-and-swap, so every rule is tested on its own (tests/cluster/test_placement.py
+and the hypothesis model in test_replication_model.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+
+from nsqx.cluster.model import MetaError, PartitionMeta
+
+__all__ = [
+    "add_replica",
+    "elect_leader",
+    "expand_isr",
+    "load_of",
+    "move_leader",
+    "node_lost",
+    "place",
+    "preferred_leader_move",
+    "remove_replica",
+    "shrink_isr",
+]
+
+
+def load_of(partitions: Iterable[PartitionMeta]) -> tuple[Counter[str], Counter[str]]:
+    """(replicas held, leaderships held) per node."""
+    replicas: Counter[str] = Counter()
+    leaders: Counter[str] = Counter()
+    for pm in partitions:
+        replicas.update(pm.replicas)
+        if pm.leader:
+            leaders[pm.leader] += 1
+    return replicas, leaders
+
+
+def place(topic: str, partitions: int, replicas: int, nodes: Sequence[str],
+          existing: Iterable[PartitionMeta] = ()) -> list[PartitionMeta]:
+    """Assign replicas for a new topic: leaders spread over the least-loaded nodes first,
+    followers on the next nodes of the ring, so no node holds a partition twice."""
+    live = sorted(set(nodes))
+    if replicas > len(live):
+        raise MetaError(f"replicator {replicas} is more than the {len(live)} live nodes")
+    rep_load, lead_load = load_of(existing)
+    order = sorted(live, key=lambda n: (lead_load[n], rep_load[n], n))
+    out = []
+    for p in range(partitions):
+        start = p % len(order)
+        ring = order[start:] + order[:start]
+        chosen = tuple(ring[:replicas])
+        out.append(PartitionMeta(topic, p, chosen, chosen[0], 1, chosen, ()))
+    return out
+
+
+def elect_leader(pm: PartitionMeta, live: Iterable[str],
+                 log_ends: Mapping[str, int]) -> PartitionMeta:
+    """A new leader from the live ISR members with the longest log (ties: replica order).
+
+    Only ISR members hold every acknowledged message, so nobody else may lead (no unclean
+    election): with no live ISR member the partition has no leader until one returns. The
+    epoch grows on every change of leader, which fences the deposed one.
+    """
+    alive = set(live)
+    isr = tuple(n for n in pm.isr if n in alive)
+    if not isr:
+        return replace(pm, leader=None, epoch=pm.epoch + 1)
+    best = max(isr, key=lambda n: (log_ends.get(n, -1), -pm.replicas.index(n)))
+    return replace(pm.with_isr(isr), leader=best, epoch=pm.epoch + 1)
+
+
+def node_lost(pm: PartitionMeta, node: str, live: Iterable[str],
+              log_ends: Mapping[str, int]) -> PartitionMeta:
+    """React to a node's lease ending: a lost follower leaves the ISR, a lost leader is replaced."""
+    if node not in pm.replicas:
+        return pm
+    if pm.leader == node:
+        return elect_leader(pm, [n for n in live if n != node], log_ends)
+    if node in pm.isr:
+        return pm.with_isr(tuple(n for n in pm.isr if n != node))
+    return pm
+
+
+def shrink_isr(pm: PartitionMeta, follower: str, epoch: int) -> PartitionMeta:
+    """The leader of ``epoch`` drops a follower that stopped keeping up."""
+    if epoch != pm.epoch:
+        raise MetaError(f"stale epoch {epoch} (current {pm.epoch})")
+    if follower == pm.leader:
+        raise MetaError("the leader cannot leave its own ISR")
+    return pm.with_isr(tuple(n for n in pm.isr if n != follower))
+
+
+def expand_isr(pm: PartitionMeta, follower: str, epoch: int) -> PartitionMeta:
+    """A caught-up replica rejoins (the leader of ``epoch`` vouches it reached its log end)."""
+    if epoch != pm.epoch:
+        raise MetaError(f"stale epoch {epoch} (current {pm.epoch})")
+    if follower not in pm.replicas:
+        raise MetaError(f"{follower} is not a replica of {pm.topic}/{pm.partition}")
+    if pm.leader is None:
+        raise MetaError("no leader to rejoin")
+    return pm.with_isr(pm.isr + (follower,))
+
+
+def move_leader(pm: PartitionMeta, to: str) -> PartitionMeta:
+    if to not in pm.isr:
+        raise MetaError(f"{to} is not in the ISR {pm.isr}")
+    if to == pm.leader:
+        return pm
+    return replace(pm, leader=to, epoch=pm.epoch + 1)
+
+
+def preferred_leader_move(pm: PartitionMeta) -> PartitionMeta | None:
+    """Leadership back to the first replica (spread by :func:`place`) when it is in sync."""
+    pref = pm.replicas[0]
+    if pm.leader != pref and pref in pm.isr:
+        return move_leader(pm, pref)
+    return None
+
+
+def add_replica(pm: PartitionMeta, node: str) -> PartitionMeta:
+    """Start moving a partition onto ``node``: it catches up first, outside the ISR."""
+    if node in pm.replicas:
+        raise MetaError(f"{node} already holds {pm.topic}/{pm.partition}")
+    return replace(pm, replicas=pm.replicas + (node,), catchup=pm.catchup + (node,))
+
+
+def remove_replica(pm: PartitionMeta, node: str) -> PartitionMeta:
+    """Finish a move: ``node`` leaves once another in-sync replica can lead."""
+    if node not in pm.replicas:
+        return pm
+    rest_isr = tuple(n for n in pm.isr if n != node)
+    if not rest_isr:
+        raise MetaError(f"{node} is the only in-sync replica of {pm.topic}/{pm.partition}")
+    if pm.leader == node:
+        pm = move_leader(pm, rest_isr[0])
+    replicas = tuple(n for n in pm.replicas if n != node)
+    return replace(pm, replicas=replicas).with_isr(rest_isr)

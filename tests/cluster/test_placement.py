@@ -1,0 +1,159 @@
+"""The coordinator's pure decisions and the metadata values."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from nsqx.cluster.model import ClusterKeys, MetaError, NodeInfo, PartitionMeta, TopicMeta
+from nsqx.cluster.placement import (
+    add_replica,
+    elect_leader,
+    expand_isr,
+    node_lost,
+    place,
+    preferred_leader_move,
+    remove_replica,
+    shrink_isr,
+)
+from nsqx.cluster.replication import LeaderProgress, truncation_point
+
+
+def pm(leader: str | None = "a", isr: tuple[str, ...] = ("a", "b", "c"), epoch: int = 3,
+       replicas: tuple[str, ...] = ("a", "b", "c")) -> PartitionMeta:
+    return PartitionMeta("t", 0, replicas, leader, epoch, isr,
+                         tuple(r for r in replicas if r not in isr))
+
+
+def test_place_spreads_leaders_and_never_doubles_a_replica() -> None:
+    parts = place("t", 6, 3, ["n1", "n2", "n3"])
+    assert Counter(p.leader for p in parts) == {"n1": 2, "n2": 2, "n3": 2}
+    for p in parts:
+        assert len(set(p.replicas)) == 3 and p.isr == p.replicas and p.epoch == 1
+        p.check()
+
+
+def test_place_prefers_nodes_with_fewer_leaders() -> None:
+    existing = place("old", 2, 1, ["n1", "n2"])  # n1 and n2 lead one partition each
+    parts = place("t", 1, 2, ["n1", "n2", "n3"], existing)
+    assert parts[0].leader == "n3"
+
+
+def test_place_refuses_more_replicas_than_nodes() -> None:
+    with pytest.raises(MetaError, match="more than the 2 live nodes"):
+        place("t", 1, 3, ["a", "b"])
+
+
+def test_elect_picks_the_longest_live_isr_member_and_bumps_the_epoch() -> None:
+    new = elect_leader(pm(), ["b", "c"], {"b": 10, "c": 12})
+    assert (new.leader, new.epoch, new.isr) == ("c", 4, ("b", "c"))
+    new.check()
+
+
+def test_no_unclean_election() -> None:
+    """Only in-sync replicas may lead: with none alive the partition has no leader."""
+    new = elect_leader(pm(isr=("a",)), ["b", "c"], {"b": 99, "c": 99})
+    assert new.leader is None and new.epoch == 4
+
+
+def test_node_lost_follower_leaves_isr_leader_is_replaced() -> None:
+    after = node_lost(pm(), "b", ["a", "c"], {})
+    assert after.leader == "a" and after.isr == ("a", "c") and after.catchup == ("b",)
+    assert after.epoch == 3  # no leader change, no new epoch
+    after = node_lost(pm(), "a", ["b", "c"], {"b": 5, "c": 5})
+    assert after.leader == "b" and after.epoch == 4 and "a" not in after.isr
+    assert node_lost(pm(), "z", ["a"], {}) == pm()
+
+
+def test_isr_changes_need_the_current_epoch() -> None:
+    with pytest.raises(MetaError, match="stale epoch"):
+        shrink_isr(pm(), "b", 2)
+    with pytest.raises(MetaError, match="leader cannot leave"):
+        shrink_isr(pm(), "a", 3)
+    shrunk = shrink_isr(pm(), "b", 3)
+    assert shrunk.isr == ("a", "c")
+    with pytest.raises(MetaError, match="stale epoch"):
+        expand_isr(shrunk, "b", 1)
+    assert expand_isr(shrunk, "b", 3).isr == ("a", "b", "c")
+    with pytest.raises(MetaError, match="not a replica"):
+        expand_isr(shrunk, "x", 3)
+
+
+def test_move_a_replica_away() -> None:
+    grown = add_replica(pm(), "d")
+    assert grown.replicas == ("a", "b", "c", "d") and grown.catchup == ("d",)
+    grown.check()
+    joined = expand_isr(grown, "d", 3)
+    gone = remove_replica(joined, "a")  # the leader leaves: leadership moves first
+    assert gone.leader in ("b", "c", "d") and gone.epoch == 4 and "a" not in gone.replicas
+    gone.check()
+    with pytest.raises(MetaError, match="only in-sync replica"):
+        remove_replica(pm(isr=("a",)), "a")
+    with pytest.raises(MetaError, match="already holds"):
+        add_replica(pm(), "a")
+
+
+def test_preferred_leader_returns_when_in_sync() -> None:
+    assert preferred_leader_move(pm()) is None
+    moved = preferred_leader_move(pm(leader="b"))
+    assert moved is not None and moved.leader == "a" and moved.epoch == 4
+    assert preferred_leader_move(pm(leader="b", isr=("b", "c"))) is None
+
+
+def test_partition_meta_check_and_json() -> None:
+    good = pm()
+    assert PartitionMeta.from_json(good.to_json()) == good
+    with pytest.raises(MetaError, match="not in ISR"):
+        pm(leader="d").check()
+    with pytest.raises(MetaError, match="not within replicas"):
+        pm(isr=("a", "x")).check()
+
+
+def test_topic_meta_validation_and_json() -> None:
+    t = TopicMeta("orders", 4, 3, sync_every=1, ordered=True)
+    assert TopicMeta.from_json(t.to_json()) == t and t.effective_min_isr == 2
+    assert TopicMeta("x", 1, 1).effective_min_isr == 1
+    for bad in (dict(name="bad name", partitions=1, replicas=1),
+                dict(name="t#ephemeral", partitions=1, replicas=1),
+                dict(name="t", partitions=0, replicas=1),
+                dict(name="t", partitions=1, replicas=0),
+                dict(name="t", partitions=1, replicas=2, min_isr=3)):
+        with pytest.raises(MetaError):
+            TopicMeta(**bad)  # type: ignore[arg-type]
+
+
+def test_keys_and_node_info() -> None:
+    keys = ClusterKeys("c1")
+    assert keys.partition("t", 3) == b"/nsqx/c1/partitions/t/3"
+    assert keys.node("n") == b"/nsqx/c1/nodes/n"
+    with pytest.raises(MetaError):
+        ClusterKeys("a/b")
+    n = NodeInfo("n1", "127.0.0.1", 4150, 4151)
+    assert NodeInfo.from_json(n.to_json()) == n and n.http_address == "127.0.0.1:4151"
+
+
+@pytest.mark.parametrize(("follower", "f_end", "leader", "l_end", "cut"), [
+    ([], 0, [(1, 0)], 10, 0),
+    ([(1, 0)], 5, [(1, 0)], 10, 5),                          # plain lag: keep everything
+    ([(1, 0)], 12, [(1, 0), (2, 10)], 20, 10),               # old leader's unacked tail
+    ([(1, 0), (2, 5)], 9, [(1, 0), (3, 4)], 20, 4),          # epoch 2 never reached the leader
+    ([(1, 0), (2, 5)], 9, [(1, 0), (2, 5), (3, 7)], 20, 7),  # epoch 2 ended at 7 on the leader
+    ([(1, 0), (3, 10)], 15, [(1, 0), (2, 8), (4, 12)], 20, 8),
+    ([(5, 0)], 3, [(1, 0), (2, 4)], 9, 0),                   # nothing in common
+])
+def test_truncation_point(follower, f_end, leader, l_end, cut) -> None:
+    assert truncation_point(follower, f_end, leader, l_end) == cut
+
+
+def test_leader_progress_acks_and_laggards() -> None:
+    lp = LeaderProgress({"a", "b", "c"}, lag_timeout=5)
+    assert lp.acked_end(10, "a") == 0  # nobody fetched yet
+    lp.on_fetch("b", 10, 10, now=1)
+    lp.on_fetch("c", 7, 10, now=1)
+    assert lp.acked_end(10, "a") == 7
+    assert lp.laggards(10, now=3, leader="a") == []
+    assert lp.laggards(12, now=9, leader="a") == ["b", "c"]  # both stuck behind for > 5 s
+    lp.isr = {"a", "b"}
+    lp.on_fetch("c", 12, 12, now=10)
+    assert lp.ready_to_join("c", 12) and not lp.ready_to_join("b", 12)
