@@ -66,6 +66,15 @@ def test_node_lost_follower_leaves_isr_leader_is_replaced() -> None:
     assert node_lost(pm(), "z", ["a"], {}) == pm()
 
 
+def test_the_last_isr_member_is_never_forgotten() -> None:
+    """Seen by the coordinator's next pass: losing the sole ISR member twice keeps it."""
+    offline = node_lost(pm(isr=("a",)), "a", ["b", "c"], {})
+    assert offline.leader is None and offline.isr == ("a",)
+    assert node_lost(offline, "a", ["b", "c"], {}) == offline
+    back = elect_leader(offline, ["a", "b"], {})
+    assert back.leader == "a" and back.epoch == offline.epoch + 1
+
+
 def test_isr_changes_need_the_current_epoch() -> None:
     with pytest.raises(MetaError, match="stale epoch"):
         shrink_isr(pm(), "b", 2)

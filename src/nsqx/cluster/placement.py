@@ -79,8 +79,10 @@ def node_lost(pm: PartitionMeta, node: str, live: Iterable[str],
         return pm
     if pm.leader == node:
         return elect_leader(pm, [n for n in live if n != node], log_ends)
-    if node in pm.isr:
+    if node in pm.isr and len(pm.isr) > 1:
         return pm.with_isr(tuple(n for n in pm.isr if n != node))
+    # the last in-sync replica stays in the ISR while it is away: it alone holds every
+    # acknowledged message, so the partition waits for it rather than forget it
     return pm
 
 

@@ -1,0 +1,166 @@
+"""The coordinator: the one elected nsqlookupd that keeps every partition led.
+
+It watches the cluster's keys in etcd (no polling) and after every change makes one
+reconciling pass over all partitions (the metadata is small): a partition whose leader's
+node lease ended gets a new leader from its live ISR with a higher epoch; a dead follower
+leaves the ISR; a leaderless partition is led again as soon as an ISR member returns; a
+preferred replica that is back in sync gets its leadership back (spreading leaders when a
+node joins); a node being drained has its replicas moved (a new replica is added outside
+the ISR, the partition's leader admits it once caught up, then the drained one leaves).
+
+Every write is a compare-and-swap on what the pass read, so a coordinator that lost its
+lease mid-pass cannot overwrite its successor's decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+
+from nsqx.cluster.election import Election
+from nsqx.cluster.etcd import EtcdClient, EtcdError
+from nsqx.cluster.metadata import ClusterMetadata, Versioned
+from nsqx.cluster.model import MetaError, PartitionMeta
+from nsqx.cluster.placement import (
+    add_replica,
+    elect_leader,
+    load_of,
+    node_lost,
+    preferred_leader_move,
+    remove_replica,
+)
+
+log = logging.getLogger("nsqx.cluster.coordinator")
+
+__all__ = ["Coordinator", "reconcile_partition"]
+
+
+def reconcile_partition(pm: PartitionMeta, live: set[str], draining: set[str],
+                        replica_load: Counter[str], want: int, *,
+                        rebalance: bool = True) -> PartitionMeta:
+    """One partition's next state given who is alive and who is being drained (pure).
+
+    ``want`` is the topic's replica count: a drained node's replica is replaced first and
+    leaves only once every other replica is in sync.
+    """
+    for node in list(pm.replicas):
+        if node not in live and (node in pm.isr or pm.leader == node):
+            pm = node_lost(pm, node, live, {})
+    if pm.leader is None and any(n in live for n in pm.isr):
+        pm = elect_leader(pm, live, {})
+    for node in sorted(draining & set(pm.replicas)):
+        healthy = [n for n in pm.replicas if n not in draining]
+        if len(healthy) < want:
+            candidates = sorted((n for n in live - draining if n not in pm.replicas),
+                                key=lambda n: (replica_load[n], n))
+            if candidates:
+                pm = add_replica(pm, candidates[0])
+                replica_load[candidates[0]] += 1
+        elif all(n in pm.isr for n in healthy):
+            with contextlib.suppress(MetaError):
+                pm = remove_replica(pm, node)
+    if rebalance and not draining & set(pm.replicas):
+        moved = preferred_leader_move(pm)
+        if moved is not None and moved.leader in live:
+            pm = moved
+    return pm
+
+
+class Coordinator:
+    """Campaigns on start; while elected, reconciles after every change in etcd."""
+
+    def __init__(self, etcd: EtcdClient, cluster_id: str, candidate_id: str, *,
+                 ttl: int = 5, rebalance: bool = True) -> None:
+        self.meta = ClusterMetadata(etcd, cluster_id)
+        self.candidate_id = candidate_id
+        self.rebalance = rebalance
+        self.election = Election(etcd, self.meta.keys.coordinator, candidate_id, ttl=ttl,
+                                 on_change=self._on_leader_change)
+        self._lead_task: asyncio.Task[None] | None = None
+        self.passes = 0  # reconciling passes made while leading (for /cluster/stats and tests)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.election.is_leader
+
+    @property
+    def leader(self) -> str | None:
+        return self.election.leader
+
+    def start(self) -> None:
+        self.election.start()
+
+    async def close(self) -> None:
+        await self._stop_leading()
+        await self.election.close()
+
+    def _on_leader_change(self, _leader: str | None, is_me: bool) -> None:
+        if is_me and self._lead_task is None:
+            self._lead_task = asyncio.get_running_loop().create_task(
+                self._lead(), name="coordinator")
+        elif not is_me and self._lead_task is not None:
+            asyncio.get_running_loop().create_task(self._stop_leading())
+
+    async def _stop_leading(self) -> None:
+        task, self._lead_task = self._lead_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def drain_key(self, node: str) -> bytes:
+        return self.meta.keys.root + b"drain/" + node.encode()
+
+    async def _lead(self) -> None:
+        log.info("coordinator %s: leading", self.candidate_id)
+        while True:
+            try:
+                rev = await self.reconcile()
+                async for _events in self.meta.watch(self.meta.keys.root, rev + 1):
+                    await asyncio.sleep(0.05)  # let a burst of changes land together
+                    await self.reconcile()
+            except EtcdError as e:
+                log.warning("coordinator %s: %s; retrying", self.candidate_id, e)
+                await asyncio.sleep(1)
+
+    async def reconcile(self) -> int:
+        """One pass over every partition; returns the etcd revision it read."""
+        nodes = await self.meta.nodes()
+        drain_kvs, rev = await self.meta.etcd.get_prefix(self.meta.keys.root + b"drain/")
+        draining = {kv.key.rsplit(b"/", 1)[-1].decode() for kv in drain_kvs}
+        live = set(nodes)
+        parts = await self.meta.all_partitions()
+        topics = await self.meta.topics()
+        replica_load, _ = load_of(v.meta for v in parts.values())
+        for v in parts.values():
+            t = topics.get(v.meta.topic)
+            want = t.replicas if t else len(v.meta.replicas)
+            await self._apply(v, live, draining, replica_load, want)
+        self.passes += 1
+        return max(rev, max((v.mod_revision for v in parts.values()), default=0))
+
+    async def _apply(self, v: Versioned, live: set[str], draining: set[str],
+                     replica_load: Counter[str], want: int) -> None:
+        for _ in range(3):
+            try:
+                new = await self.meta.update_partition(
+                    v, lambda pm: reconcile_partition(pm, live, draining, replica_load, want,
+                                                      rebalance=self.rebalance))
+            except MetaError as e:
+                log.error("TOPIC(%s) PARTITION(%d): %s", v.meta.topic, v.meta.partition, e)
+                return
+            if new is not None:
+                return
+            fresh = (await self.meta.partitions(v.meta.topic)).get(v.meta.partition)
+            if fresh is None:
+                return
+            v = fresh
+
+    # -- operator requests (lookupd's HTTP API and `nsqx node drain`) ---------------------------
+    async def drain(self, node: str) -> None:
+        await self.meta.etcd.put(self.drain_key(node), b"1")
+
+    async def undrain(self, node: str) -> None:
+        await self.meta.etcd.delete(self.drain_key(node))
