@@ -15,12 +15,19 @@ BOUND = LIMITS["max_line"] + 8 + LIMITS["max_body_size"]
 names = st.text(alphabet="abcXYZ09._-", min_size=1, max_size=12)
 ids = st.binary(min_size=16, max_size=16).map(lambda b: b.hex()[:16].encode())
 small = st.binary(min_size=1, max_size=60)
+positions = st.one_of(
+    st.none(), st.sampled_from(["earliest", "latest", "special:-1", "special:-2", "bogus"]),
+    st.builds("{}:{}".format, st.sampled_from(["timestamp", "msgcount", "virtual_queue", "offset",
+                                               "special", "x"]),
+              st.integers(-2, 2**64)),
+    st.binary(max_size=12))
 
 command = st.one_of(
     st.builds(v2.nop),
     st.builds(v2.cls),
     st.builds(v2.rdy, st.integers(0, 3000)),
     st.builds(v2.sub, names, names),
+    st.builds(v2.sub_advanced, names, names, st.integers(0, 70000), positions),
     st.builds(v2.fin, ids),
     st.builds(v2.fin, ids),
     st.builds(v2.req, ids, st.integers(0, 10**7)),
@@ -183,3 +190,19 @@ def test_split_mpub_fast_paths_agree_with_the_checking_loop(bodies, flips, count
 
         arg = memoryview(body) if view else body
         assert _outcome(v2.split_mpub, arg, 20) == _outcome(reference, body, 20)
+
+
+@settings(max_examples=500, deadline=None)
+@given(params=st.lists(st.one_of(st.binary(max_size=24), positions.map(
+    lambda p: p if isinstance(p, bytes) else (p or "").encode())), max_size=6))
+def test_sub_advanced_params_only_raise_protocol_errors(params):
+    """What a hostile SUB_ADVANCED line can carry: a result or an upstream-style error."""
+    try:
+        topic, channel, partition, start = v2.parse_sub_advanced(params)
+    except ProtocolError as e:
+        assert e.code in ("E_INVALID", "E_BAD_TOPIC", "E_BAD_CHANNEL", "E_BAD_PARTITION")
+        assert e.fatal
+        return
+    assert 0 <= partition <= 0xFFFF
+    assert start is None or start.kind in ("earliest", "latest", "timestamp", "offset")
+    assert start is None or 0 <= start.value < 2**48

@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nsqx.nsqd.e2e import LatencyWindow
+from nsqx.protocol.v2 import StartPosition
 from nsqx.storage.cursor import ChannelCursor, Delivery
 from nsqx.storage.message_id import parse_id
 
@@ -27,6 +29,21 @@ log = logging.getLogger("nsqx.nsqd.channel")
 MAX_BATCH_PER_TURN = 512
 # Bytes read per fresh run at most, bounding memory per turn.
 MAX_READ_BYTES = 4 << 20
+
+
+class SeekError(ValueError):
+    """A position the channel cannot move to (an offset beyond the end of the log)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SeekResult:
+    """Where a reset put the channel, and the log's bounds at that moment."""
+
+    offset: int
+    earliest: int
+    latest: int
+    clamped: bool  # the position was before the oldest kept message: moved up to it
+    persisted: bool  # the cursor was written (tmp+fsync+rename) before the answer
 
 
 def now_ms() -> int:
@@ -98,6 +115,46 @@ class Channel:
     def empty(self) -> None:
         self.cursor.empty(self.topic.log.next_offset)
         self._changed()
+
+    def resolve(self, pos: StartPosition) -> tuple[int, bool]:
+        """The log offset a position names, and whether it was clamped up to the oldest kept.
+
+        A time is a seek in the log's time index, never a scan. An offset past the log end
+        raises SeekError: a typo (or another partition's offset) would otherwise make the
+        channel silently skip everything published until the log got there.
+        """
+        log_ = self.topic.log
+        earliest, latest = log_.start_offset, log_.next_offset
+        if pos.kind == "earliest":
+            return earliest, False
+        if pos.kind == "latest":
+            return latest, False
+        if pos.kind == "timestamp":
+            off = log_.offset_for_time(pos.value * 1_000_000_000)
+            return min(max(off, earliest), latest), False
+        if pos.value > latest:
+            raise SeekError(f"offset {pos.value} is beyond the end of the log ({latest})")
+        if pos.value < earliest:
+            return earliest, True
+        return pos.value, False
+
+    def seek(self, pos: StartPosition) -> SeekResult:
+        """Reset the channel to a position (replay or skip ahead); see ChannelCursor.reset.
+
+        In-flight and ready messages are forgotten (a late FIN/REQ/TOUCH of one gets the
+        usual "not in flight" error unless the message was delivered again meanwhile),
+        deferred ones before the position are dropped, those at or after it keep their
+        delay. A paused channel stays paused. A durable cursor is persisted before this
+        returns, so a crash right after cannot bring the old position back.
+        """
+        offset, clamped = self.resolve(pos)
+        self.cursor.reset(offset)
+        self.dirty = False
+        log.info("TOPIC(%s) CHANNEL(%s): reset to offset %d (%s%s)", self.topic.name,
+                 self.name, offset, pos.kind, f" {pos.value}" if pos.kind in ("offset", "timestamp") else "")
+        self.wake()
+        return SeekResult(offset, self.topic.log.start_offset, self.topic.log.next_offset,
+                          clamped, self.cursor.state_path is not None)
 
     def _changed(self) -> None:
         self.dirty = True

@@ -22,7 +22,7 @@ import orjson
 
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
-from nsqx.nsqd.channel import now_ms
+from nsqx.nsqd.channel import SeekError, now_ms
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from nsqx.protocol.errors import ProtocolError
@@ -41,6 +41,7 @@ from nsqx.protocol.v2 import (
     parse_lone_pub,
     parse_rdy,
     parse_req,
+    parse_sub_advanced,
     parse_touch,
 )
 from nsqx.storage.cursor import NotInFlight, NotOwner
@@ -49,6 +50,7 @@ from nsqx.storage.message_id import parse_id
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
     from nsqx.nsqd.node import NSQD
+    from nsqx.protocol.v2 import StartPosition
 
 log = logging.getLogger("nsqx.nsqd.client")
 
@@ -604,23 +606,50 @@ class ClientV2(asyncio.Protocol):
         self._subscribe(topic, channel)
         return None
 
+    def _cmd_sub_advanced(self, cmd: Command) -> Any:
+        """Youzan's ``SUB_ADVANCED <topic> <channel> <partition> [<type>:<value>]``: SUB to
+        one partition, plus a start position applied only when this is the channel's first
+        client (later clients join wherever the channel is)."""
+        if self.state != STATE_INIT:
+            raise Fatal("E_INVALID", "cannot SUB_ADVANCED in current state")
+        if self.heartbeat_interval <= 0:
+            raise Fatal("E_INVALID", "cannot SUB_ADVANCED with heartbeats disabled")
+        topic, channel, partition, start = parse_sub_advanced(cmd.params)
+        pending = self._check_auth(topic, channel, "subscribe", "SUB_ADVANCED")
+        if pending is not None:
+            return self._after(pending, lambda: self._subscribe(topic, channel, partition, start))
+        self._subscribe(topic, channel, partition, start)
+        return None
+
     async def _after(self, coro: Any, then: Callable[[], None]) -> None:
         await coro
         then()
 
-    def _subscribe(self, topic_name: str, channel_name: str) -> None:
+    def _subscribe(self, topic_name: str, channel_name: str, partition: int = 0,
+                   start: StartPosition | None = None) -> None:
         nsqd = self.nsqd
+        what = "SUB" if start is None and not partition else "SUB_ADVANCED"
         if nsqd.exiting:
-            raise Fatal("E_SUB_FAILED", f"SUB failed to subscribe to {topic_name}:{channel_name}, exiting")
-        topic = nsqd.get_topic(topic_name)
+            raise Fatal("E_SUB_FAILED", f"{what} failed to subscribe to {topic_name}:{channel_name}, exiting")
+        existing = nsqd.get_topic(topic_name, create=False)
+        if partition and (existing is None or partition >= len(existing.partitions)):
+            # checked before creating anything: a new topic has partition 0 only
+            raise Fatal("E_BAD_PARTITION", f"{what} partition {partition} is not valid")
+        topic = existing or nsqd.get_topic(topic_name)
         assert topic is not None
+        topic = topic.partitions[partition]
         channel = topic.get_channel(channel_name)
         assert channel is not None
         limit = nsqd.opts.max_channel_consumers
         if limit and len(channel.clients) >= limit:
-            raise Fatal("E_SUB_FAILED", f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}")
+            raise Fatal("E_SUB_FAILED", f"{what} failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}")
         if channel.exiting or topic.exiting:
-            raise Fatal("E_SUB_FAILED", f"SUB failed to subscribe to {topic_name}:{channel_name}")
+            raise Fatal("E_SUB_FAILED", f"{what} failed to subscribe to {topic_name}:{channel_name}")
+        if start is not None and not channel.clients:
+            try:
+                channel.seek(start)
+            except SeekError as exc:
+                raise Fatal("E_SUB_FAILED", f"{what} failed to set the start position: {exc}") from None
         channel.add_client(self)
         self.channel = channel
         self.state = STATE_SUBSCRIBED
@@ -648,7 +677,8 @@ class ClientV2(asyncio.Protocol):
             partition, offset = parse_id(mid)
         except ValueError:
             return -1  # 16 bytes but not one of ours: "not in flight"
-        return offset if partition == 0 else -1
+        ch = self.channel
+        return offset if ch is not None and partition == ch.topic.partition else -1
 
     def _cmd_fin(self, cmd: Command) -> None:
         offset = self._msg_offset(cmd, "FIN")
@@ -796,6 +826,7 @@ class ClientV2(asyncio.Protocol):
         b"IDENTIFY": _cmd_identify,
         b"AUTH": _cmd_auth,
         b"SUB": _cmd_sub,
+        b"SUB_ADVANCED": _cmd_sub_advanced,
         b"RDY": _cmd_rdy,
         b"FIN": _cmd_fin,
         FIN_BATCH: _cmd_fin_batch,

@@ -457,8 +457,10 @@ class _FetchAPI:
         self._indexes.clear()
 
 
-def add_routes(app: web.Application, nsqd: Any) -> None:
-    """Register /nsqx/offsets, /nsqx/fetch and /nsqx/pub on nsqd's HTTP app."""
+def add_routes(app: web.Application, nsqd: Any) -> _FetchAPI:
+    """Register /nsqx/offsets, /nsqx/fetch and /nsqx/pub on nsqd's HTTP app.
+
+    Returns the node's API object (its ``_authorize`` serves the replay API too)."""
     api = getattr(nsqd, "_nsqx_fetch_api", None)
     if api is None:  # one per node: the HTTP and HTTPS apps share the publish-key indexes
         api = _FetchAPI(nsqd)
@@ -470,3 +472,4 @@ def add_routes(app: web.Application, nsqd: Any) -> None:
     app.router.add_get("/nsqx/fetch", api.fetch, allow_head=False)
     app.router.add_post("/nsqx/pub", api.pub)
     app.on_cleanup.append(api.close)
+    return api

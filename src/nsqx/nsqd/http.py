@@ -518,7 +518,9 @@ def make_app(nsqd: Any, *, tls_listener: bool = False) -> web.Application:
     get("/debug/pprof/goroutine", h.debug_tasks)
     r.add_post("/debug/freememory", h.free_memory)
     app.on_response_prepare.append(_add_v1_header)
-    from nsqx.nsqd.fetch_api import add_routes  # here: fetch_api imports this module
+    # here: fetch_api and replay_api import this module
+    from nsqx.nsqd import fetch_api, replay_api
 
-    add_routes(app, nsqd)
+    fetch = fetch_api.add_routes(app, nsqd)
+    replay_api.add_routes(app, nsqd, fetch._authorize)
     return app

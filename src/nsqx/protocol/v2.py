@@ -44,16 +44,21 @@ __all__ = [
     "parse_fin",
     "parse_identify",
     "parse_lone_pub",
+    "parse_partition",
     "parse_rdy",
     "parse_req",
+    "parse_start_position",
     "parse_sub",
+    "parse_sub_advanced",
     "parse_touch",
     "pub",
     "rdy",
     "req",
     "req_failed",
     "split_mpub",
+    "StartPosition",
     "sub",
+    "sub_advanced",
     "tls_required",
     "touch",
     "touch_failed",
@@ -67,7 +72,8 @@ MAGIC_V2 = b"  V2"
 # It can never come from the wire ("FIN*" is not a valid command there).
 FIN_BATCH = b"FIN*"
 
-LINE_COMMANDS = frozenset({b"SUB", b"RDY", b"FIN", b"REQ", b"TOUCH", b"CLS", b"NOP"})
+LINE_COMMANDS = frozenset({b"SUB", b"SUB_ADVANCED", b"RDY", b"FIN", b"REQ", b"TOUCH", b"CLS",
+                           b"NOP"})
 BODY_COMMANDS = frozenset({b"IDENTIFY", b"AUTH", b"PUB", b"MPUB", b"DPUB"})
 COMMANDS = LINE_COMMANDS | BODY_COMMANDS
 
@@ -568,6 +574,97 @@ def parse_sub(params: Sequence[bytes]) -> tuple[str, str]:
     return topic.decode("ascii"), channel.decode("ascii")
 
 
+# Largest log offset a position may name (message ids keep 48 bits of offset) and the
+# largest unix time in seconds whose nanoseconds fit in an int64 (year 2262).
+MAX_POSITION_OFFSET = (1 << 48) - 1
+MAX_POSITION_SECONDS = ((1 << 63) - 1) // 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class StartPosition:
+    """Where a channel (re)starts reading its partition log.
+
+    ``kind`` is ``"earliest"`` (the oldest message still kept), ``"latest"`` (the log end:
+    only messages published from now on), ``"timestamp"`` (``value`` = unix seconds: the
+    first message stored at or after it, found through the time index) or ``"offset"``
+    (``value`` = a log offset, i.e. the partition's message count before that message).
+    """
+
+    kind: str
+    value: int = 0
+
+
+# Youzan's offset types (`ConsumeOffset`) plus nsqx's spellings, all on one log offset:
+# Youzan's "virtual_queue" is a byte position in its queue file and "msgcount" a message
+# index; an nsqx log offset is both at once (records are numbered, not addressed by byte).
+_OFFSET_KINDS = {b"virtual_queue": "offset", b"msgcount": "offset", b"offset": "offset",
+                 b"timestamp": "timestamp"}
+
+
+def parse_start_position(raw: bytes) -> StartPosition:
+    """``<type>:<value>`` (Youzan), or ``earliest`` / ``latest``; ProtocolError E_INVALID.
+
+    Types: ``timestamp:<unix seconds>``, ``virtual_queue:<n>``, ``msgcount:<n>``,
+    ``offset:<n>`` (all three the log offset n), ``special:-1`` (latest, as Youzan) and
+    ``special:-2`` (earliest, Kafka's code for it). Values are ASCII decimal, no sign
+    except special's; offsets above 2**48-1 and times past 2262 are refused.
+    """
+    text = bytes(raw).strip()
+    if text in (b"earliest", b"latest"):
+        return StartPosition(text.decode())
+    kind, sep, value = text.partition(b":")
+    if not sep:
+        raise ProtocolError("E_INVALID", f"invalid start position {raw_text(text)}")
+    if kind == b"special":
+        if value == b"-1":
+            return StartPosition("latest")
+        if value == b"-2":
+            return StartPosition("earliest")
+        raise ProtocolError("E_INVALID", f"invalid special start position {raw_text(value)}")
+    name = _OFFSET_KINDS.get(kind)
+    if name is None:
+        raise ProtocolError("E_INVALID", f"invalid start position type {raw_text(kind)}")
+    if not value or not value.isdigit() or len(value) > 20:
+        raise ProtocolError("E_INVALID", f"invalid start position value {raw_text(value)}")
+    n = int(value)
+    limit = MAX_POSITION_SECONDS if name == "timestamp" else MAX_POSITION_OFFSET
+    if n > limit:
+        raise ProtocolError("E_INVALID", f"start position {n} out of range 0-{limit}")
+    return StartPosition(name, n)
+
+
+def parse_partition(raw: bytes, command: str = "SUB") -> int:
+    """A partition number (ASCII decimal, < 2**16); fatal ``E_BAD_PARTITION`` otherwise.
+
+    Whether the topic has that partition is the server's check.
+    """
+    if not raw or not raw.isdigit() or len(raw) > 5 or int(raw) > 0xFFFF:
+        raise ProtocolError("E_BAD_PARTITION", f"{command} partition {raw_text(raw)} is not valid")
+    return int(raw)
+
+
+def parse_sub_advanced(params: Sequence[bytes]
+                       ) -> tuple[str, str, int, StartPosition | None]:
+    """``SUB_ADVANCED <topic> <channel> <partition> [<type>:<value>]`` (Youzan).
+
+    Returns (topic, channel, partition, start or None); call after the state checks.
+    """
+    if len(params) < 3:
+        raise ProtocolError("E_INVALID", "SUB_ADVANCED insufficient number of parameters")
+    if len(params) > 4:
+        raise ProtocolError("E_INVALID", "SUB_ADVANCED too many parameters")
+    topic, channel = params[0], params[1]
+    if not valid_topic_name(topic):
+        raise ProtocolError("E_BAD_TOPIC",
+                            f"SUB_ADVANCED topic name {go_quote(topic)} is not valid")
+    if not valid_channel_name(channel):
+        raise ProtocolError("E_BAD_CHANNEL",
+                            f"SUB_ADVANCED channel name {go_quote(channel)} is not valid")
+    partition = parse_partition(params[2], "SUB_ADVANCED")
+    start = parse_start_position(params[3]) if len(params) == 4 else None
+    return topic.decode("ascii"), channel.decode("ascii"), partition, start
+
+
 def parse_rdy(params: Sequence[bytes], max_rdy_count: int) -> int:
     """RDY count (1 if absent); out of range is fatal on purpose (client/server agree)."""
     count = 1
@@ -902,6 +999,15 @@ def auth(secret: str | bytes) -> bytes:
 
 def sub(topic: str | bytes, channel: str | bytes) -> bytes:
     return _line(b"SUB", _b(topic), _b(channel))
+
+
+def sub_advanced(topic: str | bytes, channel: str | bytes, partition: int = 0,
+                 start: str | bytes | None = None) -> bytes:
+    """``SUB_ADVANCED``; ``start`` as ``"timestamp:1700000000"``, ``"msgcount:42"``,
+    ``"earliest"``... (applied by the server only for a channel's first client)."""
+    if start is None:
+        return _line(b"SUB_ADVANCED", _b(topic), _b(channel), partition)
+    return _line(b"SUB_ADVANCED", _b(topic), _b(channel), partition, _b(start))
 
 
 def rdy(count: int) -> bytes:

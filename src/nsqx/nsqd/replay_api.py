@@ -1,0 +1,245 @@
+"""nsqd's replay and lookup endpoints, in Youzan's shapes: move a channel, read one message.
+
+``POST /channel/setoffset?topic=T&channel=C[&partition=P]``
+    Body (Youzan): ``timestamp:<unix seconds>`` | ``virtual_queue:<n>`` | ``msgcount:<n>``;
+    also ``offset:<n>``, ``earliest``, ``latest``, ``special:-1`` (latest) and ``special:-2``
+    (earliest). With an empty body the same text may come as the query parameter ``to``
+    (``?to=earliest``, ``?to=timestamp:1700000000``). ``virtual_queue`` and ``msgcount``
+    both name a log offset here: nsqx numbers records, so the message count before a
+    record *is* its position (Youzan's ``virtual_queue`` is a byte position in its file).
+
+    A time is a seek in the partition's time index (never a scan of the log): the channel
+    restarts at the first message stored at or after it (the log end when there is none).
+    An offset below the oldest kept message (retention removed it) is clamped up to it;
+    one past the log end is refused (400 ``OFFSET_OUT_OF_RANGE``), because a channel moved
+    there would silently skip what is published until the log reaches it.
+
+    Effect (``Channel.seek``): in-flight and ready messages are forgotten (a late FIN of one
+    gets ``E_FIN_FAILED ... not in flight``, unless it was delivered again meanwhile: the id
+    is the offset), deferred ones before the position are dropped and those at or after it
+    keep their delay, finished ranges are forgotten (everything from the position is
+    delivered again), a paused channel stays paused. The cursor file is replaced
+    atomically (tmp + fsync + rename) before the answer. Ephemeral channels (and channels
+    of ephemeral topics, whose log is in memory) move too; their cursor lives in memory
+    only, as everything else about them (``"persisted": false``).
+
+    200 JSON ``{"topic", "channel", "partition", "offset", "earliest", "latest", "clamped",
+    "persisted"}``. Errors: 400 ``MISSING_ARG_TOPIC``/``INVALID_ARG_TOPIC``/
+    ``MISSING_ARG_CHANNEL``/``INVALID_ARG_CHANNEL``, 400 ``E_BAD_PARTITION`` (malformed or
+    not a partition of the topic), 400 ``E_INVALID`` (malformed position, negative or huge
+    numbers), 400 ``MISSING_POSITION``, 413 ``BODY_TOO_BIG``, 404 ``TOPIC_NOT_FOUND`` /
+    ``CHANNEL_NOT_FOUND`` (nothing is created), 400 ``OFFSET_OUT_OF_RANGE``.
+
+``GET /message/get?topic=T[&partition=P]&search_mode=id|count|virtual_offset&search_pos=X[&raw=1]``
+    One message of a partition, found by id (``X`` the 16-hex-digit id a consumer sees, or
+    its value in decimal as Youzan's numeric ids; the partition comes from the id) or by
+    log offset (``count`` and ``virtual_offset`` both: see above). 200 JSON::
+
+        {"id": "000000000000002a", "partition": 0, "offset": 42, "queue_cnt_index": 42,
+         "timestamp": <ns>, "attempts": 1, "body": "...", "body_encoding": "utf-8"|"base64",
+         "headers": {"k": "v"}, "headers_base64": ["k2"]}
+
+    ``body`` is the text when the body is valid UTF-8, otherwise base64 (``body_encoding``
+    says which); a header value that is not UTF-8 is base64 and its key is listed in
+    ``headers_base64``. ``attempts`` is the stored count (1): delivery attempts are per
+    channel. With ``raw=1`` the answer is the body itself (``application/octet-stream``)
+    with the metadata in ``X-Nsqx-Message-Id``, ``X-Nsqx-Partition``, ``X-Nsqx-Offset``,
+    ``X-Nsqx-Timestamp`` and ``X-Nsqx-Attempts`` headers. 404 ``MESSAGE_NOT_FOUND`` for an
+    offset not written yet or removed by retention (or a topic whose log is in memory and
+    has dropped it), 404 ``TOPIC_NOT_FOUND``, 400 ``E_INVALID`` (bad id, mode or position),
+    400 ``E_BAD_PARTITION`` (bad partition, or one that disagrees with the id's).
+
+Authorization (nsqd with ``--auth-http-address``): ``/message/get`` reads message bodies,
+so it needs the ``subscribe`` permission on the topic as ``/nsqx/fetch`` does (same
+``Authorization: Bearer`` secret); ``/channel/setoffset`` is an admin action like
+``/channel/empty`` and is not authorized, as upstream's channel endpoints.
+
+Registered by :func:`add_routes` (called from ``nsqx.nsqd.http.make_app``).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from nsqx.httpapi import topic_channel_args
+from nsqx.nsqd.channel import SeekError
+from nsqx.nsqd.http import HTTPError, _first, _query, _read_capped
+from nsqx.protocol.errors import ProtocolError
+from nsqx.protocol.names import valid_topic_name
+from nsqx.protocol.v2 import StartPosition, parse_start_position
+from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION, make_id
+
+__all__ = ["add_routes", "message_json", "split_position_arg"]
+
+log = logging.getLogger("nsqx.nsqd.replay_api")
+
+MAX_POSITION_BODY = 256
+SEARCH_MODES = ("id", "count", "virtual_offset")
+
+
+def _json(data: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(data), content_type="application/json",
+                        charset="utf-8")
+
+
+def partition_of(topic: Any, raw: str | None) -> Any:
+    """``topic.partitions[p]`` for a ``partition`` argument (absent: 0); 400 E_BAD_PARTITION."""
+    if raw is None or raw == "":
+        return topic.partitions[0]
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 5:
+        raise HTTPError(400, "E_BAD_PARTITION")
+    p = int(raw)
+    if p >= len(topic.partitions):
+        raise HTTPError(400, "E_BAD_PARTITION")
+    return topic.partitions[p]
+
+
+def split_position_arg(body: bytes, params: dict[str, list[str]]) -> StartPosition:
+    """The position of a setoffset request: the body, or ``to=`` when the body is empty."""
+    raw = body.strip()
+    if not raw:
+        q = _first(params, "to")
+        if not q:
+            raise HTTPError(400, "MISSING_POSITION")
+        raw = q.encode("utf-8", "surrogateescape")
+    try:
+        return parse_start_position(raw)
+    except ProtocolError:
+        raise HTTPError(400, "E_INVALID") from None
+
+
+def _text_or_b64(value: bytes) -> tuple[str, bool]:
+    try:
+        return value.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return base64.b64encode(value).decode("ascii"), True
+
+
+def message_json(partition: int, offset: int, frame: bytes,
+                 headers: dict[str, bytes] | None) -> dict[str, Any]:
+    """A stored frame ``[size][type][ts][attempts][id][body]`` as /message/get's JSON."""
+    body, b64 = _text_or_b64(bytes(frame[34:]))
+    hdrs: dict[str, str] = {}
+    hdr_b64: list[str] = []
+    for k, v in (headers or {}).items():
+        hdrs[k], is_b64 = _text_or_b64(bytes(v))
+        if is_b64:
+            hdr_b64.append(k)
+    return {
+        "id": bytes(frame[18:34]).decode("ascii", "replace"),
+        "partition": partition,
+        "offset": offset,
+        "queue_cnt_index": offset,
+        "timestamp": int.from_bytes(frame[8:16], "big"),
+        "attempts": int.from_bytes(frame[16:18], "big"),
+        "body": body,
+        "body_encoding": "base64" if b64 else "utf-8",
+        "headers": hdrs,
+        "headers_base64": hdr_b64,
+    }
+
+
+def _parse_id(pos: str) -> tuple[int, int]:
+    """(partition, offset) of a search_pos in id mode: 16 hex digits, or decimal."""
+    if len(pos) == 16 and all(c in "0123456789abcdefABCDEF" for c in pos):
+        v = int(pos, 16)
+    elif pos.isascii() and pos.isdigit() and len(pos) <= 20:
+        v = int(pos)
+    else:
+        raise HTTPError(400, "E_INVALID")
+    p, off = v >> 48, v & MAX_OFFSET
+    if p > MAX_PARTITION:
+        raise HTTPError(400, "E_INVALID")
+    return p, off
+
+
+class _ReplayAPI:
+    def __init__(self, nsqd: Any, authorize: Any = None) -> None:
+        self.nsqd = nsqd
+        self._authorize = authorize
+
+    def _topic(self, name: str) -> Any:
+        topic = self.nsqd.get_topic(name, create=False)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic
+
+    # -- POST /channel/setoffset ---------------------------------------------------------
+    async def set_offset(self, request: web.Request) -> web.Response:
+        params = _query(request)
+        tname, cname = topic_channel_args(params)
+        if (request.content_length or 0) > MAX_POSITION_BODY:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        body = await _read_capped(request, MAX_POSITION_BODY)
+        if len(body) > MAX_POSITION_BODY:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        pos = split_position_arg(body, params)
+        part = partition_of(self._topic(tname), _first(params, "partition"))
+        channel = part.get_channel(cname, create=False)
+        if channel is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        try:
+            res = channel.seek(pos)
+        except SeekError as exc:
+            log.info("TOPIC(%s) CHANNEL(%s): setoffset refused - %s", tname, cname, exc)
+            raise HTTPError(400, "OFFSET_OUT_OF_RANGE") from None
+        return _json({"topic": tname, "channel": cname, "partition": part.partition,
+                      "offset": res.offset, "earliest": res.earliest, "latest": res.latest,
+                      "clamped": res.clamped, "persisted": res.persisted})
+
+    # -- GET /message/get ----------------------------------------------------------------
+    async def message_get(self, request: web.Request) -> web.Response:
+        params = _query(request)
+        tname = _first(params, "topic")
+        if tname is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not valid_topic_name(tname):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        mode = _first(params, "search_mode") or "id"
+        if mode not in SEARCH_MODES:
+            raise HTTPError(400, "E_INVALID")
+        pos = _first(params, "search_pos")
+        if not pos:
+            raise HTTPError(400, "MISSING_ARG_SEARCH_POS")
+        praw = _first(params, "partition")
+        if mode == "id":
+            pid, offset = _parse_id(pos)
+            if praw not in (None, "") and praw != str(pid):
+                raise HTTPError(400, "E_BAD_PARTITION")
+            praw = str(pid)
+        else:
+            if not (pos.isascii() and pos.isdigit()) or len(pos) > 20:
+                raise HTTPError(400, "E_INVALID")
+            offset = int(pos)
+        if self._authorize is not None:
+            await self._authorize(request, tname, "subscribe")
+        part = partition_of(self._topic(tname), praw)
+        plog = part.log
+        try:
+            frame = plog.read_frame(offset)
+        except (KeyError, ValueError):
+            raise HTTPError(404, "MESSAGE_NOT_FOUND") from None
+        if (_first(params, "raw") or "") in ("1", "true"):
+            return web.Response(body=bytes(frame[34:]), content_type="application/octet-stream",
+                                headers={"X-Nsqx-Message-Id": make_id(part.partition, offset)
+                                         .decode(),
+                                         "X-Nsqx-Partition": str(part.partition),
+                                         "X-Nsqx-Offset": str(offset),
+                                         "X-Nsqx-Timestamp": str(int.from_bytes(frame[8:16],
+                                                                                "big")),
+                                         "X-Nsqx-Attempts": str(int.from_bytes(frame[16:18],
+                                                                               "big"))})
+        return _json(message_json(part.partition, offset, frame, plog.headers(offset)))
+
+
+def add_routes(app: web.Application, nsqd: Any, authorize: Any = None) -> None:
+    """Register /channel/setoffset and /message/get; ``authorize(request, topic, perm)``
+    is the fetch API's check (``--auth-http-address``)."""
+    api = _ReplayAPI(nsqd, authorize)
+    app.router.add_post("/channel/setoffset", api.set_offset)
+    app.router.add_get("/message/get", api.message_get, allow_head=False)
