@@ -3,6 +3,8 @@
     nsqx spark archive --nsqd 127.0.0.1:4151 --topic events --to ./archive/events
     nsqx spark stats --nsqd 127.0.0.1:4151 --topic events --from 2026-11-22T10:00
     nsqx bench --nsqd 127.0.0.1:4150,127.0.0.1:4151 --nsqd 127.0.0.1:5150,127.0.0.1:5151
+    nsqx channel reset orders billing --to-time 2026-11-24T10:00 --nsqd-http-address 127.0.0.1:4151
+    nsqx message get orders 000000000000002a --nsqd-http-address 127.0.0.1:4151
 
 To add a group: write ``add_<group>_commands(subparsers)`` that registers its parser with
 ``set_defaults(func=...)`` for every leaf command, and list it in ``GROUPS``.
@@ -20,7 +22,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["main", "build_parser", "add_spark_commands", "add_bench_commands", "GROUPS"]
+__all__ = ["main", "build_parser", "add_spark_commands", "add_bench_commands",
+           "add_channel_commands", "add_message_commands", "GROUPS"]
 
 
 def _kv(value: str) -> tuple[str, str]:
@@ -191,7 +194,221 @@ def add_bench_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-GROUPS: list[Callable[[Any], None]] = [add_spark_commands, add_bench_commands]
+def _nsqd_http(method: str, address: str, path: str, params: dict[str, str],
+               body: bytes | None = None, timeout: float = 30.0) -> tuple[int, bytes, Any]:
+    """One request to nsqd's HTTP API -> (status, body, headers); HTTP errors are returned."""
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urlencode
+
+    base = address if "://" in address else f"http://{address}"
+    req = urllib.request.Request(f"{base.rstrip('/')}{path}?{urlencode(params)}", data=body,
+                                 method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read(), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), e.headers
+
+
+def _http_failed(prog: str, status: int, data: bytes) -> int:
+    try:
+        msg = json.loads(data)["message"]
+    except (ValueError, KeyError, TypeError):
+        msg = data.decode("utf-8", "replace").strip()[:300]
+    print(f"{prog}: nsqd answered {status} {msg}", file=sys.stderr)
+    return 1
+
+
+def _http_call(prog: str, method: str, address: str, path: str, params: dict[str, str],
+               body: bytes | None = None) -> tuple[int, bytes, Any] | None:
+    try:
+        return _nsqd_http(method, address, path, params, body)
+    except OSError as exc:
+        print(f"{prog}: cannot reach nsqd at {address}: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_channel_reset(args: argparse.Namespace) -> int:
+    """POST /channel/setoffset with the position the flags name."""
+    prog = "nsqx channel reset"
+    if args.to_time is not None:
+        from nsqx.spark.jobs import parse_time_ms
+
+        try:
+            ms = parse_time_ms(args.to_time)
+        except ValueError as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 2
+        assert ms is not None
+        if ms < 0:
+            print(f"{prog}: --to-time before 1970", file=sys.stderr)
+            return 2
+        position = f"timestamp:{ms // 1000}"
+    elif args.to_offset is not None:
+        position = f"msgcount:{args.to_offset}"
+    else:
+        position = "earliest" if args.earliest else "latest"
+    params = {"topic": args.topic, "channel": args.channel}
+    if args.partition is not None:
+        params["partition"] = str(args.partition)
+    got = _http_call(prog, "POST", args.nsqd_http_address, "/channel/setoffset", params,
+                     position.encode())
+    if got is None:
+        return 1
+    status, data, _ = got
+    if status != 200:
+        return _http_failed(prog, status, data)
+    doc = json.loads(data)
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    print(f"{doc['topic']}/{doc['channel']} partition {doc['partition']}: reset to offset "
+          f"{doc['offset']} (log holds {doc['earliest']}..{doc['latest']})")
+    if doc.get("clamped"):
+        print("  the position was before the oldest kept message: moved up to it")
+    if not doc.get("persisted", True):
+        print("  ephemeral: the position is kept in memory only")
+    return 0
+
+
+def add_channel_commands(sub: Any) -> None:
+    """``nsqx channel reset``: replay or skip a channel by moving its cursor."""
+    ch = sub.add_parser("channel", help="channel administration (reset = replay/skip)",
+                        description="Channel administration through nsqd's HTTP API.")
+    csub = ch.add_subparsers(dest="channel_command", metavar="COMMAND")
+    ch.set_defaults(func=lambda a: (ch.print_help(), 2)[1])
+    p = csub.add_parser(
+        "reset", help="move a channel to a time, an offset, the start or the end of its log",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Move CHANNEL of TOPIC so that it delivers again from a point of the log "
+                    "(replay) or skips ahead (POST /channel/setoffset).\n\n"
+                    "Messages in flight are forgotten (a late FIN of one fails), finished ones "
+                    "from the new position on are delivered again, a paused channel stays "
+                    "paused. The new position is on disk before this returns.",
+        epilog="examples:\n"
+               "  nsqx channel reset orders billing --to-time 2026-11-24T10:00 "
+               "--nsqd-http-address 127.0.0.1:4151\n"
+               "  nsqx channel reset orders billing --to-offset 1200 --partition 0 "
+               "--nsqd-http-address 127.0.0.1:4151\n"
+               "  nsqx channel reset orders billing --latest --nsqd-http-address 127.0.0.1:4151")
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("channel", metavar="CHANNEL")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to-time", metavar="TIME",
+                       help="the first message stored at or after TIME: ISO 8601 (UTC unless "
+                            "it says, e.g. 2026-11-24T10:00 or 2026-11-24T10:00+01:00) or ms "
+                            "since the epoch; a seek in the time index, whole seconds")
+    where.add_argument("--to-offset", metavar="N", type=_offset_arg,
+                       help="log offset N (the partition's N-th message, 0-based; Youzan's "
+                            "msgcount); before the oldest kept message means that one, past "
+                            "the end is refused")
+    where.add_argument("--earliest", action="store_true",
+                       help="the oldest message the log still keeps")
+    where.add_argument("--latest", action="store_true",
+                       help="the end of the log: only messages published from now on")
+    p.add_argument("--partition", type=_offset_arg, metavar="P",
+                   help="partition of the topic (default 0)")
+    p.add_argument("--nsqd-http-address", required=True, metavar="HOST:PORT",
+                   help="HTTP address of the nsqd that holds the partition")
+    p.add_argument("--json", action="store_true", help="print nsqd's JSON answer")
+    p.set_defaults(func=cmd_channel_reset)
+
+
+def _offset_arg(value: str) -> int:
+    if not value.isascii() or not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
+    return int(value)
+
+
+def cmd_message_get(args: argparse.Namespace) -> int:
+    """GET /message/get by id or offset; print it (or its JSON, or the raw body)."""
+    prog = "nsqx message get"
+    if (args.id is None) == (args.offset is None):
+        print(f"{prog}: give either a message ID or --offset N", file=sys.stderr)
+        return 2
+    params = {"topic": args.topic}
+    if args.id is not None:
+        params.update(search_mode="id", search_pos=args.id)
+    else:
+        params.update(search_mode="count", search_pos=str(args.offset))
+    if args.partition is not None:
+        params["partition"] = str(args.partition)
+    if args.raw:
+        params["raw"] = "1"
+    got = _http_call(prog, "GET", args.nsqd_http_address, "/message/get", params)
+    if got is None:
+        return 1
+    status, data, _ = got
+    if status != 200:
+        return _http_failed(prog, status, data)
+    if args.raw:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return 0
+    doc = json.loads(data)
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    print(format_message(doc))
+    return 0
+
+
+def format_message(doc: dict[str, Any]) -> str:
+    """/message/get's JSON for a terminal: metadata, headers, then the body."""
+    import base64
+    from datetime import UTC, datetime
+
+    ts = int(doc["timestamp"])
+    when = datetime.fromtimestamp(ts / 1e9, UTC).isoformat(timespec="microseconds")
+    lines = [f"id         {doc['id']}", f"partition  {doc['partition']}",
+             f"offset     {doc['offset']}", f"timestamp  {when} ({ts} ns)",
+             f"attempts   {doc['attempts']}"]
+    b64h = set(doc.get("headers_base64") or ())
+    for k, v in sorted((doc.get("headers") or {}).items()):
+        lines.append(f"header     {k}: {v}" + (" (base64)" if k in b64h else ""))
+    if doc.get("body_encoding") == "base64":
+        size = len(base64.b64decode(doc["body"]))
+        lines.append(f"body       {size} bytes, not UTF-8, base64 (use --raw for the bytes):")
+    else:
+        lines.append(f"body       {len(doc['body'].encode())} bytes:")
+    lines.append(doc["body"])
+    return "\n".join(lines)
+
+
+def add_message_commands(sub: Any) -> None:
+    """``nsqx message get``: read one message of a topic's log."""
+    msg = sub.add_parser("message", help="look a message up in a topic's log",
+                         description="Message lookup through nsqd's HTTP API.")
+    msub = msg.add_subparsers(dest="message_command", metavar="COMMAND")
+    msg.set_defaults(func=lambda a: (msg.print_help(), 2)[1])
+    p = msub.add_parser(
+        "get", help="print one message by id or offset (body, time, attempts, headers)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Read one message of TOPIC from the log, whether or not a channel has "
+                    "consumed it (GET /message/get). Messages removed by retention are not "
+                    "found.",
+        epilog="examples:\n"
+               "  nsqx message get orders 000000000000002a --nsqd-http-address 127.0.0.1:4151\n"
+               "  nsqx message get orders --offset 42 --partition 0 --raw "
+               "--nsqd-http-address 127.0.0.1:4151 > body.bin")
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("id", metavar="ID", nargs="?",
+                   help="the message id a consumer received (16 hex digits; it names the "
+                        "partition and offset)")
+    p.add_argument("--offset", type=_offset_arg, metavar="N", help="log offset instead of an id")
+    p.add_argument("--partition", type=_offset_arg, metavar="P",
+                   help="partition for --offset (default 0)")
+    p.add_argument("--nsqd-http-address", required=True, metavar="HOST:PORT",
+                   help="HTTP address of the nsqd that holds the partition")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print nsqd's JSON answer")
+    out.add_argument("--raw", action="store_true", help="write the body's bytes to stdout")
+    p.set_defaults(func=cmd_message_get)
+
+
+GROUPS: list[Callable[[Any], None]] = [add_spark_commands, add_bench_commands,
+                                       add_channel_commands, add_message_commands]
 
 
 def build_parser() -> argparse.ArgumentParser:
