@@ -523,4 +523,6 @@ def make_app(nsqd: Any, *, tls_listener: bool = False) -> web.Application:
 
     fetch = fetch_api.add_routes(app, nsqd)
     replay_api.add_routes(app, nsqd, fetch._authorize)
+    for hook in getattr(nsqd, "http_route_hooks", ()):
+        hook(app)  # extensions (cluster mode's replication API)
     return app

@@ -10,6 +10,7 @@ import os
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,11 @@ class NSQD:
         # interval fsyncs of every topic's log share one syncfs() per pass
         self.fs_syncer = FileSystemSyncer(str(self.data_path), self.loop)
         self.statsd: Any = None
+        # Extensions attached by the entry point (cluster mode): objects with async
+        # start()/stop(), started after the listeners and stopped before any topic closes,
+        # and functions that add HTTP routes to the node's app. nsqd knows nothing more of them.
+        self.plugins: list[Any] = []
+        self.http_route_hooks: list[Callable[[Any], None]] = []
 
     # -- facade used by the TCP and HTTP front ends --------------------------------------
     @property
@@ -306,6 +312,8 @@ class NSQD:
             self.lookup_register(topic.name, None)
             for ch in topic.channels:
                 self.lookup_register(topic.name, ch)
+        for plugin in self.plugins:
+            await plugin.start()
 
     async def _scan_loop(self) -> None:
         while True:
@@ -334,6 +342,11 @@ class NSQD:
             return
         self.exiting = True
         log.info("NSQ: closing")
+        for plugin in reversed(self.plugins):
+            try:
+                await plugin.stop()
+            except Exception as exc:  # keep shutting down
+                log.error("stopping %r failed: %s", plugin, exc)
         for server in self._servers:
             server.close()
         for client in self.clients():

@@ -96,6 +96,10 @@ class Options:
     http_client_request_timeout: float = 5.0
     topology_region: str = ""
     topology_zone: str = ""
+    # cluster mode (Youzan's names): on exactly when leadership addresses are given
+    cluster_id: str = "nsqx"
+    cluster_leadership_addresses: list[str] = field(default_factory=list)
+    cluster_node_ttl: float = 5.0  # seconds an nsqd stays a live member without refreshing
 
     # storage (upstream "diskqueue options", same names and meanings)
     data_path: str = field(default_factory=os.getcwd)
@@ -294,6 +298,13 @@ def _flags() -> list[Flag]:
              "timeout for HTTP connect"),
         Flag("http-client-request-timeout", DUR, d.http_client_request_timeout,
              "timeout for HTTP request"),
+        Flag("cluster-id", STR, d.cluster_id, "[nsqx] cluster name: the etcd key prefix "
+             "/nsqx/<id>/ shared by the nsqd and nsqlookupd of one cluster"),
+        Flag("cluster-leadership-addresses", "strings", [], "[nsqx] etcd client URLs "
+             "(http://127.0.0.1:2379, comma separated or repeated); cluster mode is on exactly "
+             "when set", dest="cluster_leadership_addresses"),
+        Flag("cluster-node-ttl", DUR, d.cluster_node_ttl, "[nsqx] lease of this node's "
+             "membership in etcd: a node silent this long is considered dead"),
         Flag("topology-region", STR, "", "A region represents a larger domain, made up of one or "
              "more zones for preferring closer consumer"),
         Flag("topology-zone", STR, "", "A zone represents a logical failure domain for preferring "

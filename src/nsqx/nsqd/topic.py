@@ -12,7 +12,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from nsqx.nsqd.channel import Channel, now_ms
 from nsqx.storage.commit import GroupCommitter
@@ -43,6 +43,10 @@ class Topic:
         # being the object nsqd.topics[name] holds.
         self.partition = partition
         self.partitions: list[Topic] = [self]
+        # Cluster mode (set by nsqx.cluster, None standalone): who may publish here and when
+        # an append counts as acknowledged; `epoch` is the leader epoch stamped on commits.
+        self.gate: WriteGate | None = None
+        self.epoch = 0
         self.ephemeral = name.endswith("#ephemeral")
         self.paused = paused
         self.channels: dict[str, Channel] = {}
@@ -86,11 +90,21 @@ class Topic:
         the frames stock clients receive.
         """
         base = self.log.next_offset
-        kw = {} if headers is None else {"headers": headers}
+        kw: dict = {} if headers is None else {"headers": headers}
+        outer: asyncio.Future[int] | None = None
+        if self.gate is not None:  # cluster mode: leader only, acked once the ISR has it
+            refusal = self.gate.refuse(self, len(bodies))
+            if refusal is not None:
+                return _refuse(self.nsqd.loop, done, PublishRefused(refusal))
+            if done is None:
+                outer = self.nsqd.loop.create_future()
+                done = _settle(outer)
+            done = self.gate.wrap(self, base + len(bodies), done)
+            kw["epoch"] = self.epoch
         if done is None:
             fut: asyncio.Future[int] | None = self.committer.append(bodies, **kw)
         else:
-            fut = None
+            fut = outer
             self.committer.append_cb(bodies, done, **kw)
         self.message_count += len(bodies)
         self.message_bytes += sum(map(len, bodies))
@@ -234,6 +248,42 @@ class Topic:
             self.log.close()
         if delete and not self.ephemeral:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PublishRefused(Exception):
+    """A publish this node may not take now (not the leader, too few in-sync replicas)."""
+
+
+class WriteGate(Protocol):
+    """What cluster mode puts in front of a topic partition's appends."""
+
+    def refuse(self, topic: Topic, count: int) -> str | None:
+        """A reason to refuse this publish, or None to take it."""
+
+    def wrap(self, topic: Topic, end_offset: int, done: Callable[[int, Exception | None], None]
+             ) -> Callable[[int, Exception | None], None]:
+        """A completion that calls ``done`` once the append up to ``end_offset`` is replicated."""
+
+
+def _settle(fut: asyncio.Future[int]) -> Callable[[int, Exception | None], None]:
+    def done(base: int, exc: Exception | None) -> None:
+        if fut.done():
+            return
+        if exc is None:
+            fut.set_result(base)
+        else:
+            fut.set_exception(exc)
+    return done
+
+
+def _refuse(loop: asyncio.AbstractEventLoop, done: Callable[[int, Exception | None], None] | None,
+            exc: Exception) -> asyncio.Future[int] | None:
+    if done is not None:
+        loop.call_soon(done, -1, exc)  # as a failed commit would: after this call returns
+        return None
+    fut: asyncio.Future[int] = loop.create_future()
+    fut.set_exception(exc)
+    return fut
 
 
 def delete_cursor_files(path: Path) -> None:
