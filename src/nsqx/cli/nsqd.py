@@ -12,7 +12,14 @@ def main(argv: list[str] | None = None) -> None:
     def make():  # type: ignore[no-untyped-def]
         from nsqx.nsqd.node import NSQD
 
-        return NSQD(opts)
+        node = NSQD(opts)
+        if opts.cluster_leadership_addresses:
+            from nsqx.cluster.member import NodeMember
+
+            endpoints = [u for a in opts.cluster_leadership_addresses for u in a.split(",") if u]
+            node.plugins.append(NodeMember(node, endpoints, opts.cluster_id,
+                                           ttl=opts.cluster_node_ttl))
+        return node
 
     run_daemon(opts, make, "nsqx.nsqd")
 

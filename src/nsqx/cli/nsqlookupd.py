@@ -12,7 +12,13 @@ def main(argv: list[str] | None = None) -> None:
     def make():  # type: ignore[no-untyped-def]
         from nsqx.lookupd.node import NSQLookupd
 
-        return NSQLookupd(opts)
+        node = NSQLookupd(opts)
+        if opts.cluster_leadership_addresses:
+            from nsqx.cluster.lookupd_api import ClusterLookupd
+
+            endpoints = [u for a in opts.cluster_leadership_addresses for u in a.split(",") if u]
+            ClusterLookupd(node, endpoints, opts.cluster_id)
+        return node
 
     run_daemon(opts, make, "nsqx.lookupd")
 

@@ -348,6 +348,8 @@ def make_app(lookupd: NSQLookupd) -> web.Application:
         ("/topic/tombstone", h.topic_tombstone),
     ):
         router.add("POST", path, fn)
+    for method, path, fn in getattr(lookupd, "http_routes", ()):
+        router.add(method, path, fn)  # extensions (cluster mode) may replace a default
     app = web.Application(middlewares=[_log_middleware()])
     app.router.add_route("*", "/{tail:.*}", router.dispatch)
     app.on_response_prepare.append(add_v1_header)

@@ -15,6 +15,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -51,6 +52,10 @@ class NSQLookupd:
         self._runner: web.AppRunner | None = None
         self._started = False
         self._stopped = False
+        # Extensions attached by the entry point (cluster mode's coordinator): objects with
+        # async start()/stop(), and (method, path, handler) routes added over the defaults.
+        self.plugins: list[Any] = []
+        self.http_routes: list[tuple[str, str, Callable[..., Any]]] = []
 
     async def start(self) -> None:
         """Bind and serve; raises OSError (``listen (addr) failed - ...``) if a bind fails."""
@@ -91,11 +96,18 @@ class NSQLookupd:
             for s in (tcp_sock, http_sock):
                 if s is not None:
                     s.close()
+        for plugin in self.plugins:
+            await plugin.start()
 
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
+        for plugin in reversed(self.plugins):
+            try:
+                await plugin.stop()
+            except Exception as exc:  # keep shutting down
+                log.error("stopping %r failed: %s", plugin, exc)
         if self._tcp_server is not None:
             self._tcp_server.close()
         for conn in list(self.connections):

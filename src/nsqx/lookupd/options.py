@@ -38,6 +38,9 @@ class Options:
     broadcast_address: str = field(default_factory=socket.gethostname)
     inactive_producer_timeout: float = 300.0
     tombstone_lifetime: float = 45.0
+    # cluster mode (Youzan's names): this lookupd campaigns to coordinate the cluster
+    cluster_id: str = "nsqx"
+    cluster_leadership_addresses: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -72,6 +75,12 @@ def _flags() -> list[Flag]:
              "duration of time a producer will remain in the active list since its last ping"),
         Flag("tombstone-lifetime", "duration", d.tombstone_lifetime,
              "duration of time a producer will remain tombstoned if registration remains"),
+        Flag("cluster-id", "string", d.cluster_id, "[nsqx] cluster name: the etcd key prefix "
+             "/nsqx/<id>/ shared by the nsqd and nsqlookupd of one cluster"),
+        Flag("cluster-leadership-addresses", "strings", [], "[nsqx] etcd client URLs "
+             "(comma separated or repeated); when set, this nsqlookupd campaigns to be the "
+             "cluster's coordinator and answers /lookup from the cluster's metadata",
+             dest="cluster_leadership_addresses"),
     ]
 
 

@@ -42,6 +42,7 @@ from nsqx.httpapi import query as _query
 from nsqx.nsqd.metrics import memory_stats, prometheus_text
 from nsqx.nsqd.options import LOG_LEVELS, TLS_REQUIRED
 from nsqx.nsqd.stats_text import format_stats
+from nsqx.nsqd.topic import PublishRefused
 from nsqx.protocol.names import valid_topic_name
 
 __all__ = ["HTTPError", "make_app", "parse_go_query", "parse_mpub_binary"]
@@ -191,6 +192,9 @@ class _Handlers:
             await self.nsqd.publish(topic_name, bodies, defer_ms)
         except asyncio.CancelledError:
             raise
+        except PublishRefused as exc:  # cluster mode: not the leader, too few in-sync replicas
+            log.error("TOPIC(%s): HTTP publish refused - %s", topic_name, exc)
+            raise HTTPError(503, "E_PUB_FAILED") from None
         except Exception as exc:
             log.error("TOPIC(%s): HTTP publish failed - %s", topic_name, exc)
             raise HTTPError(503, "EXITING") from None

@@ -173,8 +173,11 @@ class FastPubProtocol(asyncio.Protocol):
                 log.debug("200 POST /pub (%s) fast path", t.get_extra_info("peername"))
         else:
             log.error("HTTP publish failed - %s", exc)
+            from nsqx.nsqd.topic import PublishRefused
+
+            code = b"E_PUB_FAILED" if isinstance(exc, PublishRefused) else b"EXITING"
             t.write(_response(b"503 Service Unavailable", b"application/json; charset=utf-8",
-                              b'{"message":"EXITING"}'))
+                              b'{"message":"%s"}' % code))
         if self._held:
             data = b"".join(self._held)
             self._held = []

@@ -79,6 +79,7 @@ class NSQD:
         # and functions that add HTTP routes to the node's app. nsqd knows nothing more of them.
         self.plugins: list[Any] = []
         self.http_route_hooks: list[Callable[[Any], None]] = []
+        self.topic_hooks: list[Callable[[Topic], None]] = []  # called with each new Topic
 
     # -- facade used by the TCP and HTTP front ends --------------------------------------
     @property
@@ -113,6 +114,8 @@ class NSQD:
         self.topics[name] = topic
         self.share_memory()
         log.info("TOPIC(%s): created", name)
+        for hook in self.topic_hooks:
+            hook(topic)
         # Pre-create the channels lookupd knows of, so messages published before the
         # consumers reconnect are kept for them. Upstream asks synchronously; here it
         # happens a moment later, which loses nothing: a topic's first channel starts

@@ -99,7 +99,7 @@ class Options:
     # cluster mode (Youzan's names): on exactly when leadership addresses are given
     cluster_id: str = "nsqx"
     cluster_leadership_addresses: list[str] = field(default_factory=list)
-    cluster_node_ttl: float = 5.0  # seconds an nsqd stays a live member without refreshing
+    cluster_node_ttl: float = 3.0  # seconds an nsqd stays a live member without refreshing
 
     # storage (upstream "diskqueue options", same names and meanings)
     data_path: str = field(default_factory=os.getcwd)

@@ -1,0 +1,199 @@
+"""nsqlookupd in cluster mode: the coordinator plugin and Youzan's HTTP endpoints.
+
+Attached by the entry point when ``--cluster-leadership-addresses`` is set. Every lookupd
+campaigns; the elected one reconciles. Any of them answers (reads come from etcd):
+
+- ``GET /lookup?topic=T[&access=r|w][&metainfo=true]``: for a cluster topic, ``producers``
+  are the partition leaders (deduplicated, upstream's PeerInfo shape, so stock clients find
+  every partition), ``partitions`` maps each partition to its leader, ``meta`` (with
+  ``metainfo``) gives ``partition_num``, ``replica``, ``ordered``. Other topics: upstream's
+  answer from the registrations.
+- ``POST /topic/create?topic=T[&partition_num=P][&replicator=R][&syncdisk=N][&orderedmulti=true][&min_isr=M]``:
+  creates the topic in the cluster (1 partition, min(3, live nodes) replicas by default);
+  the same shape again is a no-op, another shape is refused (400 ``E_TOPIC_EXISTS``).
+- ``POST /cluster/node/remove?remove_node=ID`` drains a node; ``&undo=true`` stops it.
+- ``GET /cluster/stats``: coordinator, live nodes, and every partition's leader, epoch,
+  ISR and catch-up set.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from nsqx.cluster.coordinator import Coordinator
+from nsqx.cluster.etcd import EtcdClient, EtcdError
+from nsqx.cluster.model import MetaError, NodeInfo, TopicMeta
+
+log = logging.getLogger("nsqx.cluster.lookupd")
+
+__all__ = ["ClusterLookupd"]
+
+
+def _json(status: int, obj: Any) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+
+
+def _err(status: int, code: str, text: str = "") -> web.Response:
+    body: dict[str, Any] = {"message": code}
+    if text:
+        body["detail"] = text
+    return _json(status, body)
+
+
+def _peer(n: NodeInfo) -> dict[str, Any]:
+    return {"remote_address": f"{n.broadcast_address}:{n.tcp_port}",
+            "hostname": n.broadcast_address, "broadcast_address": n.broadcast_address,
+            "tcp_port": n.tcp_port, "http_port": n.http_port, "version": n.version or "1.3.0",
+            "topology_zone": "", "topology_region": "", "id": n.id}
+
+
+def _int(q: Any, name: str, default: int, lo: int, hi: int) -> int:
+    raw = q.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise MetaError(f"{name} must be an integer, got {raw!r}") from None
+    if not lo <= v <= hi:
+        raise MetaError(f"{name} must be in {lo}..{hi}, got {v}")
+    return v
+
+
+class ClusterLookupd:
+    """The cluster side of one nsqlookupd (plugin + routes)."""
+
+    def __init__(self, lookupd: Any, endpoints: list[str], cluster_id: str) -> None:
+        self.lookupd = lookupd
+        self.etcd = EtcdClient(endpoints)
+        self.cluster_id = cluster_id
+        self.coordinator: Coordinator | None = None
+        self._upstream_lookup: Any = None
+        lookupd.plugins.append(self)
+        for path, fn in (("/lookup", self.h_lookup), ("/cluster/stats", self.h_stats)):
+            lookupd.http_routes.append(("GET", path, fn))
+        for path, fn in (("/topic/create", self.h_topic_create),
+                         ("/cluster/node/remove", self.h_node_remove)):
+            lookupd.http_routes.append(("POST", path, fn))
+
+    @property
+    def meta(self):  # type: ignore[no-untyped-def]
+        assert self.coordinator is not None
+        return self.coordinator.meta
+
+    async def start(self) -> None:
+        me = f"{self.lookupd.opts.broadcast_address}:{self.lookupd.http_port}"
+        self.coordinator = Coordinator(self.etcd, self.cluster_id, me)
+        self.coordinator.start()
+        log.info("CLUSTER: nsqlookupd %s campaigning to coordinate cluster %s at %s", me,
+                 self.cluster_id, ", ".join(self.etcd.endpoints))
+
+    async def stop(self) -> None:
+        if self.coordinator is not None:
+            await self.coordinator.close()
+        await self.etcd.close()
+
+    # -- handlers ---------------------------------------------------------------------------
+    async def h_lookup(self, request: web.Request) -> web.StreamResponse:
+        name = request.query.get("topic")
+        try:
+            tm = await self.meta.topic(name) if name else None
+        except EtcdError as e:
+            log.error("CLUSTER: /lookup: %s", e)
+            tm = None
+        if tm is None:
+            from nsqx.lookupd.http import _Handlers
+
+            return await _Handlers(self.lookupd).lookup(request)
+        nodes = await self.meta.nodes()
+        parts = await self.meta.partitions(tm.name)
+        producers: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        partitions: dict[str, Any] = {}
+        for p, v in parts.items():
+            leader = v.meta.leader
+            if leader is None or leader not in nodes:
+                continue
+            partitions[str(p)] = _peer(nodes[leader])
+            if leader not in seen:
+                seen.add(leader)
+                producers.append(_peer(nodes[leader]))
+        from nsqx.lookupd.registry import CHANNEL
+
+        channels = sorted({r.subkey for r in
+                           self.lookupd.db.find_registrations(CHANNEL, tm.name, "*")})
+        body: dict[str, Any] = {"channels": channels, "producers": producers,
+                                "partitions": partitions}
+        if request.query.get("metainfo") == "true":
+            body["meta"] = {"partition_num": tm.partitions, "replica": tm.replicas,
+                            "ordered": tm.ordered, "extend_support": False,
+                            "multi_part": tm.partitions > 1, "min_isr": tm.effective_min_isr}
+        return _json(200, body)
+
+    async def h_topic_create(self, request: web.Request) -> web.Response:
+        q = request.query
+        name = q.get("topic", "")
+        if not name:
+            return _err(400, "MISSING_ARG_TOPIC")
+        try:
+            nodes = await self.meta.nodes()
+            parts = _int(q, "partition_num", 1, 1, 1024)
+            reps = _int(q, "replicator", min(3, max(len(nodes), 1)), 1, 16)
+            tm = TopicMeta(name, parts, reps, sync_every=_int(q, "syncdisk", 0, 0, 1 << 30),
+                           ordered=q.get("orderedmulti") == "true",
+                           min_isr=_int(q, "min_isr", 0, 0, 16))
+            placed = await self.meta.create_topic(tm, sorted(nodes))
+        except MetaError as e:
+            code = "E_TOPIC_EXISTS" if "already exists" in str(e) else "E_INVALID"
+            return _err(400, code, str(e))
+        except EtcdError as e:
+            return _err(503, "E_CLUSTER_UNAVAILABLE", str(e))
+        return _json(200, {"topic": name, "partitions": [
+            {"partition": p.partition, "leader": p.leader, "replicas": list(p.replicas),
+             "epoch": p.epoch, "isr": list(p.isr)} for p in placed]})
+
+    async def h_node_remove(self, request: web.Request) -> web.Response:
+        node = request.query.get("remove_node", "")
+        if not node:
+            return _err(400, "MISSING_ARG_REMOVE_NODE")
+        try:
+            if request.query.get("undo") == "true":
+                await self.coordinator.undrain(node)  # type: ignore[union-attr]
+            else:
+                if node not in await self.meta.nodes():
+                    return _err(404, "NODE_NOT_FOUND", f"no live node {node}")
+                await self.coordinator.drain(node)  # type: ignore[union-attr]
+        except EtcdError as e:
+            return _err(503, "E_CLUSTER_UNAVAILABLE", str(e))
+        return _json(200, {"node": node, "draining": request.query.get("undo") != "true"})
+
+    async def h_stats(self, request: web.Request) -> web.Response:
+        try:
+            nodes = await self.meta.nodes()
+            topics = await self.meta.topics()
+            parts = await self.meta.all_partitions()
+            drain_kvs, _ = await self.etcd.get_prefix(self.meta.keys.root + b"drain/")
+        except EtcdError as e:
+            return _err(503, "E_CLUSTER_UNAVAILABLE", str(e))
+        c = self.coordinator
+        assert c is not None
+        return _json(200, {
+            "cluster_id": self.cluster_id,
+            "coordinator": c.leader, "is_coordinator": c.is_leader,
+            "nodes": [{"id": n.id, "tcp_address": n.tcp_address, "http_address": n.http_address,
+                       "version": n.version} for n in nodes.values()],
+            "draining": [kv.key.rsplit(b"/", 1)[-1].decode() for kv in drain_kvs],
+            "topics": {
+                t.name: {"partition_num": t.partitions, "replica": t.replicas,
+                         "ordered": t.ordered, "min_isr": t.effective_min_isr,
+                         "partitions": [
+                             {"partition": v.meta.partition, "leader": v.meta.leader,
+                              "epoch": v.meta.epoch, "replicas": list(v.meta.replicas),
+                              "isr": list(v.meta.isr), "catchup": list(v.meta.catchup)}
+                             for (tn, _), v in sorted(parts.items()) if tn == t.name]}
+                for t in topics.values()},
+        })

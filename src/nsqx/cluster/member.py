@@ -1,0 +1,719 @@
+"""An nsqd as a cluster member: liveness, roles per partition, and replication.
+
+Attached to an :class:`~nsqx.nsqd.node.NSQD` by the entry point in cluster mode (as a
+plugin plus HTTP routes); nsqd itself knows only the narrow write gate of a topic.
+
+- **Liveness**: the node's record lives under an etcd lease refreshed every third of its
+  TTL; when the process dies the lease ends and the coordinator moves leadership.
+- **Roles**: the member watches the partition metadata; for each partition it holds it is
+  the leader (its gate admits publishes and acks them once every ISR member has fetched
+  past them) or a follower (its gate refuses client publishes; a task pulls from the
+  leader). A change of epoch switches roles; a deposed leader fails what it had not acked.
+- **Replication is a pull of ready log bytes**: ``GET /nsqx/replica/fetch`` returns the
+  stored frames from the follower's log end (long-polled at the tail); the follower appends
+  them through the topic's group committer as batches with the leader's timestamps and
+  epochs, so both logs hold the same bytes, and its next fetch offset is its ack. Before its
+  first fetch in an epoch a follower truncates to where its log agrees with the leader's
+  (``/nsqx/replica/epochs`` and :func:`~nsqx.cluster.replication.truncation_point`).
+- **ISR**: the leader drops a follower that stays behind for ``lag_timeout`` (so a dead or
+  paused follower blocks acks only that long) and re-admits one that reached its log end,
+  both by compare-and-swap on the partition's metadata with its own epoch, which also
+  fences a deposed leader: its CAS fails and it steps down.
+- **Channel cursors** travel with fetch answers (at most once a second): followers create
+  the channels and advance them, so a new leader redelivers only the unconfirmed window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from nsqx.cluster.etcd import EtcdClient, EtcdError
+from nsqx.cluster.metadata import ClusterMetadata, Versioned
+from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
+from nsqx.cluster.placement import expand_isr, shrink_isr
+from nsqx.cluster.replication import LeaderProgress, truncation_point
+
+log = logging.getLogger("nsqx.cluster.member")
+
+__all__ = ["NodeMember", "epoch_spans", "split_frames"]
+
+LAG_TIMEOUT = 3.0  # seconds a follower may stay behind before it leaves the ISR
+FETCH_WAIT = 0.5  # long-poll at the tail
+FETCH_MAX_BYTES = 4 << 20
+CURSOR_EVERY = 1.0
+_FRAME_HEAD = struct.Struct(">IIQH")  # size, type, timestamp, attempts
+
+
+def epoch_spans(plog: Any) -> list[tuple[int, int]]:
+    """(epoch, first offset) of each run of commits with one epoch, from the log's metadata."""
+    spans: list[tuple[int, int]] = []
+    for b in plog.batches(plog.start_offset):
+        if b.count and (not spans or spans[-1][0] != b.epoch):
+            spans.append((b.epoch, b.base_offset))
+    return spans
+
+
+def split_frames(data: bytes) -> list[tuple[int, list[bytes]]]:
+    """Cut stored frames into runs of bodies sharing a timestamp (one leader batch each)."""
+    runs: list[tuple[int, list[bytes]]] = []
+    view = memoryview(data)
+    pos, n = 0, len(data)
+    while pos < n:
+        if n - pos < 30:
+            raise ValueError("truncated frame")
+        size, ftype, ts, _ = _FRAME_HEAD.unpack_from(data, pos)
+        if ftype != 2 or size < 26 or pos + 4 + size > n:
+            raise ValueError(f"malformed frame at byte {pos}")
+        body = bytes(view[pos + 34:pos + 4 + size])
+        if runs and runs[-1][0] == ts:
+            runs[-1][1].append(body)
+        else:
+            runs.append((ts, [body]))
+        pos += 4 + size
+    return runs
+
+
+class StaleEpoch(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------------------- gates
+class FollowerGate:
+    """Client publishes go to the leader; this replica only copies it."""
+
+    def __init__(self, leader: str | None) -> None:
+        self.leader = leader
+
+    def refuse(self, topic: Any, count: int) -> str | None:
+        return (f"TOPIC({topic.name}) PARTITION({topic.partition}): this node is not the "
+                f"leader (leader: {self.leader or 'none'})")
+
+    def wrap(self, topic: Any, end_offset: int, done: Callable) -> Callable:
+        return done
+
+
+class UnknownTopicGate:
+    """A topic the cluster has not created: refused, with how to create it."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def refuse(self, topic: Any, count: int) -> str | None:
+        return (f"TOPIC({topic.name}): not created in the cluster ({self.root}); create it "
+                f"with `nsqx topic create` or nsqlookupd's /topic/create")
+
+    def wrap(self, topic: Any, end_offset: int, done: Callable) -> Callable:
+        return done
+
+
+class LeaderGate:
+    """Admits publishes while this node leads with enough in-sync replicas; acks after ISR."""
+
+    def __init__(self, member: NodeMember, topic: Any, meta: PartitionMeta, min_isr: int) -> None:
+        self.member = member
+        self.topic = topic
+        self.meta = meta
+        self.min_isr = min_isr
+        self.progress = LeaderProgress(set(meta.isr), lag_timeout=member.lag_timeout)
+        self.waiters: list[tuple[int, int, Callable]] = []  # (end offset, base, done)
+        self.active = True
+        self.new_data = asyncio.Event()
+        self.last_cursor_sent: dict[str, float] = {}
+
+    def refuse(self, topic: Any, count: int) -> str | None:
+        if not self.active:
+            return f"TOPIC({topic.name}) PARTITION({topic.partition}): leadership lost"
+        if len(self.meta.isr) < self.min_isr:
+            return (f"TOPIC({topic.name}) PARTITION({topic.partition}): only "
+                    f"{len(self.meta.isr)} in-sync replicas, {self.min_isr} needed")
+        return None
+
+    def wrap(self, topic: Any, end_offset: int, done: Callable) -> Callable:
+        def committed(base: int, exc: Exception | None) -> None:
+            if exc is not None:
+                done(base, exc)
+                return
+            if not self.active:
+                done(base, _refused(topic, "leadership lost before replication"))
+                return
+            self.waiters.append((end_offset, base, done))
+            self.new_data.set()
+            self.release()
+        return committed
+
+    def acked_end(self) -> int:
+        return self.progress.acked_end(self.topic.log.flushed_offset, self.member.node_id)
+
+    def release(self) -> None:
+        if not self.waiters:
+            return
+        if len(self.meta.isr) < self.min_isr:
+            # the ISR shrank under the waiting appends: acking them now would be unsafe
+            waiters, self.waiters = self.waiters, []
+            why = f"only {len(self.meta.isr)} in-sync replicas, {self.min_isr} needed"
+            for _end, base, done in waiters:
+                done(base, _refused(self.topic, why))
+            return
+        hw = self.acked_end()
+        if self.waiters[0][0] > hw:
+            return
+        keep = []
+        for end, base, done in self.waiters:
+            if end <= hw:
+                done(base, None)
+            else:
+                keep.append((end, base, done))
+        self.waiters = keep
+
+    def on_meta(self, meta: PartitionMeta) -> None:
+        self.meta = meta
+        self.progress.isr = set(meta.isr)
+        self.release()
+
+    def deposed(self, why: str) -> None:
+        self.active = False
+        waiters, self.waiters = self.waiters, []
+        for _end, base, done in waiters:
+            done(base, _refused(self.topic, why))
+        self.new_data.set()
+
+
+def _refused(topic: Any, why: str) -> Exception:
+    from nsqx.nsqd.topic import PublishRefused
+
+    return PublishRefused(f"TOPIC({topic.name}) PARTITION({topic.partition}): {why}")
+
+
+# ------------------------------------------------------------------------------------ member
+class NodeMember:
+    """The cluster side of one nsqd (a plugin: ``start``/``stop``)."""
+
+    def __init__(self, nsqd: Any, endpoints: list[str], cluster_id: str, *,
+                 ttl: float = 3.0, lag_timeout: float = LAG_TIMEOUT) -> None:
+        self.nsqd = nsqd
+        self.etcd = EtcdClient(endpoints)
+        self.meta = ClusterMetadata(self.etcd, cluster_id)
+        self.ttl = max(2, round(ttl))
+        self.lag_timeout = lag_timeout
+        self.node_id = ""
+        self.lease = 0
+        self.info: NodeInfo | None = None
+        self.partitions: dict[tuple[str, int], PartitionMeta] = {}
+        self.topic_meta: dict[str, TopicMeta] = {}
+        self.gates: dict[tuple[str, int], LeaderGate | FollowerGate] = {}
+        self.followers: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._following: dict[tuple[str, int], tuple[str | None, int]] = {}
+        self.nodes: dict[str, NodeInfo] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._http: aiohttp.ClientSession | None = None
+        self.etcd_ok = True
+        nsqd.http_route_hooks.append(self.add_routes)
+        nsqd.topic_hooks.append(self._on_new_topic)
+
+    def __repr__(self) -> str:
+        return f"<NodeMember {self.node_id}>"
+
+    # -- identity -------------------------------------------------------------------------
+    def _identity(self) -> str:
+        """Kept in the data path, so a restarted node (even on new ports) is the same member."""
+        path = Path(self.nsqd.data_path) / "cluster-node-id"
+        try:
+            ident = path.read_text().strip()
+            if ident:
+                return ident
+        except FileNotFoundError:
+            pass
+        o = self.nsqd.opts
+        ident = f"{o.broadcast_address or 'localhost'}:{self.nsqd.tcp_port}:{self.nsqd.http_port}"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(ident + "\n")
+        tmp.replace(path)
+        return ident
+
+    def _node_info(self) -> NodeInfo:
+        o = self.nsqd.opts
+        from nsqx import __version__
+
+        return NodeInfo(self.node_id, o.broadcast_address or "127.0.0.1",
+                        o.broadcast_tcp_port or self.nsqd.tcp_port,
+                        o.broadcast_http_port or self.nsqd.http_port, __version__)
+
+    # -- plugin ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.node_id = self._identity()
+        self.info = self._node_info()
+        self._http = aiohttp.ClientSession()
+        for topic in list(self.nsqd.topics.values()):  # until the metadata says otherwise
+            if not topic.ephemeral:
+                for part in topic.partitions:
+                    self._guard(part)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._membership(), name="cluster membership"))
+        self._tasks.append(loop.create_task(self._watch(), name="cluster metadata"))
+        self._tasks.append(loop.create_task(self._isr_loop(), name="cluster ISR"))
+        log.info("CLUSTER: node %s joining cluster %s at %s", self.node_id,
+                 self.meta.keys.root.decode(), ", ".join(self.etcd.endpoints))
+
+    async def stop(self) -> None:
+        for task in list(self.followers.values()) + self._tasks:
+            task.cancel()
+        for task in list(self.followers.values()) + self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for gate in self.gates.values():
+            if isinstance(gate, LeaderGate):
+                gate.deposed("node shutting down")
+        if self.lease:
+            with contextlib.suppress(EtcdError):
+                await self.etcd.lease_revoke(self.lease)  # leadership moves at once
+        if self._http is not None:
+            await self._http.close()
+        await self.etcd.close()
+
+    # -- liveness -------------------------------------------------------------------------
+    async def _membership(self) -> None:
+        assert self.info is not None
+        while True:
+            try:
+                if not self.lease:
+                    self.lease = await self.etcd.lease_grant(self.ttl)
+                    await self.meta.register_node(self.info, self.lease)
+                    log.info("CLUSTER: node %s registered (lease %x, ttl %d s)",
+                             self.node_id, self.lease, self.ttl)
+                await asyncio.sleep(self.ttl / 3)
+                if await self.etcd.lease_keepalive(self.lease) <= 0:
+                    log.warning("CLUSTER: node %s lease expired; registering again", self.node_id)
+                    self.lease = 0
+                if not self.etcd_ok:
+                    log.info("CLUSTER: etcd reachable again")
+                    self.etcd_ok = True
+            except EtcdError as e:
+                if self.etcd_ok:
+                    log.error("CLUSTER: etcd unreachable (%s); partitions this node leads keep "
+                              "serving only while their ISR acks", e)
+                self.etcd_ok = False
+                await asyncio.sleep(0.5)
+
+    # -- metadata -------------------------------------------------------------------------
+    async def _watch(self) -> None:
+        while True:
+            try:
+                kvs, rev = await self.etcd.get_prefix(self.meta.keys.root)
+                self._load(kvs)
+                async for events in self.meta.watch(self.meta.keys.root, rev + 1):
+                    for ev in events:
+                        self._apply_kv(ev.kv.key, None if ev.type == "DELETE" else ev.kv.value)
+                    self._reconcile()
+            except EtcdError as e:
+                log.warning("CLUSTER: metadata watch failed (%s); retrying", e)
+                await asyncio.sleep(0.5)
+
+    def _load(self, kvs: list) -> None:
+        self.partitions.clear()
+        self.topic_meta.clear()
+        self.nodes.clear()
+        for kv in kvs:
+            self._apply_kv(kv.key, kv.value)
+        self._reconcile()
+
+    def _apply_kv(self, key: bytes, value: bytes | None) -> None:
+        keys = self.meta.keys
+        try:
+            if key.startswith(keys.partitions):
+                topic, _, p = key[len(keys.partitions):].decode().rpartition("/")
+                k = (topic, int(p))
+                if value is None:
+                    self.partitions.pop(k, None)
+                else:
+                    self.partitions[k] = PartitionMeta.from_json(value)
+            elif key.startswith(keys.topics):
+                name = key[len(keys.topics):].decode()
+                if value is None:
+                    self.topic_meta.pop(name, None)
+                else:
+                    self.topic_meta[name] = TopicMeta.from_json(value)
+            elif key.startswith(keys.nodes):
+                nid = key[len(keys.nodes):].decode()
+                if value is None:
+                    self.nodes.pop(nid, None)
+                else:
+                    self.nodes[nid] = NodeInfo.from_json(value)
+        except (ValueError, KeyError, TypeError, MetaError) as e:
+            log.warning("CLUSTER: ignoring malformed metadata %r: %s", key, e)
+
+    def _reconcile(self) -> None:
+        """Bring every local partition to the role the metadata gives it."""
+        for k, pm in self.partitions.items():
+            if self.node_id not in pm.replicas:
+                self._drop_role(k)
+                continue
+            topic = self._local_partition(pm.topic, pm.partition)
+            if topic is None:
+                continue
+            gate = self.gates.get(k)
+            if pm.leader == self.node_id:
+                if isinstance(gate, LeaderGate) and gate.meta.epoch == pm.epoch and gate.active:
+                    gate.on_meta(pm)
+                    continue
+                self._become_leader(k, topic, pm)
+            else:
+                if isinstance(gate, FollowerGate) and k in self.followers and \
+                        self._following.get(k) == (pm.leader, pm.epoch):
+                    continue
+                self._become_follower(k, topic, pm)
+        for k in [k for k in self.gates if k not in self.partitions]:
+            self._drop_role(k)
+        for topic in list(self.nsqd.topics.values()):
+            if not topic.ephemeral:
+                for part in topic.partitions:
+                    self._guard(part)
+
+    def _guard(self, part: Any) -> None:
+        """A local partition this node holds no role for may not take publishes."""
+        k = (part.name, part.partition)
+        if k in self.gates:
+            return
+        if part.name not in self.topic_meta:
+            if not isinstance(part.gate, UnknownTopicGate):
+                part.gate = UnknownTopicGate(self.meta.keys.root.decode())
+        else:
+            pm = self.partitions.get(k)
+            part.gate = FollowerGate(pm.leader if pm else None)
+
+    def _on_new_topic(self, topic: Any) -> None:
+        """A topic this node made (a PUB or SUB to a new name): not writable unless the
+        cluster made this node its leader, so nothing is ever acknowledged unreplicated."""
+        if not topic.ephemeral:
+            for part in topic.partitions:
+                self._guard(part)
+
+    def _local_partition(self, name: str, p: int) -> Any:
+        topic = self.nsqd.get_topic(name)
+        if topic is None:
+            return None
+        parts = topic.partitions
+        if p < len(parts):
+            return parts[p]
+        ensure = getattr(self.nsqd, "ensure_partitions", None)
+        tm = self.topic_meta.get(name)
+        if ensure is not None and tm is not None:
+            ensure(name, tm.partitions, ordered=tm.ordered)
+            parts = topic.partitions
+            if p < len(parts):
+                return parts[p]
+        log.error("CLUSTER: TOPIC(%s) PARTITION(%d): this nsqd cannot hold partition %d",
+                  name, p, p)
+        return None
+
+    def _become_leader(self, k: tuple[str, int], topic: Any, pm: PartitionMeta) -> None:
+        self._stop_following(k)
+        old = self.gates.get(k)
+        if isinstance(old, LeaderGate):
+            old.deposed("new epoch")
+        tm = self.topic_meta.get(pm.topic)
+        min_isr = tm.effective_min_isr if tm else min(2, len(pm.replicas))
+        gate = LeaderGate(self, topic, pm, min_isr)
+        topic.epoch = pm.epoch
+        topic.gate = gate
+        self.gates[k] = gate
+        log.info("CLUSTER: TOPIC(%s) PARTITION(%d): leading at epoch %d, ISR %s, log end %d",
+                 pm.topic, pm.partition, pm.epoch, ",".join(pm.isr), topic.log.flushed_offset)
+
+    def _become_follower(self, k: tuple[str, int], topic: Any, pm: PartitionMeta) -> None:
+        old = self.gates.get(k)
+        if isinstance(old, LeaderGate):
+            old.deposed(f"deposed by epoch {pm.epoch}")
+            log.warning("CLUSTER: TOPIC(%s) PARTITION(%d): no longer leader (epoch %d, leader %s)",
+                        pm.topic, pm.partition, pm.epoch, pm.leader)
+        self._stop_following(k)
+        gate = FollowerGate(pm.leader)
+        topic.gate = gate
+        topic.epoch = pm.epoch
+        self.gates[k] = gate
+        if pm.leader is not None:
+            self._following[k] = (pm.leader, pm.epoch)
+            self.followers[k] = asyncio.get_running_loop().create_task(
+                self._follow(topic, pm), name=f"follow {pm.topic}/{pm.partition}")
+
+    def _stop_following(self, k: tuple[str, int]) -> None:
+        task = self.followers.pop(k, None)
+        self._following.pop(k, None)
+        if task is not None:
+            task.cancel()
+
+    def _drop_role(self, k: tuple[str, int]) -> None:
+        self._stop_following(k)
+        gate = self.gates.pop(k, None)
+        if isinstance(gate, LeaderGate):
+            gate.deposed("no longer a replica")
+
+    # -- follower ---------------------------------------------------------------------------
+    async def _follow(self, topic: Any, pm: PartitionMeta) -> None:
+        name, p, epoch = pm.topic, pm.partition, pm.epoch
+        truncated = False
+        while True:
+            leader = self.nodes.get(pm.leader or "")
+            try:
+                if leader is None:
+                    await asyncio.sleep(0.2)
+                    continue
+                base = f"http://{leader.http_address}/nsqx/replica"
+                if not truncated:
+                    info = await self._get_json(f"{base}/epochs", topic=name, partition=p,
+                                                epoch=epoch, node=self.node_id)
+                    plog = topic.log
+                    cut = truncation_point(epoch_spans(plog), plog.flushed_offset,
+                                           [tuple(s) for s in info["spans"]], int(info["end"]))
+                    if cut < plog.flushed_offset:
+                        log.warning("CLUSTER: TOPIC(%s) PARTITION(%d): truncating %d diverged "
+                                    "records (%d -> %d) to follow %s at epoch %d", name, p,
+                                    plog.flushed_offset - cut, plog.flushed_offset, cut,
+                                    pm.leader, epoch)
+                        plog.truncate_to(cut)
+                    truncated = True
+                await self._fetch_once(topic, base, name, p, epoch)
+            except StaleEpoch:
+                await asyncio.sleep(0.2)  # wait for the metadata to move on
+                truncated = False
+            except asyncio.CancelledError:
+                raise
+            except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError) as e:
+                log.info("CLUSTER: TOPIC(%s) PARTITION(%d): fetch from %s failed: %s",
+                         name, p, pm.leader, e)
+                await asyncio.sleep(0.3)
+                truncated = False
+
+    async def _get_json(self, url: str, **params: Any) -> dict:
+        assert self._http is not None
+        async with self._http.get(url, params={k: str(v) for k, v in params.items()},
+                                  timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            raw = await resp.read()
+            if resp.status == 409:
+                raise StaleEpoch(raw.decode(errors="replace"))
+            if resp.status != 200:
+                raise ValueError(f"HTTP {resp.status}: {raw[:200]!r}")
+            return orjson.loads(raw)
+
+    async def _fetch_once(self, topic: Any, base: str, name: str, p: int, epoch: int) -> None:
+        assert self._http is not None
+        offset = topic.log.flushed_offset
+        params = {"topic": name, "partition": str(p), "offset": str(offset), "epoch": str(epoch),
+                  "node": self.node_id, "wait_ms": str(int(FETCH_WAIT * 1000))}
+        async with self._http.get(f"{base}/fetch", params=params,
+                                  timeout=aiohttp.ClientTimeout(total=FETCH_WAIT + 5)) as resp:
+            raw = await resp.read()
+        if resp.status == 409:
+            raise StaleEpoch(raw.decode(errors="replace"))
+        if resp.status == 416:
+            raise StaleEpoch("offset beyond the leader's log: truncate again")
+        if resp.status != 200:
+            raise ValueError(f"HTTP {resp.status}: {raw[:200]!r}")
+        nl = raw.index(b"\n")
+        head = orjson.loads(raw[:nl])
+        frames = raw[nl + 1:]
+        if head["start"] != offset:
+            raise ValueError(f"leader answered from {head['start']}, asked {offset}")
+        if frames:
+            await self._append(topic, offset, frames, head)
+        for ch_name, confirmed in (head.get("channels") or {}).items():
+            self._advance_channel(topic, ch_name, int(confirmed))
+
+    async def _append(self, topic: Any, offset: int, frames: bytes, head: dict) -> None:
+        spans = [tuple(s) for s in head.get("spans", ())]
+        hdrs = {int(k): {hk: base64.b64decode(hv) for hk, hv in v.items()}
+                for k, v in (head.get("headers") or {}).items()}
+        futs = []
+        off = offset
+        for ts, bodies in split_frames(frames):
+            # one leader batch may straddle an epoch change only at a span start
+            i = 0
+            while i < len(bodies):
+                ep, stop = _epoch_at(spans, off + i, off + len(bodies))
+                chunk = bodies[i:stop - off]
+                headers = [hdrs.get(off + i + j) for j in range(len(chunk))] if hdrs else None
+                fut = asyncio.get_running_loop().create_future()
+                from nsqx.nsqd.topic import _settle
+
+                kw: dict = {"epoch": ep}
+                if headers and any(headers):
+                    kw["headers"] = headers
+                topic.committer.append_cb(chunk, _settle(fut), ts, **kw)
+                futs.append(fut)
+                i += len(chunk)
+            off += len(bodies)
+        await asyncio.gather(*futs)  # durable here before the next fetch acks it
+
+    def _advance_channel(self, topic: Any, name: str, confirmed: int) -> None:
+        ch = topic.channels.get(name) or topic.get_channel(name)
+        if ch is None or ch.cursor.confirmed >= confirmed:
+            return
+        target = min(confirmed, topic.log.flushed_offset)
+        if target > ch.cursor.confirmed:
+            ch.cursor.skip_to(target)
+            ch.dirty = True
+
+    # -- leader side: the replication API ---------------------------------------------------
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/nsqx/replica/epochs", self.h_epochs)
+        app.router.add_get("/nsqx/replica/fetch", self.h_fetch)
+        app.router.add_get("/nsqx/cluster/state", self.h_state)
+
+    def _leader_gate(self, request: web.Request) -> tuple[LeaderGate, Any, dict[str, str]]:
+        q = request.query
+        try:
+            name = q["topic"]
+            p = int(q.get("partition", "0"))
+            epoch = int(q["epoch"])
+        except (KeyError, ValueError):
+            raise web.HTTPBadRequest(text='{"message":"E_INVALID"}',
+                                     content_type="application/json") from None
+        gate = self.gates.get((name, p))
+        if not isinstance(gate, LeaderGate) or not gate.active or gate.meta.epoch != epoch:
+            mine = gate.meta.epoch if isinstance(gate, LeaderGate) else None
+            raise web.HTTPConflict(
+                text=orjson.dumps({"message": "E_STALE_EPOCH", "leader_epoch": mine}).decode(),
+                content_type="application/json")
+        return gate, gate.topic, dict(q)
+
+    async def h_epochs(self, request: web.Request) -> web.Response:
+        _gate, topic, _q = self._leader_gate(request)
+        return web.json_response({"spans": epoch_spans(topic.log), "end": topic.log.flushed_offset},
+                                 dumps=lambda o: orjson.dumps(o).decode())
+
+    async def h_fetch(self, request: web.Request) -> web.Response:
+        gate, topic, q = self._leader_gate(request)
+        try:
+            offset = int(q["offset"])
+            node = q["node"]
+            wait = min(max(int(q.get("wait_ms", "0")), 0), 5000) / 1000
+            max_bytes = min(max(int(q.get("max_bytes", FETCH_MAX_BYTES)), 1), 64 << 20)
+        except (KeyError, ValueError):
+            raise web.HTTPBadRequest(text='{"message":"E_INVALID"}',
+                                     content_type="application/json") from None
+        plog = topic.log
+        if offset > plog.flushed_offset or offset < plog.start_offset:
+            raise web.HTTPRequestRangeNotSatisfiable(text='{"message":"OFFSET_OUT_OF_RANGE"}',
+                                                     content_type="application/json")
+        now = time.monotonic()
+        gate.progress.on_fetch(node, offset, plog.flushed_offset, now)
+        gate.release()
+        if offset == plog.flushed_offset and wait:
+            gate.new_data.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(gate.new_data.wait(), wait)
+            if not gate.active or gate.meta.epoch != int(q["epoch"]):
+                raise web.HTTPConflict(text='{"message":"E_STALE_EPOCH"}',
+                                       content_type="application/json")
+        data, count = b"", 0
+        if offset < plog.flushed_offset:
+            r = plog.read(offset, max_bytes, plog.flushed_offset - offset)
+            data, count = r.data, r.count
+        head: dict[str, Any] = {"start": offset, "count": count, "end": plog.flushed_offset}
+        if count:
+            head["spans"] = [s for s in _spans_in(epoch_spans(plog), offset, offset + count)]
+            hdrs = {}
+            for off in range(offset, offset + count):
+                h = plog.headers(off)
+                if h:
+                    hdrs[str(off)] = {k: base64.b64encode(v).decode() for k, v in h.items()}
+            if hdrs:
+                head["headers"] = hdrs
+        last = gate.last_cursor_sent.get(node, 0.0)
+        if now - last >= CURSOR_EVERY:
+            gate.last_cursor_sent[node] = now
+            head["channels"] = {c.name: c.cursor.confirmed for c in topic.channels.values()
+                                if not c.ephemeral}
+        return web.Response(body=orjson.dumps(head) + b"\n" + bytes(data),
+                            content_type="application/octet-stream")
+
+    async def h_state(self, request: web.Request) -> web.Response:
+        """This node's view: role, epoch, log end per partition (``nsqx topic describe``)."""
+        out = []
+        for (name, p), gate in sorted(self.gates.items()):
+            topic = self._local_partition(name, p)
+            entry: dict[str, Any] = {"topic": name, "partition": p,
+                                     "role": "leader" if isinstance(gate, LeaderGate) else "follower",
+                                     "epoch": topic.epoch if topic else None,
+                                     "log_end": topic.log.flushed_offset if topic else None}
+            if isinstance(gate, LeaderGate):
+                entry["acked_end"] = gate.acked_end()
+                entry["followers"] = {n: fp.end for n, fp in gate.progress.followers.items()}
+            out.append(entry)
+        return web.json_response({"node": self.node_id, "etcd_ok": self.etcd_ok,
+                                  "partitions": out})
+
+    # -- leader side: ISR upkeep -----------------------------------------------------------
+    async def _isr_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            for k, gate in list(self.gates.items()):
+                if not isinstance(gate, LeaderGate) or not gate.active:
+                    continue
+                try:
+                    await self._isr_step(k, gate)
+                except EtcdError as e:
+                    log.warning("CLUSTER: TOPIC(%s) PARTITION(%d): ISR update failed: %s",
+                                k[0], k[1], e)
+                except MetaError as e:
+                    log.info("CLUSTER: TOPIC(%s) PARTITION(%d): %s", k[0], k[1], e)
+
+    async def _isr_step(self, k: tuple[str, int], gate: LeaderGate) -> None:
+        end = gate.topic.log.flushed_offset
+        now = time.monotonic()
+        gate.progress.isr = set(gate.meta.isr)
+        drop = gate.progress.laggards(end, now, self.node_id)
+        join = [n for n in gate.meta.catchup if gate.progress.ready_to_join(n, end)]
+        if not drop and not join:
+            return
+        current = (await self.meta.partitions(k[0])).get(k[1])
+        if current is None:
+            return
+        if current.meta.leader != self.node_id or current.meta.epoch != gate.meta.epoch:
+            gate.deposed(f"metadata says leader {current.meta.leader} epoch {current.meta.epoch}")
+            return
+        new: Versioned | None = current
+        for n in drop:
+            log.warning("CLUSTER: TOPIC(%s) PARTITION(%d): follower %s is %d behind for more "
+                        "than %.1f s: leaving the ISR", k[0], k[1], n,
+                        end - gate.progress.followers[n].end, gate.progress.lag_timeout)
+            new = await self.meta.update_partition(
+                new, lambda pm, n=n: shrink_isr(pm, n, gate.meta.epoch)) if new else None
+        for n in join:
+            log.info("CLUSTER: TOPIC(%s) PARTITION(%d): %s caught up: rejoins the ISR", k[0], k[1], n)
+            new = await self.meta.update_partition(
+                new, lambda pm, n=n: expand_isr(pm, n, gate.meta.epoch)) if new else None
+        if new is None:
+            return  # lost a race: the watch brings the new state
+        gate.on_meta(new.meta)
+
+
+def _spans_in(spans: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    out = []
+    for i, (ep, start) in enumerate(spans):
+        end = spans[i + 1][1] if i + 1 < len(spans) else hi
+        if end > lo and start < hi:
+            out.append((ep, max(start, lo)))
+    return out
+
+
+def _epoch_at(spans: list[tuple[int, ...]], off: int, limit: int) -> tuple[int, int]:
+    """The epoch of ``off`` and where it stops applying (the next span start or ``limit``)."""
+    ep = spans[0][0] if spans else 0
+    stop = limit
+    for i, (e, start) in enumerate(spans):
+        if start <= off:
+            ep = e
+            stop = spans[i + 1][1] if i + 1 < len(spans) else limit
+    return ep, min(stop, limit)

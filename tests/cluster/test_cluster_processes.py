@@ -1,0 +1,152 @@
+"""Cluster mode with real processes: etcd, nsqlookupd and three nsqd.
+
+Replication with ISR acks, refusal on followers, kill -9 of a leader (no acknowledged
+message lost, the old leader rejoins as a follower), a topic created twice, and a node
+drained under its partitions.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+
+import pytest
+
+from nsqx.cluster.etcd_server import EtcdServer
+from tests.support.cluster import Cluster, http, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(etcd_server: EtcdServer, nsqd_factory, lookupd_factory) -> Cluster:  # type: ignore[no-untyped-def]
+    return Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=3)
+
+
+def pub(node, topic: str, body: bytes) -> tuple[int, object]:  # type: ignore[no-untyped-def]
+    return http("POST", f"http://{node.http_address}/pub?topic={urllib.parse.quote(topic)}", body,
+                timeout=10)
+
+
+def fetch_bodies(node, topic: str) -> list[bytes]:  # type: ignore[no-untyped-def]
+    """Every body in the node's log of partition 0 (the fetch API, no channel involved)."""
+    import struct
+    import urllib.request
+
+    out: list[bytes] = []
+    offset = 0
+    while True:
+        with urllib.request.urlopen(f"http://{node.http_address}/nsqx/fetch?topic={topic}"
+                                    f"&partition=0&offset={offset}", timeout=10) as r:
+            raw = r.read()
+        head = struct.unpack(">4sBBHQIQQQI", raw[:48])
+        count, nxt, frames_len = head[5], head[6], head[9]
+        data = raw[48:48 + frames_len]
+        pos = 0
+        while pos < len(data):
+            size = struct.unpack(">I", data[pos:pos + 4])[0]
+            out.append(data[pos + 34:pos + 4 + size])
+            pos += 4 + size
+        if count == 0:
+            return out
+        offset = nxt
+
+
+def test_replicated_publish_failover_and_rejoin(cluster: Cluster) -> None:
+    info = cluster.create_topic("events", partitions=1, replicas=3)
+    assert len(info["partitions"][0]["isr"]) == 3
+    lookup = cluster.lookup("events")
+    assert lookup["meta"]["partition_num"] == 1 and len(lookup["producers"]) == 1
+    leader = cluster.leader("events")
+    assert lookup["producers"][0]["http_port"] == leader.http_port
+    followers = [n for n in cluster.nodes if n is not leader]
+
+    acked: list[bytes] = []
+    for i in range(200):
+        body = b"m%05d" % i
+        code, resp = pub(leader, "events", body)
+        assert code == 200, resp
+        acked.append(body)
+    # a follower refuses client publishes (no forwarding yet) and a name unknown to the
+    # cluster is refused everywhere: nothing is ever acknowledged unreplicated
+    assert pub(followers[0], "events", b"x") == (503, {"message": "E_PUB_FAILED"})
+    assert pub(leader, "not-created", b"x") == (503, {"message": "E_PUB_FAILED"})
+    # every ISR member holds every acknowledged message
+    for f in followers:
+        wait_until(lambda f=f: fetch_bodies(f, "events")[:len(acked)] == acked,
+                   what="follower caught up")
+
+    leader_id = cluster.node_id(leader)
+    t0 = time.monotonic()
+    leader.kill()
+    new_leader = wait_until(lambda: (p := cluster.partitions("events")[0])["leader"] not in
+                            (None, leader_id) and cluster.node_by_id(p["leader"]),
+                            what="a new leader")
+    while pub(new_leader, "events", b"after-failover")[0] != 200:
+        assert time.monotonic() - t0 < 30, "publishes never resumed"
+        time.sleep(0.05)
+    failover_s = time.monotonic() - t0
+    acked.append(b"after-failover")
+    p = cluster.partitions("events")[0]
+    assert p["epoch"] == 2 and leader_id not in p["isr"] and leader_id in p["catchup"]
+    print(f"failover: publishes resumed {failover_s:.2f} s after kill -9 of the leader")
+    assert fetch_bodies(new_leader, "events")[:len(acked)] == acked  # 0 lost
+
+    for i in range(50):
+        body = b"n%05d" % i
+        assert pub(new_leader, "events", body)[0] == 200
+        acked.append(body)
+    leader.restart(graceful=False)  # same data path: the same member comes back
+    wait_until(lambda: leader_id in cluster.partitions("events")[0]["isr"], timeout=40,
+               what="the old leader rejoined the ISR")
+    assert fetch_bodies(leader, "events") == fetch_bodies(new_leader, "events")
+    assert fetch_bodies(leader, "events")[:len(acked)] == acked
+
+
+def test_topic_created_twice_with_another_shape_is_refused(cluster: Cluster) -> None:
+    base = f"http://{cluster.lookupd.http_address}/topic/create?topic=orders"
+    code, body = http("POST", base + "&partition_num=2&replicator=2")
+    assert code == 200 and len(body["partitions"]) == 2
+    code, body = http("POST", base + "&partition_num=2&replicator=2")
+    assert code == 200  # same shape: harmless
+    code, body = http("POST", base + "&partition_num=3&replicator=2")
+    assert code == 400 and body["message"] == "E_TOPIC_EXISTS"
+    assert "already exists with 2 partitions" in body["detail"]
+    code, body = http("POST", f"http://{cluster.lookupd.http_address}/topic/create?topic=big"
+                      "&partition_num=1&replicator=5")
+    assert code == 400 and "more than the 3 live nodes" in body["detail"]
+    for bad in ("partition_num=zero", "partition_num=0", "replicator=-1", "min_isr=9"):
+        code, body = http("POST", f"http://{cluster.lookupd.http_address}/topic/create?topic=x"
+                          f"&{bad}")
+        assert code == 400 and body["message"] == "E_INVALID", (bad, body)
+    code, body = http("POST", f"http://{cluster.lookupd.http_address}/topic/create?topic=bad%20name")
+    assert code == 400 and body["message"] == "E_INVALID"
+    assert set(cluster.stats()["topics"]) == {"orders"}
+
+
+def test_below_min_isr_publishes_fail_then_recover(cluster: Cluster) -> None:
+    cluster.create_topic("safe", partitions=1, replicas=2)  # min ISR 2 of 2
+    leader = cluster.leader("safe")
+    assert pub(leader, "safe", b"a")[0] == 200
+    follower_id = next(r for r in cluster.partitions("safe")[0]["replicas"]
+                       if r != cluster.node_id(leader))
+    follower = cluster.node_by_id(follower_id)
+    follower.kill()
+    # the follower's lease ends: it leaves the ISR and the leader refuses unsafe writes;
+    # nothing is acknowledged with fewer than min ISR replicas
+    acked_during_outage = []
+    deadline = time.monotonic() + 30
+    while True:
+        code, _ = pub(leader, "safe", b"during")
+        if code == 503:
+            break
+        acked_during_outage.append(code)
+        assert time.monotonic() < deadline, "publishes were never refused below min ISR"
+    assert acked_during_outage == []  # the first publish after the kill already failed
+    assert pub(leader, "safe", b"still-refused") == (503, {"message": "E_PUB_FAILED"})
+    follower.restart(graceful=False)
+    wait_until(lambda: pub(leader, "safe", b"b")[0] == 200, timeout=40,
+               what="publishes accepted again once the follower rejoined")
+    assert cluster.node_id(follower) in cluster.partitions("safe")[0]["isr"]
+    bodies = fetch_bodies(follower, "safe")
+    assert bodies[0] == b"a" and bodies[-1] == b"b"

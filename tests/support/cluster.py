@@ -1,0 +1,137 @@
+"""A real cluster for tests: one etcd, nsqlookupd(s) and several nsqd processes in cluster mode.
+
+Every process is started by the test's factories, so each is killed in their finalizers
+whatever the test did. Helpers talk plain HTTP to the processes (no shared Python state).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from nsqx.cluster.etcd_server import EtcdServer
+from tests.client.helpers import free_port
+from tests.support.lookupd_process import LookupdFactory, LookupdProcess
+from tests.support.nsqd_process import NsqdFactory, NsqdProcess
+
+
+def http(method: str, url: str, body: bytes | None = None, timeout: float = 10.0
+         ) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+            code = r.status
+    except urllib.error.HTTPError as e:
+        raw, code = e.read(), e.code
+    try:
+        return code, json.loads(raw) if raw else None
+    except ValueError:
+        return code, raw.decode(errors="replace")
+
+
+def wait_until(pred, timeout: float = 30.0, step: float = 0.1, what: str = "condition") -> Any:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+        except (OSError, ValueError, KeyError) as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(step)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+class Cluster:
+    def __init__(self, etcd: EtcdServer, nsqd_factory: NsqdFactory,
+                 lookupd_factory: LookupdFactory, *, cluster_id: str = "test") -> None:
+        self.etcd = etcd
+        self.cluster_id = cluster_id
+        self.nsqd_factory = nsqd_factory
+        self.lookupd_factory = lookupd_factory
+        self.lookupds: list[LookupdProcess] = []
+        self.nodes: list[NsqdProcess] = []
+
+    @property
+    def flags(self) -> list[str]:
+        return [f"--cluster-leadership-addresses={self.etcd.endpoint}",
+                f"--cluster-id={self.cluster_id}"]
+
+    def start(self, nodes: int = 3, lookupds: int = 1, nsqd_args: list[str] | None = None
+              ) -> Cluster:
+        for _ in range(lookupds):
+            self.lookupds.append(self.lookupd_factory.start(
+                ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                 "--broadcast-address=127.0.0.1", *self.flags]))
+        for _ in range(nodes):
+            self.add_node(nsqd_args)
+        wait_until(lambda: len(self.stats()["nodes"]) == nodes, what=f"{nodes} nodes registered")
+        return self
+
+    def add_node(self, args: list[str] | None = None) -> NsqdProcess:
+        tcp, http_ = free_port(), free_port()
+        proc = self.nsqd_factory.start([
+            f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http_}",
+            "--broadcast-address=127.0.0.1",
+            *[f"--lookupd-tcp-address={lk.tcp_address}" for lk in self.lookupds],
+            *self.flags, *(args or [])])
+        self.nodes.append(proc)
+        return proc
+
+    @property
+    def lookupd(self) -> LookupdProcess:
+        return next(lk for lk in self.lookupds if lk.is_running())
+
+    def stats(self) -> dict[str, Any]:
+        code, body = http("GET", f"http://{self.lookupd.http_address}/cluster/stats")
+        assert code == 200, body
+        return body
+
+    def create_topic(self, name: str, partitions: int = 1, replicas: int = 3,
+                     extra: str = "") -> dict[str, Any]:
+        code, body = http("POST", f"http://{self.lookupd.http_address}/topic/create?topic={name}"
+                          f"&partition_num={partitions}&replicator={replicas}{extra}")
+        assert code == 200, body
+        wait_until(lambda: all(self.role_of(self.node_by_id(p["leader"]), name, p["partition"])
+                               == "leader" for p in self.partitions(name)),
+                   what=f"leaders of {name} ready")
+        return body
+
+    def partitions(self, topic: str) -> list[dict[str, Any]]:
+        return self.stats()["topics"][topic]["partitions"]
+
+    def node_by_id(self, node_id: str) -> NsqdProcess:
+        for n in self.nodes:
+            if n.is_running() and self.node_id(n) == node_id:
+                return n
+        raise KeyError(node_id)
+
+    def node_id(self, n: NsqdProcess) -> str:
+        return (n.data_path / "cluster-node-id").read_text().strip()
+
+    def state(self, n: NsqdProcess) -> dict[str, Any]:
+        code, body = http("GET", f"http://{n.http_address}/nsqx/cluster/state", timeout=3)
+        assert code == 200, body
+        return body
+
+    def role_of(self, n: NsqdProcess, topic: str, partition: int = 0) -> str | None:
+        for p in self.state(n)["partitions"]:
+            if p["topic"] == topic and p["partition"] == partition:
+                return p["role"]
+        return None
+
+    def leader(self, topic: str, partition: int = 0) -> NsqdProcess:
+        p = self.partitions(topic)[partition]
+        return self.node_by_id(p["leader"])
+
+    def lookup(self, topic: str) -> dict[str, Any]:
+        code, body = http("GET", f"http://{self.lookupd.http_address}/lookup?topic={topic}"
+                          "&metainfo=true")
+        assert code == 200, body
+        return body
