@@ -171,11 +171,12 @@ class ClusterClient:
         base = addr.rstrip("/") if "://" in addr else f"http://{addr}"
         return base + path
 
-    async def _request(self, kind: str, addr: str, method: str, path: str) -> bytes:
+    async def _request(self, kind: str, addr: str, method: str, path: str,
+                       body: bytes | None = None) -> bytes:
         url = self.url(addr, path)
         t0 = time.monotonic()
         try:
-            async with self.session.request(method, url) as resp:
+            async with self.session.request(method, url, data=body) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     # the node answered: it is up, the request was refused
@@ -460,6 +461,46 @@ class ClusterClient:
             path = f"/topic/{action}?topic={_q(topic)}"
         errs += await self._post_producers(producers, path)
         return errs
+
+    async def set_channel_offset(self, topic: str, channel: str, position: str,
+                                 partition: int | None = None, node: str = ""
+                                 ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+        """``POST /channel/setoffset`` (body ``position``) on every producer of the topic, or
+        only on ``node`` -> ([(node, nsqd's answer)], errors). Offsets are per node's log."""
+        producers, errs = await self.topic_producers(topic)
+        if node:
+            producers = [p for p in producers if http_address(p) == node]
+            if not producers:
+                return [], errs + [f"{node}: not a producer of topic {topic}"]
+        path = f"/channel/setoffset?topic={_q(topic)}&channel={_q(channel)}"
+        if partition is not None:
+            path += f"&partition={partition}"
+
+        async def one(p: dict[str, Any]) -> dict[str, Any]:
+            data = await self._request("nsqd", node_url_addr(p), "POST", path, position.encode())
+            return orjson.loads(data) if data else {}
+
+        res, errs2 = await self._fan_out("nsqd", producers, one, all_or_nothing=False)
+        return [(http_address(p), doc) for p, doc in res], errs + errs2
+
+    async def get_message(self, topic: str, query: str
+                          ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+        """``GET /message/get?<query>`` on every producer of the topic -> ([(node, message)],
+        errors); a node without it (404) is neither. Without cluster partitions each node
+        numbers its own log, so one id may name a message on several nodes."""
+        producers, errs = await self.topic_producers(topic)
+        path = f"/message/get?topic={_q(topic)}&{query}"
+
+        async def one(p: dict[str, Any]) -> dict[str, Any] | None:
+            try:
+                return await self.get_json("nsqd", node_url_addr(p), path)
+            except RequestError as e:
+                if e.status == 404:
+                    return None
+                raise
+
+        res, errs2 = await self._fan_out("nsqd", producers, one, all_or_nothing=False)
+        return [(http_address(p), doc) for p, doc in res if doc], errs + errs2
 
     async def tombstone_topic_producer(self, topic: str, node: str) -> list[str]:
         errs = await self._post_all("nsqlookupd", self.lookupd_addrs,

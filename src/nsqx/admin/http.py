@@ -32,7 +32,9 @@ from aiohttp import web
 
 from nsqx import NSQ_VERSION
 from nsqx.httpapi import HTTPError, go_json, v1_error, v1_json
+from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
+from nsqx.protocol.v2 import parse_start_position
 
 from . import pages
 from .aggregate import aggregate_channels, aggregate_topic, node_topic_stats, strip_omitempty
@@ -94,6 +96,7 @@ class AdminHTTP:
             "/topics/{topic}": self.page_topic, "/topics/{topic}/{channel}": self.page_channel,
             "/nodes": self.page_nodes, "/nodes/{node}": self.page_node,
             "/counter": self.page_counter, "/lookup": self.page_lookup,
+            "/messages": self.page_messages,
         }
         for path, fn in page_routes.items():
             r.add_get(b + path, fn)
@@ -119,6 +122,7 @@ class AdminHTTP:
         r.add_get(b + "/api/graphs/topics/{topic}", self.api_graph)
         r.add_get(b + "/api/graphs/topics/{topic}/{channel}", self.api_graph)
         r.add_get(b + "/api/health", self.api_health)
+        r.add_get(b + "/api/messages", self.api_messages)
         r.add_get(b + "/config/{opt}", self.config)
         r.add_put(b + "/config/{opt}", self.config)
         return app
@@ -372,6 +376,66 @@ class AdminHTTP:
         cn = self._ctx(request, errs)
         return self._html(request, cn, pages.render_lookup(cn[0], topics, inactive))
 
+    def _message_query(self, q: Any) -> tuple[str, str] | None:
+        """(topic, nsqd /message/get query) from the search form; None when it is empty."""
+        topic = (q.get("topic") or "").strip()
+        mid = (q.get("id") or "").strip()
+        offset = (q.get("offset") or "").strip()
+        partition = (q.get("partition") or "").strip()
+        if not topic:
+            return None
+        if not valid_topic_name(topic):
+            raise HTTPError(400, "INVALID_TOPIC")
+        if bool(mid) == bool(offset):
+            raise HTTPError(400, "GIVE_ID_OR_OFFSET")
+        if mid:
+            if len(mid) > 20 or not mid.isascii() or not mid.isalnum():
+                raise HTTPError(400, "INVALID_ID")
+            query = f"search_mode=id&search_pos={mid}"
+        else:
+            if not (offset.isascii() and offset.isdigit()) or len(offset) > 20:
+                raise HTTPError(400, "INVALID_OFFSET")
+            query = f"search_mode=count&search_pos={offset}"
+        if partition:
+            if not (partition.isascii() and partition.isdigit()) or len(partition) > 5:
+                raise HTTPError(400, "INVALID_PARTITION")
+            query += f"&partition={partition}"
+        return topic, query
+
+    async def _find_message(self, q: Any) -> tuple[list[dict[str, Any]], list[str]]:
+        parsed = self._message_query(q)
+        if parsed is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        topic, query = parsed
+        found, errs = await self.cluster.get_message(topic, query)
+        return [{"node": n, **m} for n, m in found], errs
+
+    async def api_messages(self, request: web.Request) -> web.Response:
+        """nsqx: the message search: ``?topic=T&id=ID`` or ``&offset=N[&partition=P]`` ->
+        ``{"messages": [{node, id, offset, timestamp, attempts, body, ...}], "message"}``."""
+        try:
+            found, errs = await self._find_message(request.query)
+        except UpstreamError as e:
+            raise _upstream(e) from None
+        return v1_json({"messages": found, "message": _warn(errs)})
+
+    async def page_messages(self, request: web.Request) -> web.Response:
+        q = request.query
+        found: list[dict[str, Any]] | None = None
+        errs: list[str] = []
+        error = ""
+        try:
+            if self._message_query(q) is not None:
+                found, errs = await self._find_message(q)
+        except HTTPError as e:
+            error = e.code
+        except UpstreamError as e:
+            error = f"UPSTREAM_ERROR: {e}"
+        cn = self._ctx(request, errs)
+        return self._html(request, cn, pages.render_messages(
+            cn[0], {k: q.get(k, "") for k in ("topic", "partition", "id", "offset")},
+            found, error), status=400 if error.startswith(("INVALID", "GIVE")) else 200)
+
     # ================================================================== misc
     async def ping(self, request: web.Request) -> web.Response:
         return web.Response(text="OK", content_type="text/plain")
@@ -522,6 +586,8 @@ class AdminHTTP:
         self._require_admin(request)
         body = await self._json_body(request)
         action = body.get("action")
+        if action == "reset" and channel:
+            return await self._reset(request, topic, channel, body)
         if action not in ("pause", "unpause", "empty"):
             raise HTTPError(400, "INVALID_ACTION")
         try:
@@ -532,6 +598,39 @@ class AdminHTTP:
         self._notify(f"{action}_{'channel' if channel else 'topic'}", topic, channel, "",
                      request)
         return v1_json({"message": _warn(errs)})
+
+    async def _reset(self, request: web.Request, topic: str, channel: str,
+                     body: dict[str, Any]) -> web.Response:
+        """nsqx: ``{"action": "reset", "position": "timestamp:<unix s>"|"msgcount:<n>"|
+        "earliest"|"latest", "partition": P?, "node": "host:port"?}`` -> nsqd's
+        ``/channel/setoffset`` on every producer (or ``node``); answers each node's result."""
+        position = body.get("position")
+        if not isinstance(position, str) or len(position) > 64:
+            raise HTTPError(400, "INVALID_POSITION")
+        try:
+            parse_start_position(position.encode())
+        except ProtocolError:
+            raise HTTPError(400, "INVALID_POSITION") from None
+        partition = body.get("partition")
+        if partition is not None and (not isinstance(partition, int) or isinstance(
+                partition, bool) or not 0 <= partition <= 0xFFFF):
+            raise HTTPError(400, "INVALID_PARTITION")
+        node = body.get("node") or ""
+        if not isinstance(node, str):
+            raise HTTPError(400, "INVALID_NODE")
+        try:
+            results, errs = await self.cluster.set_channel_offset(topic, channel, position,
+                                                                  partition, node)
+        except UpstreamError as e:
+            raise _upstream(e) from None
+        if not results and errs:
+            raise HTTPError(502, "UPSTREAM_ERROR: " + "; ".join(errs)[:500])
+        self._check_total_failure(errs, f"reset {topic}/{channel}")
+        self._notify("reset_channel", topic, channel, node, request)
+        return v1_json({"message": _warn(errs), "results": [
+            {"node": n, "offset": d.get("offset"), "earliest": d.get("earliest"),
+             "latest": d.get("latest"), "clamped": d.get("clamped", False)}
+            for n, d in results]})
 
     async def api_topic_action(self, request: web.Request) -> web.Response:
         return await self._action(request, request.match_info["topic"], "")

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 __all__ = ["Ctx", "render_channel", "render_counter", "render_error", "render_lookup",
-           "render_node", "render_nodes", "render_topic", "render_topics"]
+           "render_messages", "render_node", "render_nodes", "render_topic", "render_topics"]
 
 
 def e(v: Any) -> str:
@@ -87,7 +87,8 @@ class Ctx:
 
 def _nav(ctx: Ctx, active: str) -> str:
     items = [("streams", "/", "Streams"), ("nodes", "/nodes", "Nodes"),
-             ("counter", "/counter", "Counter"), ("lookup", "/lookup", "Lookup")]
+             ("counter", "/counter", "Counter"), ("lookup", "/lookup", "Lookup"),
+             ("messages", "/messages", "Messages")]
     links = "".join(
         f'<a class="nav-link{" active" if k == active else ""}" href="{ctx.url(p)}">{t}</a>'
         for k, p, t in items)
@@ -406,6 +407,7 @@ def render_channel(ctx: Ctx, topic: str, channel: str, agg: dict[str, Any] | Non
                    "confirm": f"Delete channel {channel}?",
                    "next": ctx.base + "/topics/" + q(topic)})
             + pause + "</div>")
+        body.append(_reset_form(topic, channel, nodes))
     e2e_h, pcts = _e2e_headers(agg.get("e2e_processing_latency"))
 
     def row(c: dict[str, Any], label: str, key: str, cls: str = "") -> str:
@@ -489,6 +491,78 @@ def render_channel(ctx: Ctx, topic: str, channel: str, agg: dict[str, Any] | Non
             '<th class="num">Requeued</th><th class="num">Messages</th><th>Connected</th>'
             '</tr></thead><tbody>' + "".join(trs) + "</tbody></table></div>")
     return layout(ctx, f"Channel {topic}/{channel}", "streams", "".join(body), page="channel")
+
+
+def _reset_form(topic: str, channel: str, nodes: list[dict[str, Any]]) -> str:
+    """Replay / skip: move the channel to a time, an offset, the start or the end of the
+    log (nsqd's /channel/setoffset through POST /api/topics/:topic/:channel)."""
+    opts = '<option value="">all nodes</option>' + "".join(
+        f'<option value="{e(n["node"])}">{e(n["node"])}</option>' for n in nodes)
+    return (
+        f'<form class="create-form card" id="reset-form" data-topic="{e(topic)}" '
+        f'data-channel="{e(channel)}" data-api="/api/topics/{e(q(topic))}/{e(q(channel))}">'
+        '<h4>Reset offset (replay / skip)</h4><div class="form-row">'
+        '<select name="kind" aria-label="reset to">'
+        '<option value="time">to a time</option><option value="offset">to an offset</option>'
+        '<option value="earliest">to the oldest kept message</option>'
+        '<option value="latest">to the end (skip everything)</option></select>'
+        '<input name="time" type="datetime-local" step="1" aria-label="time (local)">'
+        '<input name="offset" type="number" min="0" step="1" placeholder="offset" '
+        'aria-label="offset" class="hidden">'
+        '<input name="partition" type="number" min="0" max="65535" step="1" value="0" '
+        'aria-label="partition" title="partition">'
+        f'<select name="node" aria-label="node">{opts}</select>'
+        '<button type="submit" class="btn btn-warning">Reset</button></div>'
+        '<p class="muted">In-flight messages are forgotten; everything from the new position '
+        'is delivered again. Offsets count each node\'s own log.</p></form>')
+
+
+# ------------------------------------------------------------------------- messages
+
+def render_messages(ctx: Ctx, form: dict[str, str], found: list[dict[str, Any]] | None,
+                    error: str) -> str:
+    """The message search: a form (topic, partition, id or offset) and what nsqd found."""
+    body = ['<div class="page-head"><h2>Message search</h2></div>',
+            '<form class="create-form card" id="message-search" method="get" '
+            f'action="{ctx.url("/messages")}"><div class="form-row">'
+            f'<input name="topic" placeholder="topic" required value="{e(form["topic"])}" '
+            'pattern="[.a-zA-Z0-9_\\-]+(#ephemeral)?" maxlength="64" aria-label="topic">'
+            f'<input name="id" placeholder="message id" value="{e(form["id"])}" maxlength="20" '
+            'aria-label="message id">'
+            f'<input name="offset" placeholder="or offset" value="{e(form["offset"])}" '
+            'inputmode="numeric" maxlength="20" aria-label="offset">'
+            f'<input name="partition" placeholder="partition" value="{e(form["partition"])}" '
+            'inputmode="numeric" maxlength="5" aria-label="partition">'
+            '<button type="submit" class="btn btn-primary">Find</button></div>'
+            '<p class="muted">An id names its partition and offset; an offset needs the '
+            'partition (default 0). Each node is asked.</p></form>']
+    if error:
+        body.append(f'<div class="alert alert-danger" id="search-error">{e(error)}</div>')
+    elif found is not None and not found:
+        body.append('<div class="alert alert-info" id="search-none">No node has this message '
+                    '(not written yet, or removed by retention).</div>')
+    for m in found or ():
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(m["timestamp"] / 1e9))
+        when += f".{m['timestamp'] % 1_000_000_000:09d}"[:7] + " UTC"
+        b64 = set(m.get("headers_base64") or ())
+        hdrs = "".join(
+            f'<tr><th>{e(k)}</th><td><code>{e(v)}</code>'
+            f'{" <span class=muted>(base64)</span>" if k in b64 else ""}</td></tr>'
+            for k, v in sorted((m.get("headers") or {}).items()))
+        enc = ('base64 (not UTF-8)' if m.get("body_encoding") == "base64" else "text")
+        body.append(
+            f'<div class="card message" data-node="{e(m["node"])}" data-id="{e(m["id"])}">'
+            f'<h4>{e(m["id"])} <span class="muted">on {e(m["node"])}</span></h4>'
+            '<table class="table kv"><tbody>'
+            f'<tr><th>Partition</th><td data-field="partition">{num(m["partition"])}</td></tr>'
+            f'<tr><th>Offset</th><td data-field="offset">{num(m["offset"])}</td></tr>'
+            f'<tr><th>Timestamp</th><td data-field="timestamp" data-value="{int(m["timestamp"])}">'
+            f'{e(when)}</td></tr>'
+            f'<tr><th>Attempts</th><td data-field="attempts">{num(m["attempts"])}</td></tr>'
+            f'{hdrs}</tbody></table>'
+            f'<h5>Body <span class="muted">{e(enc)}</span></h5>'
+            f'<pre class="body" data-field="body">{e(m["body"])}</pre></div>')
+    return layout(ctx, "Message search", "messages", "".join(body), page="messages")
 
 
 # ------------------------------------------------------------------------- nodes

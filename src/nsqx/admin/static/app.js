@@ -85,6 +85,57 @@
     });
   }
 
+  /* ---------------------------------------------------------------- reset offset */
+  var reset = document.getElementById("reset-form");
+  if (reset) {
+    var els = reset.elements;
+    var showFields = function () {
+      var k = els.kind.value;
+      els.time.classList.toggle("hidden", k !== "time");
+      els.offset.classList.toggle("hidden", k !== "offset");
+    };
+    els.kind.addEventListener("change", showFields);
+    showFields();
+    reset.addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      var k = els.kind.value, position, what;
+      if (k === "time") {
+        var t = Date.parse(els.time.value);  /* datetime-local: the browser's time zone */
+        if (!els.time.value || isNaN(t)) { flash("reset: give a time"); return; }
+        position = "timestamp:" + Math.floor(t / 1000);
+        what = "the first message at or after " + new Date(t).toString();
+      } else if (k === "offset") {
+        if (!/^[0-9]+$/.test(els.offset.value)) { flash("reset: give an offset"); return; }
+        position = "msgcount:" + els.offset.value;
+        what = "offset " + els.offset.value;
+      } else {
+        position = k;
+        what = k === "earliest" ? "the oldest kept message" : "the end of the log";
+      }
+      var payload = { action: "reset", position: position };
+      if (els.partition.value !== "") payload.partition = parseInt(els.partition.value, 10);
+      if (els.node.value) payload.node = els.node.value;
+      var where = els.node.value ? " on " + els.node.value : " on every node";
+      if (!window.confirm("Reset channel " + reset.dataset.topic + "/" + reset.dataset.channel +
+          " to " + what + where + "? Messages in flight are forgotten and everything from " +
+          "there is delivered again.")) return;
+      var btn = reset.querySelector("button[type=submit]");
+      btn.disabled = true;
+      api("POST", reset.dataset.api, payload).then(function (data) {
+        var parts = (data.results || []).map(function (r) {
+          return r.node + ": offset " + r.offset + (r.clamped ? " (clamped to the oldest kept)" : "");
+        });
+        var msg = "reset done - " + parts.join(", ");
+        if (data.message) msg += " - " + data.message;
+        sessionStorage.setItem("nsqadmin-flash", msg);
+        window.location.reload();
+      }).catch(function (err) {
+        btn.disabled = false;
+        flash("reset failed: " + err.message);
+      });
+    });
+  }
+
   /* ---------------------------------------------------------------- filter */
   var filter = document.getElementById("filter");
   if (filter) {
