@@ -557,7 +557,17 @@ class NodeMember:
 
     def _advance_channel(self, topic: Any, name: str, confirmed: int) -> None:
         ch = topic.channels.get(name) or topic.get_channel(name)
-        if ch is None or ch.cursor.confirmed >= confirmed:
+        if ch is None:
+            return
+        back = max(confirmed, topic.log.start_offset)
+        if back < ch.cursor.confirmed:
+            # The leader's cursor is behind ours: a replay (/channel/setoffset, SUB_ADVANCED)
+            # or a new leader with an older cursor (or a channel we created at our log end).
+            # Mirror it, so a failover resumes where the leader was, not further on.
+            ch.cursor.reset(back)
+            ch.dirty = False  # reset persisted it
+            return
+        if ch.cursor.confirmed >= confirmed:
             return
         target = min(confirmed, topic.log.flushed_offset)
         if target > ch.cursor.confirmed:

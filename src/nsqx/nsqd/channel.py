@@ -35,6 +35,10 @@ class SeekError(ValueError):
     """A position the channel cannot move to (an offset beyond the end of the log)."""
 
 
+class NotLeader(SeekError):
+    """Cluster mode: only the partition's leader moves a channel (followers mirror it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SeekResult:
     """Where a reset put the channel, and the log's bounds at that moment."""
@@ -145,8 +149,13 @@ class Channel:
         usual "not in flight" error unless the message was delivered again meanwhile),
         deferred ones before the position are dropped, those at or after it keep their
         delay. A paused channel stays paused. A durable cursor is persisted before this
-        returns, so a crash right after cannot bring the old position back.
+        returns, so a crash right after cannot bring the old position back. In cluster mode
+        only the leader may (NotLeader elsewhere); followers mirror its cursor.
         """
+        gate = getattr(self.topic, "gate", None)
+        refusal = gate.refuse(self.topic, 0) if gate is not None else None
+        if refusal is not None:
+            raise NotLeader(refusal)
         offset, clamped = self.resolve(pos)
         self.cursor.reset(offset)
         self.dirty = False

@@ -22,7 +22,7 @@ import orjson
 
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
-from nsqx.nsqd.channel import SeekError, now_ms
+from nsqx.nsqd.channel import NotLeader, SeekError, now_ms
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from nsqx.protocol.errors import ProtocolError
@@ -648,6 +648,8 @@ class ClientV2(asyncio.Protocol):
         if start is not None and not channel.clients:
             try:
                 channel.seek(start)
+            except NotLeader as exc:
+                raise Fatal("E_FAILED_ON_NOT_LEADER", f"{what} {exc}") from None
             except SeekError as exc:
                 raise Fatal("E_SUB_FAILED", f"{what} failed to set the start position: {exc}") from None
         channel.add_client(self)

@@ -28,7 +28,10 @@
     ``MISSING_ARG_CHANNEL``/``INVALID_ARG_CHANNEL``, 400 ``E_BAD_PARTITION`` (malformed or
     not a partition of the topic), 400 ``E_INVALID`` (malformed position, negative or huge
     numbers), 400 ``MISSING_POSITION``, 413 ``BODY_TOO_BIG``, 404 ``TOPIC_NOT_FOUND`` /
-    ``CHANNEL_NOT_FOUND`` (nothing is created), 400 ``OFFSET_OUT_OF_RANGE``.
+    ``CHANNEL_NOT_FOUND`` (nothing is created), 400 ``OFFSET_OUT_OF_RANGE``; cluster mode:
+    400 ``E_FAILED_ON_NOT_LEADER`` (Youzan's code) where publishes are refused too (not the
+    partition's leader, or too few in-sync replicas). Followers mirror the leader's cursor,
+    a reset included, so a failover resumes from the new position.
 
 ``GET /message/get?topic=T[&partition=P]&search_mode=id|count|virtual_offset&search_pos=X[&raw=1]``
     One message of a partition, found by id (``X`` the 16-hex-digit id a consumer sees, or
@@ -67,7 +70,7 @@ import orjson
 from aiohttp import web
 
 from nsqx.httpapi import topic_channel_args
-from nsqx.nsqd.channel import SeekError
+from nsqx.nsqd.channel import NotLeader, SeekError
 from nsqx.nsqd.http import HTTPError, _first, _query, _read_capped
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_topic_name
@@ -185,6 +188,9 @@ class _ReplayAPI:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         try:
             res = channel.seek(pos)
+        except NotLeader as exc:
+            log.info("TOPIC(%s) CHANNEL(%s): setoffset refused - %s", tname, cname, exc)
+            raise HTTPError(400, "E_FAILED_ON_NOT_LEADER") from None
         except SeekError as exc:
             log.info("TOPIC(%s) CHANNEL(%s): setoffset refused - %s", tname, cname, exc)
             raise HTTPError(400, "OFFSET_OUT_OF_RANGE") from None
