@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import struct
 import time
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
 
 from nsqx.nsqd.http import make_app
 from nsqx.nsqd.node import NSQD
@@ -426,3 +429,90 @@ def test_sub_advanced_twice_is_refused(nsqd: NsqdProcess) -> None:
                 assert data == b"E_INVALID cannot SUB_ADVANCED in current state"
                 break
         c.expect_closed()
+
+
+def test_deferred_messages_keep_their_delay_after_a_replay(nsqd: NsqdProcess) -> None:
+    seed(nsqd, 5)
+    assert http_api.pub(nsqd.http_address, "t", b"later", defer_ms=3_600_000).status == 200
+    assert setoffset(nsqd, "msgcount:0").status == 200
+
+    def channel() -> dict[str, Any]:
+        return http_api.stats(nsqd.http_address, "t", "c")["topics"][0]["channels"][0]
+
+    assert channel()["deferred_count"] == 1  # offset 5 is at/after 0: still deferred
+    with consumer(nsqd.tcp_address, "t", "c", rdy=10) as c:
+        assert bodies(c.read_messages(5)) == [b"m%d" % i for i in range(5)]
+        c.expect_nothing(0.3)  # not the deferred one
+    assert setoffset(nsqd, "latest").json()["offset"] == 6
+    assert channel()["deferred_count"] == 0  # before the new position: dropped
+
+
+# --------------------------------------------------------------------------- hostile HTTP
+
+_valid = st.one_of(
+    st.sampled_from([b"earliest", b"latest", b"special:-1", b"special:-2", b"timestamp:0"]),
+    st.builds(lambda k, v: f"{k}:{v}".encode(),
+              st.sampled_from(["msgcount", "virtual_queue", "offset", "timestamp"]),
+              st.integers(0, 10)))
+_bodies = st.one_of(
+    _valid, _valid, _valid,
+    st.sampled_from([b"", b"msgcount:-1", b"x:1", b"virtual_queue:99"]),
+    st.builds(lambda k, v: f"{k}:{v}".encode(),
+              st.sampled_from(["timestamp", "msgcount", "virtual_queue", "offset", "special"]),
+              st.integers(-(2**70), 2**70)),
+    st.binary(max_size=40))
+_qvalue = st.one_of(st.sampled_from(["t", "c", "0", "1", "-1", "", "%zz", "a/b", "nope",
+                                     "0000000000000002", "id", "count", "virtual_offset"]),
+                    st.text(max_size=12))
+_queries = st.dictionaries(st.sampled_from(["topic", "channel", "partition", "to",
+                                            "search_mode", "search_pos", "raw"]),
+                           _qvalue, max_size=2)
+_requests = st.lists(st.tuples(st.sampled_from(["setoffset", "get"]), _queries, _bodies),
+                     min_size=5, max_size=30)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(reqs=_requests)
+def test_hostile_requests_get_codes_and_never_corrupt_the_cursor(tmp_path_factory, reqs) -> None:
+    from urllib.parse import quote
+
+    async def main() -> None:
+        node = NSQD(Options(data_path=str(tmp_path_factory.mktemp("fz"))))
+        client = TestClient(TestServer(make_app(node), host="127.0.0.1"))
+        await client.start_server()
+        try:
+            topic = node.get_topic("t")
+            ch = topic.get_channel("c")
+            await node.publish("t", [b"m%d" % i for i in range(8)])
+            moved = 0
+            for kind, q, body in reqs:
+                q = {"topic": "t", "channel": "c", **q}
+                qs = "&".join(f"{k}={quote(v, safe='%')}" for k, v in q.items())
+                if kind == "setoffset":
+                    resp = await client.post(f"/channel/setoffset?{qs}", data=body)
+                else:
+                    resp = await client.get(f"/message/get?{qs}")
+                data = await resp.read()
+                assert resp.status in (200, 400, 404, 413), (resp.status, data)
+                if resp.status != 200:
+                    assert set(json.loads(data)) == {"message"}
+                if kind == "setoffset" and resp.status == 200:
+                    moved += 1
+                    assert json.loads(data)["offset"] == ch.cursor.confirmed
+                c = ch.cursor
+                assert topic.log.start_offset <= c.confirmed <= c.next_read
+                assert c.confirmed <= topic.log.next_offset
+            note(f"{moved} resets applied")
+            # what is on disk is what is in memory
+            ch.cursor.persist()
+            from nsqx.storage.cursor import ChannelCursor
+
+            again = ChannelCursor(0, state_path=ch.cursor.state_path)
+            assert again.confirmed == ch.cursor.confirmed
+            again.close()
+        finally:
+            await client.close()
+            await node.stop()
+
+    asyncio.run(main())
