@@ -103,6 +103,9 @@ class FollowerGate:
     def wrap(self, topic: Any, end_offset: int, done: Callable) -> Callable:
         return done
 
+    def refuse_consumers(self, topic: Any) -> str | None:
+        return self.refuse(topic, 0)
+
 
 class UnknownTopicGate:
     """A topic the cluster has not created: refused, with how to create it."""
@@ -116,6 +119,9 @@ class UnknownTopicGate:
 
     def wrap(self, topic: Any, end_offset: int, done: Callable) -> Callable:
         return done
+
+    def refuse_consumers(self, topic: Any) -> str | None:
+        return None  # consumers may come first; a role change later moves them
 
 
 class LeaderGate:
@@ -152,6 +158,9 @@ class LeaderGate:
             self.new_data.set()
             self.release()
         return committed
+
+    def refuse_consumers(self, topic: Any) -> str | None:
+        return None if self.active else self.refuse(topic, 0)
 
     def acked_end(self) -> int:
         return self.progress.acked_end(self.topic.log.flushed_offset, self.member.node_id)
@@ -244,11 +253,11 @@ class NodeMember:
 
     def _node_info(self) -> NodeInfo:
         o = self.nsqd.opts
-        from nsqx import __version__
+        from nsqx import NSQ_VERSION
 
         return NodeInfo(self.node_id, o.broadcast_address or "127.0.0.1",
                         o.broadcast_tcp_port or self.nsqd.tcp_port,
-                        o.broadcast_http_port or self.nsqd.http_port, __version__)
+                        o.broadcast_http_port or self.nsqd.http_port, NSQ_VERSION)
 
     # -- plugin ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -440,6 +449,11 @@ class NodeMember:
         self._stop_following(k)
         gate = FollowerGate(pm.leader)
         topic.gate = gate
+        for ch in list(topic.channels.values()):  # they find the leader again through lookupd
+            for client in list(ch.clients.values()):
+                log.info("CLUSTER: TOPIC(%s) PARTITION(%d) CHANNEL(%s): closing consumer %s: "
+                         "this node no longer leads", pm.topic, pm.partition, ch.name, client)
+                client.close()
         topic.epoch = pm.epoch
         self.gates[k] = gate
         if pm.leader is not None:

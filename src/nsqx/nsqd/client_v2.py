@@ -638,6 +638,7 @@ class ClientV2(asyncio.Protocol):
         topic = existing or nsqd.get_topic(topic_name)
         assert topic is not None
         topic = topic.partitions[partition]
+        _check_serves_consumers(topic, what)
         channel = topic.get_channel(channel_name)
         assert channel is not None
         limit = nsqd.opts.max_channel_consumers
@@ -878,6 +879,14 @@ class ClientV2(asyncio.Protocol):
         if self.pub_counts:
             d["pub_counts"] = [{"topic": t, "count": c} for t, c in self.pub_counts.items()]
         return d
+
+
+def _check_serves_consumers(topic: Any, what: str) -> None:
+    """Cluster mode: only a partition's leader delivers (Youzan's fatal error otherwise)."""
+    gate = topic.gate
+    refusal = gate.refuse_consumers(topic) if gate is not None else None
+    if refusal:
+        raise Fatal("E_FAILED_ON_NOT_LEADER", f"{what} {refusal}")
 
 
 def _reason(exc: Exception) -> str:

@@ -264,6 +264,9 @@ class WriteGate(Protocol):
              ) -> Callable[[int, Exception | None], None]:
         """A completion that calls ``done`` once the append up to ``end_offset`` is replicated."""
 
+    def refuse_consumers(self, topic: Topic) -> str | None:
+        """A reason this partition may not deliver to new subscribers here, or None."""
+
 
 def _settle(fut: asyncio.Future[int]) -> Callable[[int, Exception | None], None]:
     def done(base: int, exc: Exception | None) -> None:
