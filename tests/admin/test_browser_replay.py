@@ -154,3 +154,16 @@ def test_message_search_page(cluster, browser: Browser) -> None:  # noqa: F811
     assert "INVALID_ID" in page.inner_text("#search-error")
     assert page.locator("#search-error b").count() == 0
     browser.errors.clear()  # the 400 page load is reported as a console error
+
+
+def test_small_screen_layout(cluster, browser: Browser) -> None:  # noqa: F811
+    _seed(cluster)
+    admin = cluster.start_admin()
+    page = browser.page
+    page.set_viewport_size({"width": 390, "height": 844})
+    for name, path in (("channel", "/topics/orders/billing"),
+                       ("messages", "/messages?topic=orders&offset=1")):
+        browser.open(admin.url + path)
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 1, (path, overflow)
+        browser.shot(f"mobile-{name}")

@@ -121,6 +121,12 @@ def test_message_search_api_and_page(cluster) -> None:
     assert 'id="search-none"' in page
     page = http("GET", admin.url + "/messages").body.decode()
     assert 'id="message-search"' in page and 'class="card message"' not in page
+    # the topic page links to the search, prefilled
+    topic_page = http("GET", admin.url + "/topics/orders").body.decode()
+    assert 'href="/messages?topic=orders"' in topic_page
+    page = http("GET", admin.url + "/messages?topic=orders").body.decode()
+    assert 'name="topic" placeholder="topic" required value="orders"' in page
+    assert 'id="search-error"' not in page
 
 
 @pytest.mark.parametrize("query,code", [
@@ -137,9 +143,11 @@ def test_message_search_bad_input(cluster, query: str, code: str) -> None:
     admin = cluster.start_admin()
     r = http("GET", admin.url + "/api/messages?" + query)
     assert (r.status, r.json()) == (400, {"message": code})
-    page = http("GET", admin.url + "/messages?" + query)
-    if code != "MISSING_ARG_TOPIC":
-        assert code in page.body.decode() and "<script>" not in page.body.decode()
+    page = http("GET", admin.url + "/messages?" + query).body.decode()
+    if query in ("topic=orders", "id=1"):  # an incomplete form is shown again, no error
+        assert 'id="search-error"' not in page and 'id="message-search"' in page
+    else:
+        assert code in page and "<script>" not in page
 
 
 def test_message_search_node_errors_are_warnings(cluster) -> None:

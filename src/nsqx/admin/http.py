@@ -382,11 +382,11 @@ class AdminHTTP:
         mid = (q.get("id") or "").strip()
         offset = (q.get("offset") or "").strip()
         partition = (q.get("partition") or "").strip()
-        if not topic:
-            return None
+        if not topic or not (mid or offset):
+            return None  # the page shows the (prefilled) form
         if not valid_topic_name(topic):
             raise HTTPError(400, "INVALID_TOPIC")
-        if bool(mid) == bool(offset):
+        if mid and offset:
             raise HTTPError(400, "GIVE_ID_OR_OFFSET")
         if mid:
             if len(mid) > 20 or not mid.isascii() or not mid.isalnum():
@@ -405,7 +405,7 @@ class AdminHTTP:
     async def _find_message(self, q: Any) -> tuple[list[dict[str, Any]], list[str]]:
         parsed = self._message_query(q)
         if parsed is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
+            raise HTTPError(400, "GIVE_ID_OR_OFFSET" if q.get("topic") else "MISSING_ARG_TOPIC")
         topic, query = parsed
         found, errs = await self.cluster.get_message(topic, query)
         return [{"node": n, **m} for n, m in found], errs

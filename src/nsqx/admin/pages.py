@@ -271,7 +271,9 @@ def render_topic(ctx: Ctx, topic: str, agg: dict[str, Any], rates: dict[str, flo
                  lookupd_mode: bool) -> str:
     body = [_breadcrumb(ctx, [("Streams", "/"), (topic, None)])]
     body.append(f'<div class="page-head"><h2>Topic <strong>{e(topic)}</strong>'
-                f'{_paused(agg.get("paused"))}</h2></div>')
+                f'{_paused(agg.get("paused"))}</h2>'
+                f'<a class="muted" id="find-message" href="{ctx.url("/messages?topic=" + q(topic))}">'
+                'Find a message</a></div>')
     nodes = agg.get("nodes") or []
     if ctx.is_admin and nodes:
         api = f"/api/topics/{q(topic)}"
