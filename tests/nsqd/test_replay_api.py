@@ -291,6 +291,7 @@ def test_message_get_by_id_count_and_offset(nsqd: NsqdProcess) -> None:
                    "body_encoding": "utf-8", "headers": {}, "headers_base64": []}
     assert msg_get(nsqd, search_mode="id", search_pos=str(int(mid, 16))).json() == doc
     assert msg_get(nsqd, search_mode="id", search_pos=mid.upper()).json() == doc
+    assert msg_get(nsqd, search_mode="id", search_pos=mid, partition="00").json() == doc
     assert msg_get(nsqd, search_mode="count", search_pos="3").json() == doc
     assert msg_get(nsqd, search_mode="virtual_offset", search_pos="3", partition="0").json() \
         == doc

@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from nsqx.protocol import v2
+from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
 from .conn import ConnConfig, Connection, make_config
@@ -57,6 +58,9 @@ class Consumer:
     ``handler(message)`` may be a plain function or a coroutine function. Connection options
     (``tls``, ``snappy``, ``deflate``, ``auth_secret``, ``heartbeat_interval``,
     ``msg_timeout``, ...) are keyword arguments or ``config=``. Durations are seconds.
+    ``start`` (``"timestamp:<unix s>"``, ``"msgcount:<offset>"``, ``"earliest"``,
+    ``"latest"``) subscribes with ``SUB_ADVANCED``: a channel with no client yet starts
+    there (replay), one with clients is joined where it is (nsqx and Youzan nsqd only).
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class Consumer:
         rdy_redistribute_interval: float = 5.0,
         rdy_retry_interval: float = 5.0,
         reconnect_interval: float = 15.0,
+        start: str | None = None,
         config: ConnConfig | None = None,
         **options: Any,
     ) -> None:
@@ -98,6 +103,12 @@ class Consumer:
             raise ValueError("give nsqd_tcp_addresses or lookupd_http_addresses")
         if max_in_flight < 0:
             raise ValueError("max_in_flight must be >= 0")
+        if start is not None:
+            try:
+                v2.parse_start_position(start.encode())
+            except ProtocolError as exc:
+                raise ValueError(f"invalid start position {start!r}: {exc.text}") from None
+        self.start_position = start
         self.topic = topic
         self.channel = channel
         self.handler = handler
@@ -227,7 +238,11 @@ class Consumer:
             if resp.get("max_rdy_count", 2500) < self._max_in_flight:
                 log.warning("[%s] max_rdy_count %s < max_in_flight %d", address,
                             resp.get("max_rdy_count"), self._max_in_flight)
-            await conn.command(v2.sub(self.topic, self.channel))
+            if self.start_position is None:
+                await conn.command(v2.sub(self.topic, self.channel))
+            else:
+                await conn.command(v2.sub_advanced(self.topic, self.channel, 0,
+                                                    self.start_position))
         except BaseException:
             conn.close()
             raise

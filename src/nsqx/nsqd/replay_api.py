@@ -215,7 +215,8 @@ class _ReplayAPI:
         praw = _first(params, "partition")
         if mode == "id":
             pid, offset = _parse_id(pos)
-            if praw not in (None, "") and praw != str(pid):
+            if praw not in (None, "") and not (praw.isascii() and praw.isdigit()
+                                               and len(praw) <= 5 and int(praw) == pid):
                 raise HTTPError(400, "E_BAD_PARTITION")
             praw = str(pid)
         else:
