@@ -142,7 +142,7 @@ class Channel:
             return earliest, True
         return pos.value, False
 
-    def seek(self, pos: StartPosition) -> SeekResult:
+    def seek(self, pos: StartPosition, who: str = "") -> SeekResult:
         """Reset the channel to a position (replay or skip ahead); see ChannelCursor.reset.
 
         In-flight and ready messages are forgotten (a late FIN/REQ/TOUCH of one gets the
@@ -159,8 +159,10 @@ class Channel:
         offset, clamped = self.resolve(pos)
         self.cursor.reset(offset)
         self.dirty = False
-        log.info("TOPIC(%s) CHANNEL(%s): reset to offset %d (%s%s)", self.topic.name,
-                 self.name, offset, pos.kind, f" {pos.value}" if pos.kind in ("offset", "timestamp") else "")
+        log.info("TOPIC(%s) CHANNEL(%s): reset to offset %d (%s%s)%s", self.topic.name,
+                 self.name, offset, pos.kind,
+                 f" {pos.value}" if pos.kind in ("offset", "timestamp") else "",
+                 f" by {who}" if who else "")
         self.wake()
         return SeekResult(offset, self.topic.log.start_offset, self.topic.log.next_offset,
                           clamped, self.cursor.state_path is not None)

@@ -648,7 +648,7 @@ class ClientV2(asyncio.Protocol):
             raise Fatal("E_SUB_FAILED", f"{what} failed to subscribe to {topic_name}:{channel_name}")
         if start is not None and not channel.clients:
             try:
-                channel.seek(start)
+                channel.seek(start, str(self))
             except NotLeader as exc:
                 raise Fatal("E_FAILED_ON_NOT_LEADER", f"{what} {exc}") from None
             except SeekError as exc:

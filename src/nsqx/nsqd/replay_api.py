@@ -187,7 +187,7 @@ class _ReplayAPI:
         if channel is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         try:
-            res = channel.seek(pos)
+            res = channel.seek(pos, f"HTTP client {request.remote}")
         except NotLeader as exc:
             log.info("TOPIC(%s) CHANNEL(%s): setoffset refused - %s", tname, cname, exc)
             raise HTTPError(400, "E_FAILED_ON_NOT_LEADER") from None
