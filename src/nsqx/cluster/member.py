@@ -44,10 +44,11 @@ from nsqx.cluster.metadata import ClusterMetadata, Versioned
 from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import expand_isr, shrink_isr
 from nsqx.cluster.replication import LeaderProgress, truncation_point
+from nsqx.nsqd.topic import PublishRefused, settle
 
 log = logging.getLogger("nsqx.cluster.member")
 
-__all__ = ["NodeMember", "epoch_spans", "split_frames"]
+__all__ = ["NodeMember", "epoch_spans", "frame_runs"]
 
 LAG_TIMEOUT = 3.0  # seconds a follower may stay behind before it leaves the ISR
 FETCH_WAIT = 0.5  # long-poll at the tail
@@ -65,23 +66,32 @@ def epoch_spans(plog: Any) -> list[tuple[int, int]]:
     return spans
 
 
-def split_frames(data: bytes) -> list[tuple[int, list[bytes]]]:
-    """Cut stored frames into runs of bodies sharing a timestamp (one leader batch each)."""
-    runs: list[tuple[int, list[bytes]]] = []
-    view = memoryview(data)
-    pos, n = 0, len(data)
+def frame_runs(data: bytes, offset: int, spans: list[tuple[int, ...]]
+               ) -> list[tuple[int, int, int, int, int, list[int]]]:
+    """Cut stored frames into runs that share a timestamp and an epoch (one leader batch
+    each): (first offset, count, byte start, byte end, timestamp, frame lengths)."""
+    runs: list[tuple[int, int, int, int, int, list[int]]] = []
+    starts = {s[1] for s in spans}
+    pos, n, off = 0, len(data), offset
+    unpack = _FRAME_HEAD.unpack_from
+    cur_ts = -1
+    lens: list[int] = []
+    first = lo = 0
     while pos < n:
-        if n - pos < 30:
+        if n - pos < 34:
             raise ValueError("truncated frame")
-        size, ftype, ts, _ = _FRAME_HEAD.unpack_from(data, pos)
-        if ftype != 2 or size < 26 or pos + 4 + size > n:
+        size, ftype, ts, _ = unpack(data, pos)
+        if ftype != 2 or size < 30 or pos + 4 + size > n:
             raise ValueError(f"malformed frame at byte {pos}")
-        body = bytes(view[pos + 34:pos + 4 + size])
-        if runs and runs[-1][0] == ts:
-            runs[-1][1].append(body)
-        else:
-            runs.append((ts, [body]))
+        if ts != cur_ts or off in starts:
+            if lens:
+                runs.append((first, len(lens), lo, pos, cur_ts, lens))
+            first, lo, cur_ts, lens = off, pos, ts, []
+        lens.append(size + 4)
         pos += 4 + size
+        off += 1
+    if lens:
+        runs.append((first, len(lens), lo, pos, cur_ts, lens))
     return runs
 
 
@@ -137,6 +147,10 @@ class LeaderGate:
         self.active = True
         self.new_data = asyncio.Event()
         self.last_cursor_sent: dict[str, float] = {}
+        # the log's epoch history, read once; this epoch starts at the current end
+        self.spans = epoch_spans(topic.log)
+        if not self.spans or self.spans[-1][0] != meta.epoch:
+            self.spans.append((meta.epoch, topic.log.next_offset))
 
     def refuse(self, topic: Any, count: int) -> str | None:
         if not self.active:
@@ -200,8 +214,6 @@ class LeaderGate:
 
 
 def _refused(topic: Any, why: str) -> Exception:
-    from nsqx.nsqd.topic import PublishRefused
-
     return PublishRefused(f"TOPIC({topic.name}) PARTITION({topic.partition}): {why}")
 
 
@@ -545,28 +557,20 @@ class NodeMember:
             self._advance_channel(topic, ch_name, int(confirmed))
 
     async def _append(self, topic: Any, offset: int, frames: bytes, head: dict) -> None:
-        spans = [tuple(s) for s in head.get("spans", ())]
+        """Append the leader's frames as they are: one batch per run of (timestamp, epoch)."""
+        spans = [tuple(x) for x in head.get("spans", ())]
         hdrs = {int(k): {hk: base64.b64decode(hv) for hk, hv in v.items()}
                 for k, v in (head.get("headers") or {}).items()}
         futs = []
-        off = offset
-        for ts, bodies in split_frames(frames):
-            # one leader batch may straddle an epoch change only at a span start
-            i = 0
-            while i < len(bodies):
-                ep, stop = _epoch_at(spans, off + i, off + len(bodies))
-                chunk = bodies[i:stop - off]
-                headers = [hdrs.get(off + i + j) for j in range(len(chunk))] if hdrs else None
-                fut = asyncio.get_running_loop().create_future()
-                from nsqx.nsqd.topic import _settle
-
-                kw: dict = {"epoch": ep}
-                if headers and any(headers):
-                    kw["headers"] = headers
-                topic.committer.append_cb(chunk, _settle(fut), ts, **kw)
-                futs.append(fut)
-                i += len(chunk)
-            off += len(bodies)
+        loop = asyncio.get_running_loop()
+        for start, count, lo, hi, ts, lengths in frame_runs(frames, offset, spans):
+            headers = [hdrs.get(o) for o in range(start, start + count)] if hdrs else None
+            kw: dict = {"epoch": _epoch_at(spans, start, start + count)[0], "lengths": lengths}
+            if headers and any(headers):
+                kw["headers"] = headers
+            fut = loop.create_future()
+            topic.committer.append_frames_cb(frames[lo:hi], count, settle(fut), ts, **kw)
+            futs.append(fut)
         await asyncio.gather(*futs)  # durable here before the next fetch acks it
 
     def _advance_channel(self, topic: Any, name: str, confirmed: int) -> None:
@@ -613,7 +617,7 @@ class NodeMember:
 
     async def h_epochs(self, request: web.Request) -> web.Response:
         _gate, topic, _q = self._leader_gate(request)
-        return web.json_response({"spans": epoch_spans(topic.log), "end": topic.log.flushed_offset},
+        return web.json_response({"spans": _gate.spans, "end": topic.log.flushed_offset},
                                  dumps=lambda o: orjson.dumps(o).decode())
 
     async def h_fetch(self, request: web.Request) -> web.Response:
@@ -646,14 +650,11 @@ class NodeMember:
             data, count = r.data, r.count
         head: dict[str, Any] = {"start": offset, "count": count, "end": plog.flushed_offset}
         if count:
-            head["spans"] = [s for s in _spans_in(epoch_spans(plog), offset, offset + count)]
-            hdrs = {}
-            for off in range(offset, offset + count):
-                h = plog.headers(off)
-                if h:
-                    hdrs[str(off)] = {k: base64.b64encode(v).decode() for k, v in h.items()}
+            head["spans"] = _spans_in(gate.spans, offset, offset + count)
+            hdrs = plog.headers_range(offset, offset + count)
             if hdrs:
-                head["headers"] = hdrs
+                head["headers"] = {str(off): {k: base64.b64encode(v).decode()
+                                              for k, v in h.items()} for off, h in hdrs.items()}
         last = gate.last_cursor_sent.get(node, 0.0)
         if now - last >= CURSOR_EVERY:
             gate.last_cursor_sent[node] = now

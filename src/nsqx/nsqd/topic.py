@@ -98,7 +98,7 @@ class Topic:
                 return _refuse(self.nsqd.loop, done, PublishRefused(refusal))
             if done is None:
                 outer = self.nsqd.loop.create_future()
-                done = _settle(outer)
+                done = settle(outer)
             done = self.gate.wrap(self, base + len(bodies), done)
             kw["epoch"] = self.epoch
         if done is None:
@@ -268,7 +268,7 @@ class WriteGate(Protocol):
         """A reason this partition may not deliver to new subscribers here, or None."""
 
 
-def _settle(fut: asyncio.Future[int]) -> Callable[[int, Exception | None], None]:
+def settle(fut: asyncio.Future[int]) -> Callable[[int, Exception | None], None]:
     def done(base: int, exc: Exception | None) -> None:
         if fut.done():
             return

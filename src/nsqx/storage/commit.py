@@ -63,6 +63,22 @@ class GroupCommitter:
         except LogError as e:
             _resolve(done, -1, e)
             return
+        self._queued(done, base)
+
+    def append_frames_cb(self, data: bytes, count: int, done: Any, timestamp_ns: int,
+                         **kw: Any) -> None:
+        """append_cb() of ready-made frames (``PartitionLog.append_frames``: replication)."""
+        if self._closed:
+            _resolve(done, -1, LogError("group committer is closed"))
+            return
+        try:
+            base = self.log.append_frames(data, count, timestamp_ns, **kw)
+        except (LogError, ValueError) as e:
+            _resolve(done, -1, e)
+            return
+        self._queued(done, base)
+
+    def _queued(self, done: Any, base: int) -> None:
         self._turn.append((done, base, self.log.next_offset))
         if not self._scheduled:
             self._scheduled = True

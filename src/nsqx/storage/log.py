@@ -65,6 +65,24 @@ class _Pending:
         return self.sizes if self.sizes is not None else _U32.pack(self.flen) * self.count
 
 
+def frame_lengths(data: bytes, count: int) -> list[int]:
+    """Lengths of ``count`` stored frames back to back in ``data`` (ValueError if they are not)."""
+    out = []
+    pos, n = 0, len(data)
+    unpack = _U32.unpack_from
+    for _ in range(count):
+        if n - pos < 34:
+            raise ValueError(f"truncated frame at byte {pos}")
+        size = unpack(data, pos)[0] + 4
+        if size < 34 or pos + size > n or data[pos + 4:pos + 8] != b"\0\0\0\x02":
+            raise ValueError(f"malformed frame at byte {pos}")
+        out.append(size)
+        pos += size
+    if pos != n:
+        raise ValueError(f"{n - pos} bytes after {count} frames")
+    return out
+
+
 class PartitionLog:
     """Segment files + sparse indexes + group-writable tail; see module doc."""
 
@@ -198,6 +216,67 @@ class PartitionLog:
                                       headers if headers and any(headers) else None, sizes))
         self.next_offset = base + n
         return base
+
+    def append_frames(self, data: bytes, count: int, timestamp_ns: int, *, epoch: int = 0,
+                      headers: Sequence[dict[str, bytes] | None] | None = None,
+                      lengths: list[int] | None = None) -> int:
+        """Buffer ready-made frames as one batch (a replica copying its leader's log).
+
+        The frames must be this log's own for the next offsets (same partition, ids from
+        those offsets, attempts 1), as a leader's fetch returns them; checked cheaply (the
+        first and last ids, every size, or the sum of the ``lengths`` a caller already
+        walked), so the replica's log holds the leader's bytes.
+        """
+        if self._closed:
+            raise LogError(f"log {self.path} is closed")
+        base = self.next_offset
+        if count <= 0:
+            return base
+        if lengths is None:
+            fl = frame_lengths(data, count)
+        elif len(lengths) != count or sum(lengths) != len(data):
+            raise ValueError("frame lengths do not match the data")
+        else:
+            fl = lengths  # walked by the caller (the replica's fetch loop)
+        for i, pos in ((0, 0), (count - 1, len(data) - fl[-1])):
+            want = b"%016x" % ((self.partition << 48) | (base + i))
+            if data[pos + 18:pos + 34] != want:
+                raise ValueError(f"frame {i} carries id {bytes(data[pos + 18:pos + 34])!r}, "
+                                 f"expected {want!r}")
+        if fl.count(fl[0]) == count:
+            flen, rel, sizes = fl[0], None, None
+        else:
+            flen, rel = 0, list(accumulate(fl, initial=0))
+            a = array("I", fl)
+            if _LITTLE:
+                a.byteswap()
+            sizes = a.tobytes()
+        if headers is not None and len(headers) != count:
+            raise ValueError("headers must have one entry per frame")
+        self._pending.append(_Pending(base, count, bytes(data), rel, flen, timestamp_ns, epoch,
+                                      headers if headers and any(headers) else None, sizes))
+        self.next_offset = base + count
+        return base
+
+    def headers_range(self, lo: int, hi: int) -> dict[int, dict[str, bytes]]:
+        """Extension headers of the offsets in [lo, hi): one read per commit that has any."""
+        out: dict[int, dict[str, bytes]] = {}
+        hi = min(hi, self._flushed)
+        for seg in list(self._segments):
+            if seg.next_offset <= lo or seg.base >= hi or not seg.bases:
+                continue
+            for e in seg.entries(seg.commit_of(max(lo, seg.base))):
+                base, count = e[0], e[1]
+                if base >= hi:
+                    break
+                if not e[10]:
+                    continue
+                blob = os.pread(seg.hdr_fd, e[10], e[9])
+                for off in range(max(base, lo), min(base + count, hi)):
+                    h = decode_headers(blob, off - base)
+                    if h:
+                        out[off] = h
+        return out
 
     def flush(self) -> int:
         """Write every buffered batch (one os.writev per segment touched) plus metadata."""

@@ -1,0 +1,187 @@
+"""Replicated ingest vs a standalone node, side by side in one run; and failover time.
+
+    .venv/bin/python bench/cluster_ingest.py [--seconds 10] [--replicas 3] [--sync-every N]
+
+1. standalone: one nsqd (default durable settings), MPUB 200 B x 200 from two writer
+   processes (the same load generator as bench/nsqd_compare.py);
+2. cluster: etcd + nsqlookupd + 3 nsqd in cluster mode, a topic of 1 partition x R replicas,
+   the same load against its leader: each MPUB is acknowledged once every ISR member has it;
+3. failover: kill -9 that leader and time until a PUB to the new leader succeeds.
+
+Prints msgs/s of both, the ratio (issue target: >= 0.5x), server CPU per message of the
+leader and the failover time (target: < 5 s). Everything binds to 127.0.0.1 and is stopped
+at the end. All processes share this machine's 2 cores: the followers' CPU comes out of
+the leader's budget, as it would not on three machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from nsqx.benchmark import scenarios  # noqa: E402
+from nsqx.cluster.etcd_server import EtcdServer  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return 0, b""
+
+
+def wait(pred, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise SystemExit("timed out")
+
+
+class Proc:
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.proc = subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def nsqd(tmp: Path, name: str, extra: list[str]) -> tuple[Proc, str, str]:
+    tcp, http_ = free_port(), free_port()
+    data = tmp / name
+    data.mkdir()
+    p = Proc([sys.executable, "-m", "nsqx.cli.nsqd", f"--tcp-address=127.0.0.1:{tcp}",
+              f"--http-address=127.0.0.1:{http_}", f"--data-path={data}",
+              "--broadcast-address=127.0.0.1", "--log-level=warn", *extra], tmp / f"{name}.log")
+    wait(lambda: http("GET", f"http://127.0.0.1:{http_}/ping")[0] == 200)
+    return p, f"127.0.0.1:{tcp}", f"127.0.0.1:{http_}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--sync-every", type=int, default=0, help="nsqd --sync-every (0: default)")
+    ap.add_argument("--profile", metavar="DIR", help="py-spy record the leader and a follower "
+                    "during the replicated run into DIR (needs py-spy)")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    extra = [f"--sync-every={args.sync_every}"] if args.sync_every else []
+    procs: list[Proc] = []
+    out: dict[str, object] = {}
+    try:
+        p, tcp, http_addr = nsqd(tmp, "standalone", extra)
+        procs.append(p)
+        scenarios.http_post(http_addr, "/topic/create?topic=bench")
+        r = scenarios.ingest(tcp, "bench", seconds=args.seconds, pid=p.proc.pid)
+        out["standalone"] = r
+        p.stop()
+        print(f"standalone  {r['msgs_per_s']:>12,.0f} msgs/s  "
+              f"{r.get('server_us_per_msg', 0):.2f} us CPU/msg")
+
+        etcd = EtcdServer(tmp / "etcd")
+        etcd.start()
+        flags = [f"--cluster-leadership-addresses={etcd.endpoint}", "--cluster-id=bench"]
+        lk_tcp, lk_http = free_port(), free_port()
+        lk = Proc([sys.executable, "-m", "nsqx.cli.nsqlookupd", f"--tcp-address=127.0.0.1:{lk_tcp}",
+                   f"--http-address=127.0.0.1:{lk_http}", "--broadcast-address=127.0.0.1",
+                   "--log-level=warn", *flags], tmp / "lookupd.log")
+        procs.append(lk)
+        nodes = []
+        for i in range(3):
+            np_, ntcp, nhttp = nsqd(tmp, f"node{i}", [*extra, *flags,
+                                                     f"--lookupd-tcp-address=127.0.0.1:{lk_tcp}"])
+            procs.append(np_)
+            nodes.append((np_, ntcp, nhttp))
+
+        def stats() -> dict:
+            code, body = http("GET", f"http://127.0.0.1:{lk_http}/cluster/stats")
+            return json.loads(body) if code == 200 else {}
+
+        wait(lambda: len(stats().get("nodes", [])) == 3)
+        code, body = http("POST", f"http://127.0.0.1:{lk_http}/topic/create?topic=bench"
+                          f"&partition_num=1&replicator={args.replicas}")
+        assert code == 200, body
+        leader_id = json.loads(body)["partitions"][0]["leader"]
+        leader = next(n for n in nodes if (tmp / f"node{nodes.index(n)}" / "cluster-node-id")
+                      .read_text().strip() == leader_id)
+        wait(lambda: http("POST", f"http://{leader[2]}/pub?topic=bench", b"warm")[0] == 200)
+        spies = []
+        if args.profile:
+            os.makedirs(args.profile, exist_ok=True)
+            follower = next(n for n in nodes if n is not leader)
+            for who, n in (("leader", leader), ("follower", follower)):
+                spies.append(subprocess.Popen(
+                    ["py-spy", "record", "-p", str(n[0].proc.pid), "-d", str(int(args.seconds)),
+                     "-f", "speedscope", "-o", f"{args.profile}/{who}.json", "--nonblocking"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        r = scenarios.ingest(leader[1], "bench", seconds=args.seconds, pid=leader[0].proc.pid)
+        out["replicated"] = r
+        for spy in spies:
+            spy.wait(30)
+        ratio = r["msgs_per_s"] / out["standalone"]["msgs_per_s"]  # type: ignore[index]
+        print(f"replicated  {r['msgs_per_s']:>12,.0f} msgs/s  "
+              f"{r.get('server_us_per_msg', 0):.2f} us CPU/msg (leader)  "
+              f"ratio {ratio:.2f}x (target >= 0.5x), {args.replicas} replicas, ISR ack")
+        if r.get("errors"):
+            print("  errors:", r["errors"])
+
+        if args.replicas < 3:
+            print("failover    not measured: with fewer than 3 replicas the survivors are below "
+                  "the default min ISR of 2, so publishes are refused (by design)")
+            return
+        t0 = time.monotonic()
+        os.kill(leader[0].proc.pid, signal.SIGKILL)
+        while True:
+            st = stats()
+            parts = st.get("topics", {}).get("bench", {}).get("partitions", [{}])
+            new = parts[0].get("leader")
+            if new and new != leader_id:
+                n = next(x for x in nodes if (tmp / f"node{nodes.index(x)}" / "cluster-node-id")
+                         .read_text().strip() == new)
+                if http("POST", f"http://{n[2]}/pub?topic=bench", b"after")[0] == 200:
+                    break
+            if time.monotonic() - t0 > 60:
+                raise SystemExit("no failover in 60 s")
+            time.sleep(0.02)
+        failover = time.monotonic() - t0
+        print(f"failover    {failover:.2f} s from kill -9 of the leader to an acknowledged PUB "
+              f"on the new one (target < 5 s)")
+        etcd.stop()
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
