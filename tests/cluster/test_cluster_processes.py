@@ -150,3 +150,41 @@ def test_below_min_isr_publishes_fail_then_recover(cluster: Cluster) -> None:
     assert cluster.node_id(follower) in cluster.partitions("safe")[0]["isr"]
     bodies = fetch_bodies(follower, "safe")
     assert bodies[0] == b"a" and bodies[-1] == b"b"
+
+
+def test_malformed_and_stale_replication_traffic(cluster: Cluster) -> None:
+    """Bad fetches get clear errors and touch nothing; a claim of an old epoch is refused."""
+    cluster.create_topic("guarded", partitions=1, replicas=3)
+    leader = cluster.leader("guarded")
+    for i in range(5):
+        assert pub(leader, "guarded", b"g%d" % i)[0] == 200
+    epoch = cluster.partitions("guarded")[0]["epoch"]
+    base = f"http://{leader.http_address}/nsqx/replica"
+    ok = f"topic=guarded&partition=0&epoch={epoch}&node=probe"
+    for query, code in [
+        ("topic=guarded", 400),                                       # no epoch
+        (f"topic=guarded&partition=x&epoch={epoch}", 400),
+        (f"{ok}&offset=abc", 400),
+        (f"{ok}", 400),                                               # no offset
+        (f"{ok}&offset=99999", 416),                                  # beyond the log
+        (f"{ok}&offset=-5", 416),
+        (f"topic=guarded&partition=0&epoch={epoch - 1}&node=p&offset=0", 409),  # stale epoch
+        (f"topic=guarded&partition=0&epoch={epoch + 7}&node=p&offset=0", 409),  # made up epoch
+        (f"topic=nope&partition=0&epoch={epoch}&node=p&offset=0", 409),
+        (f"topic=guarded&partition=9&epoch={epoch}&node=p&offset=0", 409),
+    ]:
+        got, body = http("GET", f"{base}/fetch?{query}")
+        assert got == code, (query, got, body)
+    got, body = http("GET", f"{base}/epochs?topic=guarded&partition=0&epoch={epoch - 1}")
+    assert got == 409 and body["message"] == "E_STALE_EPOCH" and body["leader_epoch"] == epoch
+    got, body = http("GET", f"{base}/epochs?topic=guarded&partition=0&epoch={epoch}")
+    assert got == 200 and body["end"] == 5 and body["spans"][-1][0] == epoch
+    # a follower's node is not a leader: it refuses every fetch
+    follower = next(n for n in cluster.nodes if n is not leader)
+    got, _ = http("GET", f"http://{follower.http_address}/nsqx/replica/fetch?{ok}&offset=0")
+    assert got == 409
+    # nothing above disturbed the partition: still led, same epoch, whole ISR, data intact
+    p = cluster.partitions("guarded")[0]
+    assert p["epoch"] == epoch and len(p["isr"]) == 3
+    assert pub(leader, "guarded", b"after")[0] == 200
+    assert fetch_bodies(leader, "guarded") == [b"g0", b"g1", b"g2", b"g3", b"g4", b"after"]

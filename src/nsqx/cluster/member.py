@@ -213,6 +213,10 @@ class LeaderGate:
         self.new_data.set()
 
 
+def _answer(status: int, obj: Any) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+
+
 def _refused(topic: Any, why: str) -> Exception:
     return PublishRefused(f"TOPIC({topic.name}) PARTITION({topic.partition}): {why}")
 
@@ -598,42 +602,47 @@ class NodeMember:
         app.router.add_get("/nsqx/replica/fetch", self.h_fetch)
         app.router.add_get("/nsqx/cluster/state", self.h_state)
 
-    def _leader_gate(self, request: web.Request) -> tuple[LeaderGate, Any, dict[str, str]]:
+    def _leader_gate(self, request: web.Request
+                     ) -> tuple[LeaderGate, Any, dict[str, str]] | web.Response:
+        """The gate of the partition a replica asks for, or the answer refusing it."""
         q = request.query
         try:
             name = q["topic"]
             p = int(q.get("partition", "0"))
             epoch = int(q["epoch"])
         except (KeyError, ValueError):
-            raise web.HTTPBadRequest(text='{"message":"E_INVALID"}',
-                                     content_type="application/json") from None
+            return _answer(400, {"message": "E_INVALID",
+                                 "detail": "topic, partition and epoch are required integers"})
         gate = self.gates.get((name, p))
         if not isinstance(gate, LeaderGate) or not gate.active or gate.meta.epoch != epoch:
-            mine = gate.meta.epoch if isinstance(gate, LeaderGate) else None
-            raise web.HTTPConflict(
-                text=orjson.dumps({"message": "E_STALE_EPOCH", "leader_epoch": mine}).decode(),
-                content_type="application/json")
+            mine = gate.meta.epoch if isinstance(gate, LeaderGate) and gate.active else None
+            return _answer(409, {"message": "E_STALE_EPOCH", "leader_epoch": mine})
         return gate, gate.topic, dict(q)
 
     async def h_epochs(self, request: web.Request) -> web.Response:
-        _gate, topic, _q = self._leader_gate(request)
-        return web.json_response({"spans": _gate.spans, "end": topic.log.flushed_offset},
-                                 dumps=lambda o: orjson.dumps(o).decode())
+        found = self._leader_gate(request)
+        if isinstance(found, web.Response):
+            return found
+        gate, topic, _q = found
+        return _answer(200, {"spans": gate.spans, "end": topic.log.flushed_offset})
 
     async def h_fetch(self, request: web.Request) -> web.Response:
-        gate, topic, q = self._leader_gate(request)
+        found = self._leader_gate(request)
+        if isinstance(found, web.Response):
+            return found
+        gate, topic, q = found
         try:
             offset = int(q["offset"])
             node = q["node"]
             wait = min(max(int(q.get("wait_ms", "0")), 0), 5000) / 1000
             max_bytes = min(max(int(q.get("max_bytes", FETCH_MAX_BYTES)), 1), 64 << 20)
         except (KeyError, ValueError):
-            raise web.HTTPBadRequest(text='{"message":"E_INVALID"}',
-                                     content_type="application/json") from None
+            return _answer(400, {"message": "E_INVALID",
+                                 "detail": "offset and node are required, offset an integer"})
         plog = topic.log
         if offset > plog.flushed_offset or offset < plog.start_offset:
-            raise web.HTTPRequestRangeNotSatisfiable(text='{"message":"OFFSET_OUT_OF_RANGE"}',
-                                                     content_type="application/json")
+            return _answer(416, {"message": "OFFSET_OUT_OF_RANGE",
+                                 "start": plog.start_offset, "end": plog.flushed_offset})
         now = time.monotonic()
         gate.progress.on_fetch(node, offset, plog.flushed_offset, now)
         gate.release()
@@ -642,8 +651,7 @@ class NodeMember:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(gate.new_data.wait(), wait)
             if not gate.active or gate.meta.epoch != int(q["epoch"]):
-                raise web.HTTPConflict(text='{"message":"E_STALE_EPOCH"}',
-                                       content_type="application/json")
+                return _answer(409, {"message": "E_STALE_EPOCH", "leader_epoch": None})
         data, count = b"", 0
         if offset < plog.flushed_offset:
             r = plog.read(offset, max_bytes, plog.flushed_offset - offset)
