@@ -56,7 +56,7 @@ def test_reset_is_mirrored_by_followers_and_survives_failover(cluster: Cluster) 
         f.expect_error("E_FAILED_ON_NOT_LEADER", closed=True)
     with RawClient(followers[0].tcp_address) as f:  # without a position it is a SUB
         f.send(v2.sub_advanced("replay", "c", 0))
-        f.expect_ok()
+        f.expect_error("E_FAILED_ON_NOT_LEADER", closed=True)  # only leaders deliver
 
     r = setoffset(leader, b"msgcount:5")
     assert r.status == 200 and r.json()["offset"] == 5

@@ -419,6 +419,15 @@ def test_sub_advanced_bad_input_is_fatal(nsqd: NsqdProcess, line: bytes, code: s
         assert bodies(c.read_messages(3)) == [b"m0", b"m1", b"m2"]
 
 
+def test_sub_advanced_with_a_bad_position_creates_no_channel(nsqd: NsqdProcess) -> None:
+    seed(nsqd, 3)
+    with RawClient(nsqd.tcp_address) as c:
+        c.send(v2.sub_advanced("t", "fresh", 0, "msgcount:9"))
+        c.expect_error("E_SUB_FAILED", closed=True)
+    chans = http_api.stats(nsqd.http_address, "t")["topics"][0]["channels"]
+    assert [ch["channel_name"] for ch in chans] == ["c"]
+
+
 def test_sub_advanced_twice_is_refused(nsqd: NsqdProcess) -> None:
     seed(nsqd, 1)
     with sub_adv(nsqd, "t", "c", 0) as c:

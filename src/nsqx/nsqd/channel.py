@@ -50,6 +50,35 @@ class SeekResult:
     persisted: bool  # the cursor was written (tmp+fsync+rename) before the answer
 
 
+def resolve_position(topic: Topic, pos: StartPosition) -> tuple[int, bool]:
+    """The offset of ``topic``'s log (one partition) a position names, and whether it was
+    clamped up to the oldest kept message; raises SeekError / NotLeader.
+
+    A time is a seek in the log's time index, never a scan. An offset past the log end
+    raises SeekError: a typo (or another partition's offset) would otherwise make the
+    channel silently skip everything published until the log got there. In cluster mode
+    only the leader moves channels (NotLeader where the write gate refuses).
+    """
+    gate = getattr(topic, "gate", None)
+    refusal = gate.refuse(topic, 0) if gate is not None else None
+    if refusal is not None:
+        raise NotLeader(refusal)
+    log_ = topic.log
+    earliest, latest = log_.start_offset, log_.next_offset
+    if pos.kind == "earliest":
+        return earliest, False
+    if pos.kind == "latest":
+        return latest, False
+    if pos.kind == "timestamp":
+        off = log_.offset_for_time(pos.value * 1_000_000_000)
+        return min(max(off, earliest), latest), False
+    if pos.value > latest:
+        raise SeekError(f"offset {pos.value} is beyond the end of the log ({latest})")
+    if pos.value < earliest:
+        return earliest, True
+    return pos.value, False
+
+
 def now_ms() -> int:
     """Wall-clock ms: deadlines and delays are persisted, so they must survive a restart."""
     return time.time_ns() // 1_000_000
@@ -121,26 +150,8 @@ class Channel:
         self._changed()
 
     def resolve(self, pos: StartPosition) -> tuple[int, bool]:
-        """The log offset a position names, and whether it was clamped up to the oldest kept.
-
-        A time is a seek in the log's time index, never a scan. An offset past the log end
-        raises SeekError: a typo (or another partition's offset) would otherwise make the
-        channel silently skip everything published until the log got there.
-        """
-        log_ = self.topic.log
-        earliest, latest = log_.start_offset, log_.next_offset
-        if pos.kind == "earliest":
-            return earliest, False
-        if pos.kind == "latest":
-            return latest, False
-        if pos.kind == "timestamp":
-            off = log_.offset_for_time(pos.value * 1_000_000_000)
-            return min(max(off, earliest), latest), False
-        if pos.value > latest:
-            raise SeekError(f"offset {pos.value} is beyond the end of the log ({latest})")
-        if pos.value < earliest:
-            return earliest, True
-        return pos.value, False
+        """The log offset a position names, and whether it was clamped (resolve_position)."""
+        return resolve_position(self.topic, pos)
 
     def seek(self, pos: StartPosition, who: str = "") -> SeekResult:
         """Reset the channel to a position (replay or skip ahead); see ChannelCursor.reset.
@@ -152,11 +163,7 @@ class Channel:
         returns, so a crash right after cannot bring the old position back. In cluster mode
         only the leader may (NotLeader elsewhere); followers mirror its cursor.
         """
-        gate = getattr(self.topic, "gate", None)
-        refusal = gate.refuse(self.topic, 0) if gate is not None else None
-        if refusal is not None:
-            raise NotLeader(refusal)
-        offset, clamped = self.resolve(pos)
+        offset, clamped = resolve_position(self.topic, pos)
         self.cursor.reset(offset)
         self.dirty = False
         log.info("TOPIC(%s) CHANNEL(%s): reset to offset %d (%s%s)%s", self.topic.name,

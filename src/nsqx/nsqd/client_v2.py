@@ -22,7 +22,7 @@ import orjson
 
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
-from nsqx.nsqd.channel import NotLeader, SeekError, now_ms
+from nsqx.nsqd.channel import NotLeader, SeekError, now_ms, resolve_position
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from nsqx.protocol.errors import ProtocolError
@@ -639,6 +639,10 @@ class ClientV2(asyncio.Protocol):
         assert topic is not None
         topic = topic.partitions[partition]
         _check_serves_consumers(topic, what)
+        prior = topic.channels.get(channel_name)
+        if start is not None and (prior is None or not prior.clients):
+            # refuse a bad position before a new channel is created for it
+            self._start_position(what, lambda: resolve_position(topic, start))
         channel = topic.get_channel(channel_name)
         assert channel is not None
         limit = nsqd.opts.max_channel_consumers
@@ -647,16 +651,21 @@ class ClientV2(asyncio.Protocol):
         if channel.exiting or topic.exiting:
             raise Fatal("E_SUB_FAILED", f"{what} failed to subscribe to {topic_name}:{channel_name}")
         if start is not None and not channel.clients:
-            try:
-                channel.seek(start, str(self))
-            except NotLeader as exc:
-                raise Fatal("E_FAILED_ON_NOT_LEADER", f"{what} {exc}") from None
-            except SeekError as exc:
-                raise Fatal("E_SUB_FAILED", f"{what} failed to set the start position: {exc}") from None
+            self._start_position(what, lambda: channel.seek(start, str(self)))
         channel.add_client(self)
         self.channel = channel
         self.state = STATE_SUBSCRIBED
         self._respond(frames.OK_FRAME)
+
+    @staticmethod
+    def _start_position(what: str, fn: Callable[[], object]) -> None:
+        """Run a SUB_ADVANCED position step; its errors are fatal, in Youzan's codes."""
+        try:
+            fn()
+        except NotLeader as exc:
+            raise Fatal("E_FAILED_ON_NOT_LEADER", f"{what} {exc}") from None
+        except SeekError as exc:
+            raise Fatal("E_SUB_FAILED", f"{what} failed to set the start position: {exc}") from None
 
     def _cmd_rdy(self, cmd: Command) -> None:
         if self.state == STATE_CLOSING:
