@@ -526,3 +526,36 @@ def test_hostile_requests_get_codes_and_never_corrupt_the_cursor(tmp_path_factor
             await node.stop()
 
     asyncio.run(main())
+
+
+def test_message_get_needs_subscribe_permission(nsqd_factory, auth_server) -> None:  # type: ignore[no-untyped-def]
+    from tests.support.auth_server import Identity, grant
+
+    auth_server.identities["reader"] = Identity("r", [grant("t", (".*",), ("subscribe",))])
+    auth_server.identities["writer"] = Identity("w", [grant("t", (".*",), ("publish",))])
+    node = nsqd_factory.start([f"--auth-http-address={auth_server.address}"])
+    assert http_api.mpub(node.http_address, "t", [b"secret"]).status == 200
+    url = http_api._url(node.http_address, "/message/get",
+                        {"topic": "t", "search_mode": "count", "search_pos": "0"})
+
+    def get(secret: str | None) -> Response:
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(url)
+        if secret:
+            req.add_header("Authorization", f"Bearer {secret}")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return Response(r.status, {}, r.read())
+        except urllib.error.HTTPError as e:
+            return Response(e.code, {}, e.read())
+
+    assert (get(None).status, get(None).json()) == (401, {"message": "AUTH_REQUIRED"})
+    assert (get("writer").status, get("writer").json()) == (403, {"message": "UNAUTHORIZED"})
+    r = get("reader")
+    assert r.status == 200 and r.json()["body"] == "secret"
+    # setoffset is an admin action (no auth, as upstream's channel endpoints)
+    assert http_api.post(node.http_address, "/channel/create", topic="t",
+                         channel="c").status == 200
+    assert setoffset(node, "earliest").status == 200
