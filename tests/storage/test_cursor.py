@@ -70,16 +70,42 @@ def test_errors_use_upstream_wording() -> None:
         c.touch(1, 0, 0, T)
 
 
-def test_requeue_is_served_before_fresh_with_attempts() -> None:
+def test_requeue_goes_behind_what_was_queued() -> None:
+    """Upstream's FIFO: a REQ 0 comes back after the messages written before it came back."""
     c = ChannelCursor(0)
-    c.take(1, 3, 10, 0, T)
+    c.take(1, 3, 10, 0, T)  # 0, 1, 2 out; 3..9 queued
     c.requeue(1, 1, 0, 5)
     assert c.requeue_count == 1 and c.depth(10) == 8
-    got = c.take(2, 3, 10, 5, T)
-    assert flat(got) == [(1, 2), (3, 1), (4, 1)]
-    assert got[0] == Delivery(1, 1, 2)
-    c.requeue(2, 1, 0, 6)
-    assert flat(c.take(1, 1, 10, 6, T)) == [(1, 3)]
+    assert flat(c.take(2, 3, 10, 5, T)) == [(3, 1), (4, 1), (5, 1)]
+    got = c.take(2, 5, 12, 5, T)  # 10 and 11 were written after the REQ: behind it
+    assert flat(got) == [(6, 1), (7, 1), (8, 1), (9, 1), (1, 2)]
+    assert got[-1] == Delivery(1, 1, 2)
+    assert flat(c.take(2, 5, 12, 5, T)) == [(10, 1), (11, 1)]
+    c.requeue(2, 1, 0, 6)  # nothing queued now: straight back
+    assert flat(c.take(1, 1, 12, 6, T)) == [(1, 3)]
+
+
+def test_redeliveries_keep_their_order_and_skip_a_far_backlog() -> None:
+    c = ChannelCursor(0)
+    c.redelivery_window = 100
+    c.take(1, 3, 3, 0, T)
+    for off in (2, 0, 1):  # back in this order, nothing else queued
+        c.requeue(1, off, 0, 1)
+    assert flat(c.take(1, 3, 3, 1, T)) == [(2, 2), (0, 2), (1, 2)]
+    c.requeue(1, 0, 0, 2)
+    # a backlog of 10,000 written meanwhile is more than the window (upstream keeps at most
+    # --mem-queue-size in memory and does not wait for its disk queue): no waiting behind it
+    c.note_end(10_003)
+    c.requeue(1, 1, 0, 2)
+    assert flat(c.take(1, 2, 10_003, 2, T)) == [(0, 3), (1, 3)]
+
+
+def test_redelivery_is_not_stuck_when_nothing_fresh_can_go() -> None:
+    """A paused topic delivers no fresh message (end = next_read): redeliveries still go."""
+    c = ChannelCursor(0)
+    c.take(1, 2, 10, 0, T)
+    c.requeue(1, 0, 0, 1)
+    assert flat(c.take(1, 5, 2, 1, T)) == [(0, 2)]
 
 
 def test_requeue_with_delay_waits() -> None:
@@ -145,6 +171,7 @@ def test_defer_skips_fresh_reads_per_chunk() -> None:
 
 def test_defer_of_delivered_offsets() -> None:
     c = ChannelCursor(0)
+    c.redelivery_window = 0  # redeliveries wait for nothing: this is about deferring
     c.take(1, 2, 10, 0, T)
     c.defer(0, 100)  # in flight: ignored
     c.finish(1, 1)
@@ -158,6 +185,7 @@ def test_defer_of_delivered_offsets() -> None:
 
 def test_dpub_finished_before_reader_gets_there() -> None:
     c = ChannelCursor(0)
+    c.redelivery_window = 0  # the due DPUB goes first, ahead of the reader
     c.defer(5, 10, now_ms=0)
     assert flat(c.take(1, 1, 10, 10, T)) == [(5, 1)]
     c.finish(1, 5)

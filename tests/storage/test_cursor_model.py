@@ -26,6 +26,8 @@ class Model:
         self.fin: set[int] = set()  # finished offsets >= floor
         self.inflight: dict[int, list[int]] = {}  # off -> [owner, deadline, attempts, sent_at]
         self.ready: dict[int, int] = {}  # off -> attempts so far
+        # upstream's FIFO: (gate, off) in the order they came back; gate = log end then
+        self.order: list[tuple[int, int]] = []
         self.delayed: dict[int, list] = {}  # off -> [ready_at, attempts, tier]
 
     @property
@@ -51,6 +53,17 @@ class Model:
     def add_delay(self, o: int, ready_at: int, attempts: int, now: int) -> None:
         tier = "disk" if (ready_at - now >= LONG or self.mem_count() >= MAX_MEM) else "mem"
         self.delayed[o] = [ready_at, attempts, tier]
+
+    def push_ready(self, o: int, attempts: int, gate: int) -> None:
+        self.ready[o] = attempts
+        self.order.append((gate, o))
+
+    def drop_ready(self, o: int) -> int:
+        self.order = [x for x in self.order if x[1] != o]
+        return self.ready.pop(o)
+
+    def prune_order(self) -> None:
+        self.order = [x for x in self.order if x[1] in self.ready]
 
     def check_owned(self, client: int, o: int) -> list[int]:
         e = self.inflight.get(o)
@@ -93,6 +106,7 @@ class CursorMachine(RuleBasedStateMachine):
     @rule(k=st.integers(1, 6))
     def publish(self, k: int) -> None:
         self.end += k
+        self.cursor.note_end(self.end)  # what Topic does after each flush
 
     @rule(dt=st.integers(0, 3_000))
     def tick(self, dt: int) -> None:
@@ -101,6 +115,7 @@ class CursorMachine(RuleBasedStateMachine):
     # ---------------------------------------------------------------- delivery
     @rule(client=CLIENTS, n=st.integers(0, 7), timeout=st.integers(1, 4_000))
     def take(self, client: int, n: int, timeout: int) -> None:
+        nr = self.cursor.next_read
         got = self.cursor.take(client, n, self.end, self.now, timeout)
         flat = [(d.offset + i, d.attempts) for d in got for i in range(d.count)]
         for d in got:
@@ -109,17 +124,33 @@ class CursorMachine(RuleBasedStateMachine):
         m = self.m
         want: list[tuple[int, int]] = []
         if n > 0:
-            for o in [o for o, v in m.delayed.items() if v[0] <= self.now]:
-                m.ready[o] = m.delayed.pop(o)[1]
-            for o in sorted(m.ready)[:n]:
-                want.append((o, m.ready.pop(o) + 1))
-                m.inflight[o] = [client, self.now + timeout, want[-1][1], self.now]
-            o = m.confirmed
-            while len(want) < n and o < self.end:
-                if m.is_new(o):
-                    want.append((o, 1))
-                    m.inflight[o] = [client, self.now + timeout, 1, self.now]
-                o += 1
+            due = [(v[2] == "disk", v[0], o) for o, v in m.delayed.items() if v[0] <= self.now]
+            for _, _, o in sorted(due):  # the delay store's order: memory tier, then disk
+                m.push_ready(o, m.delayed.pop(o)[1], self.end)
+            window = self.cursor.redelivery_window
+            cnt = n
+            while cnt > 0:
+                m.prune_order()
+                front = m.order[0] if m.order else None
+                if front and (front[0] <= nr or self.end <= nr or front[0] - nr > window):
+                    o = m.order.pop(0)[1]
+                    want.append((o, m.ready.pop(o) + 1))
+                    m.inflight[o] = [client, self.now + timeout, want[-1][1], self.now]
+                    cnt -= 1
+                    continue
+                # fresh messages written before the front came back go first
+                limit = self.end if front is None else min(self.end, front[0])
+                o, took = nr, 0
+                while cnt and o < limit:
+                    if m.is_new(o):
+                        want.append((o, 1))
+                        m.inflight[o] = [client, self.now + timeout, 1, self.now]
+                        cnt -= 1
+                        took += 1
+                    o += 1
+                nr = max(nr, o)
+                if front is None or (not took and nr < limit):
+                    break
         assert flat == want
 
     def _expect(self, fn, model_fn) -> None:
@@ -182,7 +213,7 @@ class CursorMachine(RuleBasedStateMachine):
             e = m.check_owned(client, o)
             del m.inflight[o]
             if delay <= 0:
-                m.ready[o] = e[2]
+                m.push_ready(o, e[2], self.end)
             else:
                 m.add_delay(o, self.now + delay, e[2], self.now)
 
@@ -238,8 +269,8 @@ class CursorMachine(RuleBasedStateMachine):
         n = self.cursor.expire(self.now)
         m = self.m
         due = [o for o, e in m.inflight.items() if e[1] <= self.now]
-        for o in due:
-            m.ready[o] = m.inflight.pop(o)[2]
+        for o in sorted(due, key=lambda o: (m.inflight[o][1], o)):
+            m.push_ready(o, m.inflight.pop(o)[2], self.end)
         assert n == len(due)
 
     @rule(o=st.integers(0, 70), delay=st.integers(1, 5_000))
@@ -249,7 +280,7 @@ class CursorMachine(RuleBasedStateMachine):
         if m.finished(o) or o in m.inflight:
             return
         if o in m.ready:
-            m.add_delay(o, self.now + delay, m.ready.pop(o), self.now)
+            m.add_delay(o, self.now + delay, m.drop_ready(o), self.now)
         elif o in m.delayed:
             a = m.delayed.pop(o)[1]
             m.add_delay(o, self.now + delay, a, self.now)
@@ -316,6 +347,7 @@ class CursorMachine(RuleBasedStateMachine):
                 new.delayed[o] = [r, a, "mem"]
         self.m = new
         self.cursor = self._open()
+        self.cursor.note_end(self.end)
         post_fin = {o for o in range(0, self.end + 80) if self.cursor._is_finished(o)}
         # at-least-once: nothing unfinished became finished; and persisted finishes stay
         assert post_fin <= pre_fin

@@ -266,6 +266,29 @@ class CompatSuite:
 
     @pytest.mark.compat
     @pytest.mark.timeout(120)
+    def test_timed_out_message_goes_behind_queued_ones(self, nsqd_factory: NsqdFactory) -> None:
+        """Upstream's FIFO channel queue: A times out while B waits, so B comes next, then A."""
+        nsqd, conn = self.timeout_setup(nsqd_factory)
+        assert_ok(self.publish(nsqd, self.pub_ops([b"A", b"B"])), 2)
+        sub = self.consume(nsqd, conn, mode="hold_first", expect=2, idle_s=0.5, max_in_flight=1)
+        assert_clean(sub)
+        assert [(d.body, d.attempts, d.action) for d in sub.deliveries] == [
+            (b"A", 1, "hold"), (b"B", 1, "hold"), (b"A", 2, "fin"), (b"B", 2, "fin")], (
+            sub.describe())
+
+    @pytest.mark.compat
+    @pytest.mark.timeout(120)
+    def test_requeued_message_goes_behind_queued_ones(self, nsqd: NsqdProcess) -> None:
+        """REQ 0 puts the message at the back of upstream's queue: B comes before A again."""
+        assert_ok(self.publish(nsqd, self.pub_ops([b"A", b"B"])), 2)
+        sub = self.consume(nsqd, mode="req", expect=2, idle_s=0.5, max_in_flight=1)
+        assert_clean(sub)
+        assert [(d.body, d.attempts, d.action) for d in sub.deliveries] == [
+            (b"A", 1, "req"), (b"B", 1, "req"), (b"A", 2, "fin"), (b"B", 2, "fin")], (
+            sub.describe())
+
+    @pytest.mark.compat
+    @pytest.mark.timeout(120)
     def test_late_fin_is_non_fatal(self, nsqd_factory: NsqdFactory) -> None:
         """FIN after the timeout: E_FIN_FAILED, which must not close the connection."""
         nsqd, conn = self.timeout_setup(nsqd_factory)

@@ -119,8 +119,9 @@ class Topic:
                 self.nsqd.metadata_changed()
         return fut
 
-    def _on_flushed(self, _offset: int) -> None:
+    def _on_flushed(self, offset: int) -> None:
         for ch in self.channels.values():
+            ch.cursor.note_end(offset)  # a redelivery from now on waits behind these
             ch.wake()
 
     # -- channels --------------------------------------------------------------------------
@@ -138,6 +139,9 @@ class Topic:
             (self.dir / "channels").mkdir(parents=True, exist_ok=True)
             state_path = self.dir / "channels" / f"c-{name}.cursor"
         cursor = ChannelCursor(start, state_path=state_path)
+        # upstream's memory queue: a redelivery waits behind at most this many queued ones
+        cursor.redelivery_window = self.nsqd.opts.mem_queue_size
+        cursor.note_end(self.log.flushed_offset)
         if not self.channels and self.pending_deferred:
             t = now_ms()
             for off, ready_at in self.pending_deferred:

@@ -30,6 +30,7 @@ import sys
 import time
 from array import array
 from bisect import bisect_left, bisect_right
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,8 +129,16 @@ class ChannelCursor:
         self._entries: dict[int, _Entry] = {}
         self._timers: list[tuple[int, int, int, object]] = []  # (deadline, seq, offset|-1, obj)
         self._seq = 0
-        self._ready: list[int] = []
+        # Redeliveries in the order they came back (upstream's FIFO memory queue): each
+        # waits behind the fresh messages already written when it came back (its gate,
+        # the log end then), unless those are more than redelivery_window away (a backlog
+        # upstream would have read from disk, which it does not wait for).
+        self._ready: deque[tuple[int, int, int]] = deque()  # (gate, offset, token)
         self._ready_att: dict[int, int] = {}  # offset -> attempts so far
+        self._ready_tok: dict[int, int] = {}  # offset -> token of its live queue entry
+        self._rtok = 0
+        self._end = start_offset  # newest log end seen (take / note_end)
+        self.redelivery_window = 10_000  # nsqd sets --mem-queue-size
         self._skip = array("q")
         self._sk_h = 0
         self._cif: dict[int, int] = {}  # client id -> in-flight count
@@ -191,31 +200,66 @@ class ChannelCursor:
     def take(
         self, client_id: int, max_count: int, end_offset: int, now_ms: int, timeout_ms: int
     ) -> list[Delivery]:
-        """Up to max_count messages: due redeliveries first, then fresh offsets < end_offset."""
+        """Up to max_count messages in upstream's order: fresh offsets < end_offset and
+        redeliveries, each redelivery behind the fresh messages written before it came back."""
         if self.paused or max_count <= 0:
             return []
         self._now = now_ms
+        if end_offset > self._end:
+            self._end = end_offset
         deadline = now_ms + timeout_ms
         out: list[Delivery] = []
         n = max_count
         st = self._store
-        if self._ready_att or (len(st) and (st.next_ready_ms() or 0) <= now_ms):
-            n = self._take_ready(client_id, n, now_ms, deadline, out)
-        pos = self.next_read
-        if n and pos < end_offset:
-            got = 0
-            if self._sk_h >= len(self._skip) and (not self._re or self._re[-1] <= pos):
-                stop = min(end_offset, pos + n)
-                self._add_run(client_id, pos, stop, deadline, now_ms)
-                out.append(Delivery(pos, stop - pos, 1))
-                got = stop - pos
-                self.next_read = stop
-            else:
-                got = self._take_fresh_slow(client_id, n, end_offset, now_ms, deadline, out)
-            if got:
-                self._cif[client_id] = self._cif.get(client_id, 0) + got
-                self.delivered_count += got
+        if len(st) and (st.next_ready_ms() or 0) <= now_ms:
+            self._promote(now_ms)
+        if not self._ready_att:
+            self._take_fresh(client_id, n, end_offset, now_ms, deadline, out)
+            return out
+        while n > 0:
+            gate = self._front_gate()
+            if gate is not None and (gate <= self.next_read or end_offset <= self.next_read
+                                     or gate - self.next_read > self.redelivery_window):
+                n = self._take_ready(client_id, n, now_ms, deadline, out, end_offset)
+                continue
+            limit = end_offset if gate is None else min(end_offset, gate)
+            got = self._take_fresh(client_id, n, limit, now_ms, deadline, out)
+            n -= got
+            if gate is None or (not got and self.next_read < limit):
+                break
         return out
+
+    def _take_fresh(self, client_id: int, n: int, end_offset: int, now_ms: int, deadline: int,
+                    out: list[Delivery]) -> int:
+        pos = self.next_read
+        if not n or pos >= end_offset:
+            return 0
+        if self._sk_h >= len(self._skip) and (not self._re or self._re[-1] <= pos):
+            stop = min(end_offset, pos + n)
+            self._add_run(client_id, pos, stop, deadline, now_ms)
+            out.append(Delivery(pos, stop - pos, 1))
+            got = stop - pos
+            self.next_read = stop
+        else:
+            got = self._take_fresh_slow(client_id, n, end_offset, now_ms, deadline, out)
+        if got:
+            self._cif[client_id] = self._cif.get(client_id, 0) + got
+            self.delivered_count += got
+        return got
+
+    def note_end(self, end_offset: int) -> None:
+        """The log grew to end_offset: a redelivery from now on waits behind it."""
+        if end_offset > self._end:
+            self._end = end_offset
+
+    def _front_gate(self) -> int | None:
+        ready, att, tok = self._ready, self._ready_att, self._ready_tok
+        while ready:
+            gate, off, t = ready[0]
+            if off in att and tok.get(off) == t:
+                return gate
+            ready.popleft()  # stale: deferred, reset or skipped meanwhile
+        return None
 
     def _add_run(self, owner: int, start: int, stop: int, deadline: int, now_ms: int) -> None:
         run = _Run(start, stop, owner, deadline, now_ms)
@@ -278,18 +322,26 @@ class ChannelCursor:
         self._sk_h = sh
 
     def _take_ready(
-        self, owner: int, n: int, now_ms: int, deadline: int, out: list[Delivery]
+        self, owner: int, n: int, now_ms: int, deadline: int, out: list[Delivery],
+        end_offset: int,
     ) -> int:
-        self._promote(now_ms)
-        ready, att = self._ready, self._ready_att
+        """Redeliveries from the front while their gate allows; returns what n is left."""
+        ready, att, tok = self._ready, self._ready_att, self._ready_tok
         entries = self._entries
         timers = self._timers
+        nr, window = self.next_read, self.redelivery_window
         got = 0
         while n and ready:
-            off = heapq.heappop(ready)
-            a = att.pop(off, None)
-            if a is None:
-                continue  # stale heap item
+            gate, off, t = ready[0]
+            a = att.get(off)
+            if a is None or tok.get(off) != t:
+                ready.popleft()  # stale item
+                continue
+            if gate > nr and end_offset > nr and gate - nr <= window:
+                break  # fresh messages written before it came back go first
+            ready.popleft()
+            del att[off]
+            del tok[off]
             a += 1
             e = _Entry(owner, deadline, a, now_ms)
             entries[off] = e
@@ -302,8 +354,8 @@ class ChannelCursor:
             self._cif[owner] = self._cif.get(owner, 0) + got
             self.delivered_count += got
         if len(ready) > 2 * len(att) + 1024:
-            self._ready = list(att)
-            heapq.heapify(self._ready)
+            self._ready = deque(i for i in ready if i[1] in att and tok.get(i[1]) == i[2])
+            self._ready_tok = {i[1]: i[2] for i in self._ready}
         return n
 
     def _promote(self, now_ms: int) -> None:
@@ -318,7 +370,9 @@ class ChannelCursor:
 
     def _push_ready(self, off: int, attempts: int) -> None:
         self._ready_att[off] = attempts
-        heapq.heappush(self._ready, off)
+        self._rtok += 1
+        self._ready_tok[off] = self._rtok
+        self._ready.append((self._end, off, self._rtok))
 
     # ------------------------------------------------------------------ FIN
     def finish(self, client_id: int, offset: int) -> None:
@@ -509,24 +563,31 @@ class ChannelCursor:
 
     # ------------------------------------------------------------------ timeouts
     def expire(self, now_ms: int) -> int:
-        """In-flight past their deadline -> ready queue; returns how many timed out."""
+        """In-flight past their deadline -> ready queue; returns how many timed out.
+
+        Those timing out together go back ordered by (deadline, offset), as upstream's
+        in-flight priority queue hands them back.
+        """
         self._now = now_ms
         timers = self._timers
-        n = 0
+        back: list[tuple[int, int, int]] = []  # (deadline, offset, attempts)
         while timers and timers[0][0] <= now_ms:
             d, _s, off, obj = heapq.heappop(timers)
             if off < 0:
                 run = obj
                 assert isinstance(run, _Run)
                 if run.live:
-                    n += self._expire_run(run)
+                    back.extend((d, o, 1) for o in self._expire_run(run))
             else:
                 e = self._entries.get(off)
                 if e is obj and e.deadline == d:
                     del self._entries[off]
                     self._left_flight(e.owner)
-                    self._push_ready(off, e.attempts)
-                    n += 1
+                    back.append((d, off, e.attempts))
+        back.sort()
+        for _d, off, attempts in back:
+            self._push_ready(off, attempts)
+        n = len(back)
         self.timeout_count += n
         if self._gone_clients:
             for cid in [c for c in self._gone_clients if not self._cif.get(c)]:
@@ -534,19 +595,16 @@ class ChannelCursor:
                 self._cif.pop(cid, None)
         return n
 
-    def _expire_run(self, run: _Run) -> int:
+    def _expire_run(self, run: _Run) -> list[int]:
         fin, moved, c = self._fin, run.moved, self.confirmed
         live = [
             o for o in range(max(run.lo, c), run.end) if o not in fin and not (moved and o in moved)
         ]
-        for o in live:
-            self._push_ready(o, 1)
-        k = len(live)
         run.live = 0
         run.moved = None
-        self._cif[run.owner] -= k
+        self._cif[run.owner] -= len(live)
         self._run_died(run)
-        return k
+        return live
 
     def next_deadline_ms(self) -> int | None:
         """Earliest time something is due: an in-flight deadline or a deferred ready time."""
@@ -775,8 +833,9 @@ class ChannelCursor:
         self._dead = 0
         self._entries = {}
         self._timers = []
-        self._ready = []
+        self._ready = deque()
         self._ready_att = {}
+        self._ready_tok = {}
         self._cif = {}
         self._gone_clients = set()
 
