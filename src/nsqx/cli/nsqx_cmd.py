@@ -5,6 +5,7 @@
     nsqx bench --nsqd 127.0.0.1:4150,127.0.0.1:4151 --nsqd 127.0.0.1:5150,127.0.0.1:5151
     nsqx channel reset orders billing --to-time 2026-11-24T10:00 --nsqd-http-address 127.0.0.1:4151
     nsqx message get orders 000000000000002a --nsqd-http-address 127.0.0.1:4151
+    nsqx cluster up --nodes 3; nsqx cluster status; nsqx node drain NODE_ID
 
 To add a group: write ``add_<group>_commands(subparsers)`` that registers its parser with
 ``set_defaults(func=...)`` for every leaf command, and list it in ``GROUPS``.
@@ -407,8 +408,15 @@ def add_message_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_message_get)
 
 
+def _cluster_groups() -> list[Callable[[Any], None]]:
+    from nsqx.cli.cluster_cmd import add_cluster_commands, add_node_commands
+
+    return [add_cluster_commands, add_node_commands]
+
+
 GROUPS: list[Callable[[Any], None]] = [add_spark_commands, add_bench_commands,
-                                       add_channel_commands, add_message_commands]
+                                       add_channel_commands, add_message_commands,
+                                       *_cluster_groups()]
 
 
 def build_parser() -> argparse.ArgumentParser:
