@@ -1,11 +1,12 @@
 """pynsq producer or consumer for the cluster chaos test (run as a subprocess).
 
-    python pynsq_chaos.py produce LOOKUPD_HTTP TOPIC SECONDS
+    python pynsq_chaos.py produce|produce-any LOOKUPD_HTTP TOPIC SECONDS
     python pynsq_chaos.py consume LOOKUPD_HTTP TOPIC CHANNEL SECONDS
 
 The producer finds the topic's leader through nsqlookupd's /lookup (as a stock producer
 configured from lookupd would), publishes numbered messages with pynsq's Writer, and on an
-error looks the leader up again. It prints one JSON line per acknowledged message
+error looks the leader up again (produce-any: picks any node from /nodes, which forwards
+to the leader). It prints one JSON line per acknowledged message
 ({"ack": n}); a publish whose callback never comes or reports an error is not acknowledged.
 The consumer is pynsq's Reader on lookupd and prints {"got": n} per delivery (FIN after).
 """
@@ -32,20 +33,26 @@ def emit(obj: dict) -> None:
     sys.stdout.flush()
 
 
-def leader(lookupd: str, topic: str) -> str | None:
+def leader(lookupd: str, topic: str, any_node: bool = False) -> str | None:
+    """The leader from /lookup, or (any_node) a random node from /nodes: it forwards."""
+    path = "/nodes" if any_node else f"/lookup?topic={topic}"
     try:
-        with urllib.request.urlopen(f"http://{lookupd}/lookup?topic={topic}", timeout=2) as r:
+        with urllib.request.urlopen(f"http://{lookupd}{path}", timeout=2) as r:
             body = json.loads(r.read())
     except (OSError, ValueError):
         return None
     producers = body.get("producers") or []
+    if any_node:
+        import random
+
+        random.shuffle(producers)
     if not producers:
         return None
     p = producers[0]
     return f"{p['broadcast_address']}:{p['tcp_port']}"
 
 
-def produce(lookupd: str, topic: str, seconds: float) -> None:
+def produce(lookupd: str, topic: str, seconds: float, any_node: bool = False) -> None:
     loop = IOLoop.current()
     state = {"n": 0, "writer": None, "addr": None, "inflight": 0, "writers": [],
              "last_answer": time.monotonic()}
@@ -68,7 +75,7 @@ def produce(lookupd: str, topic: str, seconds: float) -> None:
             loop.call_later(8, loop.stop)  # let late callbacks arrive
             return
         if state["addr"] is None or state["writer"] is None:
-            addr = leader(lookupd, topic)
+            addr = leader(lookupd, topic, any_node)
             if addr is not None:
                 state["addr"] = addr
                 w = nsq.Writer([addr], reconnect_interval=0.5)
@@ -118,7 +125,7 @@ def consume(lookupd: str, topic: str, channel: str, seconds: float) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "produce":
-        produce(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+    if sys.argv[1] in ("produce", "produce-any"):
+        produce(sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[1] == "produce-any")
     else:
         consume(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))

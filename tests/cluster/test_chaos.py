@@ -1,7 +1,7 @@
 """Chaos on a real cluster with stock pynsq clients and a total-queue checker.
 
 Three nsqd, etcd and nsqlookupd; a pynsq producer publishes through the leader it finds in
-/lookup while a pynsq Reader consumes through lookupd. Each cycle faults the partition's
+/lookup (or through any node, which forwards to the leader) while a pynsq Reader consumes through lookupd. Each cycle faults the partition's
 current leader: kill -9 (restarted a moment later) or SIGSTOP past its lease (then SIGCONT:
 the deposed leader must be fenced by the epoch and rejoin as a follower). At the end every
 acknowledged message must have been consumed at least once: lost = acked - seen must be
@@ -46,8 +46,8 @@ def read_events(path: Path) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("fault", ["kill", "stop"])
-def test_no_acknowledged_message_is_lost(fault: str, etcd_server: EtcdServer, nsqd_factory,  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("fault", "target"), [("kill", "any"), ("stop", "leader")])
+def test_no_acknowledged_message_is_lost(fault: str, target: str, etcd_server: EtcdServer, nsqd_factory,  # type: ignore[no-untyped-def]
                                          lookupd_factory, tmp_path: Path) -> None:
     cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=3)
     cluster.create_topic("chaos", partitions=1, replicas=3)
@@ -55,7 +55,8 @@ def test_no_acknowledged_message_is_lost(fault: str, etcd_server: EtcdServer, ns
     run_s = 8 + CYCLES * 12
     prod_out, cons_out = tmp_path / "producer.jsonl", tmp_path / "consumer.jsonl"
     consumer = start_script("consume", lk, "chaos", "c", str(run_s + 40), out=cons_out)
-    producer = start_script("produce", lk, "chaos", str(run_s), out=prod_out)
+    mode = "produce-any" if target == "any" else "produce"  # any: followers forward
+    producer = start_script(mode, lk, "chaos", str(run_s), out=prod_out)
     procs = [producer, consumer]
     try:
         time.sleep(4)

@@ -67,10 +67,12 @@ def test_replicated_publish_failover_and_rejoin(cluster: Cluster) -> None:
         code, resp = pub(leader, "events", body)
         assert code == 200, resp
         acked.append(body)
-    # a follower refuses client publishes (no forwarding yet) and a name unknown to the
-    # cluster is refused everywhere: nothing is ever acknowledged unreplicated
-    assert pub(followers[0], "events", b"x") == (503, {"message": "E_PUB_FAILED"})
+    # a follower forwards a publish to the leader and answers once the leader acked it
+    assert pub(followers[0], "events", b"via-follower") == (200, "OK")
+    acked.append(b"via-follower")
+    # a name unknown to the cluster is refused everywhere: nothing is acknowledged unreplicated
     assert pub(leader, "not-created", b"x") == (503, {"message": "E_PUB_FAILED"})
+    assert pub(followers[1], "not-created", b"x") == (503, {"message": "E_PUB_FAILED"})
     # every ISR member holds every acknowledged message
     for f in followers:
         wait_until(lambda f=f: fetch_bodies(f, "events")[:len(acked)] == acked,

@@ -54,6 +54,7 @@ LAG_TIMEOUT = 3.0  # seconds a follower may stay behind before it leaves the ISR
 FETCH_WAIT = 0.5  # long-poll at the tail
 FETCH_MAX_BYTES = 4 << 20
 CURSOR_EVERY = 1.0
+FORWARD_TIMEOUT = 10.0  # a publish forwarded to the leader fails after this
 _FRAME_HEAD = struct.Struct(">IIQH")  # size, type, timestamp, attempts
 
 
@@ -101,10 +102,22 @@ class StaleEpoch(Exception):
 
 # ------------------------------------------------------------------------------------- gates
 class FollowerGate:
-    """Client publishes go to the leader; this replica only copies it."""
+    """Client publishes go to the leader; this replica only copies it.
 
-    def __init__(self, leader: str | None) -> None:
+    A publish that reaches a follower is forwarded to the leader over NSQ's own protocol
+    and acknowledged when the leader acknowledges it (after the leader's ISR), so a stock
+    producer pointed at any node of the cluster works. Only single-partition topics are
+    forwarded (a partitioned topic's plain PUB is spread by the node that takes it).
+    """
+
+    def __init__(self, leader: str | None, member: NodeMember | None = None) -> None:
         self.leader = leader
+        self.member = member
+
+    def forward(self, topic: Any, bodies: list[bytes], defer_ms: int, done: Callable) -> bool:
+        if self.member is None or self.leader is None or len(topic.partitions) != 1:
+            return False
+        return self.member.forward(self.leader, topic.name, bodies, defer_ms, done)
 
     def refuse(self, topic: Any, count: int) -> str | None:
         return (f"TOPIC({topic.name}) PARTITION({topic.partition}): this node is not the "
@@ -243,6 +256,8 @@ class NodeMember:
         self.nodes: dict[str, NodeInfo] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._http: aiohttp.ClientSession | None = None
+        self._producers: dict[str, Any] = {}  # leader tcp address -> nsqx.client Producer
+        self.forwarded = 0
         self.etcd_ok = True
         nsqd.http_route_hooks.append(self.add_routes)
         nsqd.topic_hooks.append(self._on_new_topic)
@@ -303,6 +318,9 @@ class NodeMember:
         if self.lease:
             with contextlib.suppress(EtcdError):
                 await self.etcd.lease_revoke(self.lease)  # leadership moves at once
+        for producer in self._producers.values():
+            with contextlib.suppress(Exception):
+                await producer.close(timeout=1)
         if self._http is not None:
             await self._http.close()
         await self.etcd.close()
@@ -415,7 +433,7 @@ class NodeMember:
                 part.gate = UnknownTopicGate(self.meta.keys.root.decode())
         else:
             pm = self.partitions.get(k)
-            part.gate = FollowerGate(pm.leader if pm else None)
+            part.gate = FollowerGate(pm.leader if pm else None, self)
 
     def _on_new_topic(self, topic: Any) -> None:
         """A topic this node made (a PUB or SUB to a new name): not writable unless the
@@ -463,7 +481,7 @@ class NodeMember:
             log.warning("CLUSTER: TOPIC(%s) PARTITION(%d): no longer leader (epoch %d, leader %s)",
                         pm.topic, pm.partition, pm.epoch, pm.leader)
         self._stop_following(k)
-        gate = FollowerGate(pm.leader)
+        gate = FollowerGate(pm.leader, self)
         topic.gate = gate
         for ch in list(topic.channels.values()):  # they find the leader again through lookupd
             for client in list(ch.clients.values()):
@@ -595,6 +613,42 @@ class NodeMember:
         if target > ch.cursor.confirmed:
             ch.cursor.skip_to(target)
             ch.dirty = True
+
+    # -- forwarding publishes to the leader ---------------------------------------------------
+    def forward(self, leader_id: str, topic: str, bodies: list[bytes], defer_ms: int,
+                done: Callable) -> bool:
+        leader = self.nodes.get(leader_id)
+        if leader is None or leader_id == self.node_id:
+            return False
+        self.forwarded += len(bodies)
+        asyncio.get_running_loop().create_task(
+            self._forward(leader.tcp_address, topic, bodies, defer_ms, done))
+        return True
+
+    async def _forward(self, addr: str, topic: str, bodies: list[bytes], defer_ms: int,
+                       done: Callable) -> None:
+        from nsqx.client import Producer
+
+        producer = self._producers.get(addr)
+        if producer is None:
+            producer = self._producers[addr] = Producer(addr, wait_timeout=FORWARD_TIMEOUT,
+                                                        user_agent="nsqx-forward")
+        try:
+            async with asyncio.timeout(FORWARD_TIMEOUT):
+                if defer_ms:
+                    for body in bodies:
+                        await producer.dpublish(topic, defer_ms / 1000, body)
+                elif len(bodies) == 1:
+                    await producer.publish(topic, bodies[0])
+                else:
+                    await producer.mpublish(topic, bodies)
+        except Exception as e:  # the leader refused, died or did not answer in time
+            log.warning("CLUSTER: TOPIC(%s): forwarding %d messages to the leader at %s "
+                        "failed: %s", topic, len(bodies), addr, e)
+            done(-1, PublishRefused(f"TOPIC({topic}): forwarding to the leader at {addr} "
+                                    f"failed: {e}"))
+            return
+        done(-1, None)
 
     # -- leader side: the replication API ---------------------------------------------------
     def add_routes(self, app: web.Application) -> None:

@@ -432,14 +432,15 @@ class _FetchAPI:
             if committer is None or len(_partitions(topic)) > 1:
                 raise HTTPError(500, "INTERNAL_ERROR")
             try:
-                base = await committer.append(msgs, headers=headers)
+                # through the topic: in cluster mode only a leader takes it, acked after its ISR
+                published = topic.publish(msgs, headers=headers)
+                assert published is not None
+                base = await published
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.error("TOPIC(%s): idempotent publish %s failed - %s", name, key, exc)
                 raise HTTPError(503, "PUB_FAILED") from None
-            topic.message_count += len(msgs)
-            topic.message_bytes += sum(map(len, msgs))
             idx.put(key, base, len(msgs))
             fut.set_result((base, len(msgs)))
         except BaseException as exc:

@@ -95,7 +95,15 @@ class Topic:
         if self.gate is not None:  # cluster mode: leader only, acked once the ISR has it
             refusal = self.gate.refuse(self, len(bodies))
             if refusal is not None:
-                return _refuse(self.nsqd.loop, done, PublishRefused(refusal))
+                forward = getattr(self.gate, "forward", None)
+                if forward is not None and headers is None:
+                    if done is None:
+                        outer = self.nsqd.loop.create_future()
+                        done = settle(outer)
+                    if forward(self, bodies, defer_ms, done):
+                        return outer  # the leader acks it (after its ISR)
+                failed = _refuse(self.nsqd.loop, done, PublishRefused(refusal))
+                return outer if outer is not None else failed
             if done is None:
                 outer = self.nsqd.loop.create_future()
                 done = settle(outer)
