@@ -19,10 +19,51 @@ __all__ = ["register", "NsqDataSource"]
 
 
 def register(spark: Any) -> None:
-    """Register the ``nsq`` data source on a SparkSession (registration is per session)."""
+    """Register the ``nsq`` data source on a SparkSession (registration is per session).
+
+    Spark runs Python data sources in worker processes started with ``PYSPARK_PYTHON``, or
+    with ``python3`` from PATH when that is unset, which is not the virtualenv when a user
+    runs ``.venv/bin/python job.py`` without activating it: the workers then fail with
+    ``No module named 'nsqx'`` deep in a stack trace. So when nobody chose the workers'
+    Python, they get the driver's (which has nsqx); when somebody chose one that cannot
+    import nsqx, this says so at once. (Spark Connect sessions configure workers on the
+    server and are left alone.)
+    """
     from nsqx.spark.source import NsqDataSource
 
+    _use_driver_python(spark)
     spark.dataSource.register(NsqDataSource)
+
+
+def _use_driver_python(spark: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    sc = getattr(spark, "sparkContext", None)
+    try:
+        current = sc.pythonExec if sc is not None else None
+    except Exception:  # Spark Connect: no local SparkContext
+        return
+    if current is None:
+        return
+    if not os.environ.get("PYSPARK_PYTHON") and current == "python3":
+        sc.pythonExec = sys.executable  # read by every Python function wrapped from now on
+        return
+    master = str(sc.master or "")
+    if not master.startswith("local") or current == sys.executable:
+        return  # executors elsewhere: their Python is theirs to configure
+    try:
+        ok = subprocess.run([current, "-c", "import nsqx, pyarrow, numpy"],
+                            capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        raise RuntimeError(
+            f"Spark's Python workers run {current!r} (PYSPARK_PYTHON), which cannot import "
+            f"nsqx with its Spark extra (pyarrow, numpy); install 'nsqx[spark]' there, or set "
+            f"PYSPARK_PYTHON={sys.executable} (this driver's Python) before creating the "
+            "SparkSession")
 
 
 def __getattr__(name: str) -> Any:
