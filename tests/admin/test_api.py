@@ -434,3 +434,25 @@ def test_graphite_proxy_and_rate(cluster) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_channel_page_shows_dead_letters_and_expired(cluster) -> None:
+    from nsqx.protocol import v2
+
+    nsqd = cluster.nsqds[0]
+    http_api.pub(nsqd.http_address, "jobs", b"poison")
+    with consumer(nsqd.tcp_address, "jobs", "work", rdy=0):
+        pass
+    r = http_api.post(nsqd.http_address, "/channel/config", topic="jobs", channel="work",
+                      max_attempts="1")
+    assert r.status == 200
+    with consumer(nsqd.tcp_address, "jobs", "work", rdy=1) as c:
+        c.send(v2.req(c.read_message().id, 0))
+        c.expect_nothing(0.5)
+    wait_for(lambda: nsqd_channel(nsqd.http_address, "jobs", "work")["dlq_count"] == 1, 10,
+             what="dead-lettered")
+    admin = cluster.start_admin()
+    ch = get_json(admin.url + "/api/topics/jobs/work")
+    assert ch["dlq_count"] == 1 and ch["expired_count"] == 0
+    page = http("GET", admin.url + "/topics/jobs/work").body.decode()
+    assert "Dead-lettered" in page and "Expired" in page

@@ -19,7 +19,7 @@ _TOPIC_SUMS = ("depth", "memory_depth", "backend_depth", "message_count", "deliv
 _CHANNEL_SUMS = ("depth", "memory_depth", "backend_depth", "in_flight_count", "deferred_count",
                  "requeue_count", "timeout_count", "message_count", "delivery_msg_count",
                  "zone_local_msg_count", "region_local_msg_count", "global_msg_count",
-                 "client_count")
+                 "client_count", "dlq_count", "expired_count")
 _OMITEMPTY = ("zone_local_msg_count", "region_local_msg_count", "global_msg_count")
 
 
@@ -122,6 +122,8 @@ def node_channel_stats(raw: dict[str, Any], topic: str, node: str, producer: dic
         "deferred_count": _i(raw.get("deferred_count")),
         "requeue_count": _i(raw.get("requeue_count")),
         "timeout_count": _i(raw.get("timeout_count")),
+        "dlq_count": _i(raw.get("dlq_count")),
+        "expired_count": _i(raw.get("expired_count")),
         "message_count": _i(raw.get("message_count")),
         "delivery_msg_count": zl + rl + gl,
         "zone_local_msg_count": zl,

@@ -421,6 +421,8 @@ def render_channel(ctx: Ctx, topic: str, channel: str, agg: dict[str, Any] | Non
                 f'{_cell("deferred_count", c["deferred_count"])}'
                 f'{_cell("requeue_count", c["requeue_count"])}'
                 f'{_cell("timeout_count", c["timeout_count"])}'
+                f'{_cell("dlq_count", c.get("dlq_count", 0))}'
+                f'{_cell("expired_count", c.get("expired_count", 0))}'
                 f'{_cell("message_count", c["message_count"])}'
                 f'{_cell("client_count", c["client_count"])}'
                 f'{_e2e_cells(c.get("e2e_processing_latency"), pcts)}</tr>')
@@ -432,7 +434,9 @@ def render_channel(ctx: Ctx, topic: str, channel: str, agg: dict[str, Any] | Non
         '<div class="table-wrap"><table class="table" id="channel-nodes"><thead><tr>'
         '<th>NSQd host</th><th class="num">Depth</th><th class="num">Memory + Disk</th>'
         '<th class="num">In-Flight</th><th class="num">Deferred</th><th class="num">Requeued</th>'
-        '<th class="num">Timed Out</th><th class="num">Messages</th>'
+        '<th class="num">Timed Out</th><th class="num" title="moved to the dead-letter topic '
+        'after --max-attempts deliveries">Dead-lettered</th><th class="num" title="skipped: older '
+        'than the topic TTL">Expired</th><th class="num">Messages</th>'
         f'<th class="num">Connections</th>{e2e_h}</tr></thead><tbody>'
         + "".join(trs) + "</tbody></table></div>")
     body.append(_chart_row(ctx, f"/api/graphs/topics/{q(topic)}/{q(channel)}", [

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from nsqx.nsqd.dead_letters import screen
 from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.protocol.v2 import StartPosition
 from nsqx.storage.cursor import ChannelCursor, Delivery
@@ -97,6 +98,11 @@ class Channel:
         self._pump_scheduled = False
         self._rr = 0
         self.dirty = False  # cursor changed since it was last persisted
+        # server-side give-up (0: never, upstream's behaviour); per channel, default the flag
+        self.max_attempts: int = topic.nsqd.opts.max_attempts
+        self.max_attempts_set = False  # set on this channel (persisted), not the default
+        self.dlq_count = 0  # moved to the dead-letter topic
+        self.expired_count = 0  # skipped by the topic's TTL
         opts = topic.nsqd.opts
         self.e2e: LatencyWindow | None = None
         if opts.e2e_processing_latency_percentiles:
@@ -230,6 +236,10 @@ class Channel:
             self.wake()
 
     def _send(self, client: ClientV2, deliveries: list[Delivery]) -> None:
+        if self.max_attempts or self.topic.msg_ttl_ns:
+            deliveries = screen(self, client, deliveries)
+            if not deliveries:
+                return
         log_ = self.topic.log
         chunks: list[bytes] = []
         total = 0

@@ -523,9 +523,10 @@ def make_app(nsqd: Any, *, tls_listener: bool = False) -> web.Application:
     r.add_post("/debug/freememory", h.free_memory)
     app.on_response_prepare.append(_add_v1_header)
     # here: fetch_api and replay_api import this module
-    from nsqx.nsqd import fetch_api, replay_api
+    from nsqx.nsqd import config_api, fetch_api, replay_api
 
     fetch = fetch_api.add_routes(app, nsqd)
+    config_api.add_routes(app, nsqd)
     replay_api.add_routes(app, nsqd, fetch._authorize)
     for hook in getattr(nsqd, "http_route_hooks", ()):
         hook(app)  # extensions (cluster mode's replication API)

@@ -164,6 +164,10 @@ _CHANNEL_METRICS = (
     ("message_count", "nsq_channel_messages_total", "counter", "Messages delivered by the channel."),
     ("requeue_count", "nsq_channel_requeues_total", "counter", "Messages requeued."),
     ("timeout_count", "nsq_channel_timeouts_total", "counter", "Messages that timed out in flight."),
+    ("dlq_count", "nsqx_channel_dead_lettered_total", "counter",
+     "Messages moved to the dead-letter topic after --max-attempts deliveries."),
+    ("expired_count", "nsqx_channel_expired_total", "counter",
+     "Messages skipped because they were older than the topic's TTL."),
     ("client_count", "nsq_channel_clients", "gauge", "Connected consumers."),
     ("paused", "nsq_channel_paused", "gauge", "1 if the channel is paused."),
 )

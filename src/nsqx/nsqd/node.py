@@ -222,6 +222,10 @@ class NSQD:
                 ch = topic.get_channel(cname)
                 assert ch is not None
                 ch.cursor.paused = bool(c.get("paused"))
+                if "max_attempts" in c:
+                    ch.max_attempts, ch.max_attempts_set = int(c["max_attempts"]), True
+            if "msg_ttl_ms" in t:
+                topic.msg_ttl_ns, topic.msg_ttl_set = int(t["msg_ttl_ms"]) * 1_000_000, True
         self.share_memory()
         log.info("loaded %d topics from %s", len(self.topics), path)
 
@@ -399,6 +403,9 @@ class NSQD:
                     "message_count": c.message_count,
                     "requeue_count": c.requeue_count,
                     "timeout_count": c.timeout_count,
+                    "dlq_count": c.dlq_count,
+                    "expired_count": c.expired_count,
+                    "max_attempts": c.max_attempts,
                     "client_count": len(c.clients),
                     "clients": clients,
                     "paused": c.paused,
@@ -413,6 +420,7 @@ class NSQD:
                 "message_count": t.message_count,
                 "message_bytes": t.message_bytes,
                 "paused": t.paused,
+                "msg_ttl_ms": t.msg_ttl_ns // 1_000_000,
                 "e2e_processing_latency": LatencyWindow.merge(
                     [c.e2e for c in t.channels.values() if c.e2e is not None],
                     list(self.opts.e2e_processing_latency_percentiles)),

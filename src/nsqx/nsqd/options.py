@@ -125,6 +125,8 @@ class Options:
     max_msg_size: int = 1048576
     max_body_size: int = 5242880
     max_req_timeout: float = 3600.0
+    max_attempts: int = 0  # nsqx: deliveries before a message goes to <topic>.dlq (0: never)
+    msg_ttl: float = 0.0  # nsqx: messages older than this are skipped at delivery (0: kept)
     client_timeout: float = 60.0  # no flag upstream (default heartbeat = half of it)
 
     # client overridable configuration options
@@ -217,7 +219,7 @@ class Options:
         if self.mem_queue_size < 0:
             raise OptionsError("--mem-queue-size must be >= 0")
         for name in ("msg_timeout", "max_msg_timeout", "max_req_timeout", "sync_timeout",
-                     "max_heartbeat_interval", "statsd_interval"):
+                     "max_heartbeat_interval", "statsd_interval", "max_attempts", "msg_ttl"):
             if getattr(self, name) < 0:
                 raise OptionsError(f"--{name.replace('_', '-')} must not be negative")
         if self.statsd_address and self.statsd_interval <= 0:
@@ -339,6 +341,12 @@ def _flags() -> list[Flag]:
              "timeout"),
         Flag("max-msg-size", INT, d.max_msg_size, "maximum size of a single message in bytes"),
         Flag("max-req-timeout", DUR, d.max_req_timeout, "maximum requeuing timeout for a message"),
+        Flag("max-attempts", INT, d.max_attempts, "[nsqx] deliveries of a message on a channel "
+             "before it is moved to the dead-letter topic <topic>.dlq instead of being "
+             "delivered again (0 = never, as upstream; per channel: /channel/config)"),
+        Flag("msg-ttl", DUR, d.msg_ttl, "[nsqx] messages published longer ago than this are "
+             "skipped (finished unseen, counted as expired) when a channel reaches them "
+             "(0 = kept; per topic: /topic/config)"),
         Flag("max-body-size", INT, d.max_body_size, "maximum size of a single command body"),
         # client overridable configuration options
         Flag("max-heartbeat-interval", DUR, d.max_heartbeat_interval, "maximum client "

@@ -47,6 +47,10 @@ class Topic:
         # an append counts as acknowledged; `epoch` is the leader epoch stamped on commits.
         self.gate: WriteGate | None = None
         self.epoch = 0
+        # messages older than this are skipped at delivery (0: kept); per topic, default
+        # the --msg-ttl flag
+        self.msg_ttl_ns = int(nsqd.opts.msg_ttl * 1e9)
+        self.msg_ttl_set = False  # set on this topic (persisted), not the default
         self.ephemeral = name.endswith("#ephemeral")
         self.paused = paused
         self.channels: dict[str, Channel] = {}
@@ -235,9 +239,11 @@ class Topic:
             "name": self.name,
             "paused": self.paused,
             "channels": [
-                {"name": c.name, "paused": c.paused}
+                {"name": c.name, "paused": c.paused,
+                 **({"max_attempts": c.max_attempts} if c.max_attempts_set else {})}
                 for c in self.channels.values() if not c.ephemeral
             ],
+            **({"msg_ttl_ms": self.msg_ttl_ns // 1_000_000} if self.msg_ttl_set else {}),
             "pending_from": self.pending_from,
             "pending_deferred": [list(x) for x in self.pending_deferred],
         }

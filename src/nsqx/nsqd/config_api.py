@@ -1,0 +1,110 @@
+"""Per-topic and per-channel settings over HTTP (nsqx additions; upstream has none).
+
+``POST /topic/config?topic=T&ttl=D``
+    Messages of T published longer ago than D are skipped at delivery (``expired_count``).
+    D is a Go duration (``90s``, ``2h``) or milliseconds; ``0`` turns the TTL off;
+    ``default`` returns to ``--msg-ttl``.
+``POST /channel/config?topic=T&channel=C&max_attempts=N``
+    A message delivered N times on C goes to ``T.dlq`` instead of an (N+1)-th delivery;
+    ``0`` turns it off, ``default`` returns to ``--max-attempts``.
+
+Both answer 200 with the settings now in force (JSON), persist them in ``nsqd.dat``, and
+refuse bad input the way the rest of the API does: 400 ``MISSING_ARG_*`` /
+``INVALID_TTL`` / ``INVALID_MAX_ATTEMPTS``, 404 ``TOPIC_NOT_FOUND`` / ``CHANNEL_NOT_FOUND``
+(nothing is created by a setting).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from nsqx.cli.flags import parse_go_duration
+from nsqx.httpapi import topic_channel_args
+from nsqx.nsqd.http import HTTPError, _first, _query
+
+log = logging.getLogger("nsqx.nsqd.http")
+
+MAX_TTL_MS = 366 * 24 * 3600 * 1000
+MAX_ATTEMPTS = 65535  # the frame's attempts field is 16 bits
+
+__all__ = ["add_routes"]
+
+
+def _json(obj: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), content_type="application/json")
+
+
+def _ttl_ms(raw: str) -> int:
+    try:
+        ms = int(raw) if raw.isdigit() else round(parse_go_duration(raw) * 1000)
+    except (ValueError, TypeError):
+        raise HTTPError(400, "INVALID_TTL") from None
+    if not 0 <= ms <= MAX_TTL_MS:
+        raise HTTPError(400, "INVALID_TTL")
+    return ms
+
+
+class _ConfigAPI:
+    def __init__(self, nsqd: Any) -> None:
+        self.nsqd = nsqd
+
+    def _topic(self, name: str) -> Any:
+        topic = self.nsqd.topics.get(name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic
+
+    async def topic_config(self, request: web.Request) -> web.Response:
+        params = _query(request)
+        name = _first(params, "topic")
+        if not name:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        topic = self._topic(name)
+        raw = _first(params, "ttl")
+        if raw is None:
+            raise HTTPError(400, "MISSING_ARG_TTL")
+        if raw == "default":
+            ns, is_set = int(self.nsqd.opts.msg_ttl * 1e9), False
+        else:
+            ns, is_set = _ttl_ms(raw) * 1_000_000, True
+        for part in topic.partitions:
+            part.msg_ttl_ns, part.msg_ttl_set = ns, is_set
+        self.nsqd.metadata_changed()
+        self.nsqd.persist_metadata()
+        log.info("TOPIC(%s): TTL %s", name, f"{ns // 1_000_000} ms" if ns else "off")
+        return _json({"topic": name, "ttl_ms": ns // 1_000_000})
+
+    async def channel_config(self, request: web.Request) -> web.Response:
+        params = _query(request)
+        tname, cname = topic_channel_args(params)
+        topic = self._topic(tname)
+        if cname not in topic.channels:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        raw = _first(params, "max_attempts")
+        if raw is None:
+            raise HTTPError(400, "MISSING_ARG_MAX_ATTEMPTS")
+        if raw == "default":
+            n, is_set = self.nsqd.opts.max_attempts, False
+        else:
+            if not raw.isdigit() or int(raw) > MAX_ATTEMPTS:
+                raise HTTPError(400, "INVALID_MAX_ATTEMPTS")
+            n, is_set = int(raw), True
+        for part in topic.partitions:
+            ch = part.channels.get(cname)
+            if ch is not None:
+                ch.max_attempts, ch.max_attempts_set = n, is_set
+                ch.wake()
+        self.nsqd.metadata_changed()
+        self.nsqd.persist_metadata()
+        log.info("TOPIC(%s) CHANNEL(%s): max attempts %s", tname, cname, n or "off")
+        return _json({"topic": tname, "channel": cname, "max_attempts": n})
+
+
+def add_routes(app: web.Application, nsqd: Any) -> None:
+    api = _ConfigAPI(nsqd)
+    app.router.add_post("/topic/config", api.topic_config)
+    app.router.add_post("/channel/config", api.channel_config)
