@@ -81,7 +81,7 @@ class ClientV2(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = CommandParser(
             max_body_size=opts.max_body_size, max_msg_size=opts.max_msg_size, batch_fin=True,
-            max_req_timeout_ms=int(opts.max_req_timeout * 1000), precheck=self._precheck)
+            max_req_timeout_ms=opts.max_delay_ms, precheck=self._precheck)
         self.state = STATE_INIT
         self.magic = b""
         self.remote_address = ""
@@ -682,7 +682,7 @@ class ClientV2(asyncio.Protocol):
         if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
             raise Fatal("E_INVALID", f"cannot {name} in current state")
         if name == "REQ":
-            mid, _ = parse_req(cmd.params, int(self.nsqd.opts.max_req_timeout * 1000))
+            mid, _ = parse_req(cmd.params, self.nsqd.opts.max_delay_ms)
         else:
             mid = parse_fin(cmd.params) if name == "FIN" else parse_touch(cmd.params)
         try:
@@ -744,7 +744,7 @@ class ClientV2(asyncio.Protocol):
 
     def _cmd_req(self, cmd: Command) -> None:
         offset = self._msg_offset(cmd, "REQ")
-        _, delay = parse_req(cmd.params, int(self.nsqd.opts.max_req_timeout * 1000))
+        _, delay = parse_req(cmd.params, self.nsqd.opts.max_delay_ms)
         assert self.channel is not None
         try:
             if offset < 0:
@@ -823,7 +823,7 @@ class ClientV2(asyncio.Protocol):
             defer = int(cmd.params[1])
         except ValueError:
             raise Fatal("E_INVALID", f"DPUB could not parse timeout {cmd.params[1].decode('latin-1')}") from None
-        max_ms = int(self.nsqd.opts.max_req_timeout * 1000)
+        max_ms = self.nsqd.opts.max_delay_ms
         if not 0 <= defer <= max_ms:
             raise Fatal("E_INVALID", f"DPUB timeout {defer} out of range 0-{max_ms}")
         body = cmd.body or b""

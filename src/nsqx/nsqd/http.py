@@ -217,7 +217,7 @@ class _Handlers:
             if not body_.isascii() or not body_.isdigit():
                 raise HTTPError(400, "INVALID_DEFER")
             defer_ms = int(ds)
-            if defer_ms < 0 or defer_ms >= 2**63 or defer_ms > self.opts.max_req_timeout * 1000:
+            if defer_ms < 0 or defer_ms >= 2**63 or defer_ms > self.opts.max_delay_ms:
                 raise HTTPError(400, "INVALID_DEFER")
         await self._publish(name, [body], defer_ms)
         return _ok_text()

@@ -125,6 +125,7 @@ class Options:
     max_msg_size: int = 1048576
     max_body_size: int = 5242880
     max_req_timeout: float = 3600.0
+    max_delay: float = 0.0  # nsqx: ceiling of DPUB/REQ delays (0: --max-req-timeout's)
     max_attempts: int = 0  # nsqx: deliveries before a message goes to <topic>.dlq (0: never)
     msg_ttl: float = 0.0  # nsqx: messages older than this are skipped at delivery (0: kept)
     client_timeout: float = 60.0  # no flag upstream (default heartbeat = half of it)
@@ -175,6 +176,11 @@ class Options:
         return _SSL_VERSIONS[self.tls_min_version]
 
     @property
+    def max_delay_ms(self) -> int:
+        """Ceiling of DPUB/REQ/defer delays: --max-delay when set, else --max-req-timeout."""
+        return int((self.max_delay or self.max_req_timeout) * 1000)
+
+    @property
     def log_level_number(self) -> int:
         return LOG_LEVELS[self.log_level]
 
@@ -219,7 +225,8 @@ class Options:
         if self.mem_queue_size < 0:
             raise OptionsError("--mem-queue-size must be >= 0")
         for name in ("msg_timeout", "max_msg_timeout", "max_req_timeout", "sync_timeout",
-                     "max_heartbeat_interval", "statsd_interval", "max_attempts", "msg_ttl"):
+                     "max_heartbeat_interval", "statsd_interval", "max_attempts", "msg_ttl",
+                     "max_delay"):
             if getattr(self, name) < 0:
                 raise OptionsError(f"--{name.replace('_', '-')} must not be negative")
         if self.statsd_address and self.statsd_interval <= 0:
@@ -341,6 +348,9 @@ def _flags() -> list[Flag]:
              "timeout"),
         Flag("max-msg-size", INT, d.max_msg_size, "maximum size of a single message in bytes"),
         Flag("max-req-timeout", DUR, d.max_req_timeout, "maximum requeuing timeout for a message"),
+        Flag("max-delay", DUR, d.max_delay, "[nsqx] longest delay DPUB, REQ and /pub?defer= "
+             "may ask for, e.g. 72h: delayed messages wait in the on-disk delay store "
+             "(0 = --max-req-timeout's value, upstream's limit)"),
         Flag("max-attempts", INT, d.max_attempts, "[nsqx] deliveries of a message on a channel "
              "before it is moved to the dead-letter topic <topic>.dlq instead of being "
              "delivered again (0 = never, as upstream; per channel: /channel/config)"),
