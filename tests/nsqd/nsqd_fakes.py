@@ -123,7 +123,8 @@ class FakeNSQD:
     async def delete_topic(self, name: str) -> None:
         del self.topics[name]
 
-    async def publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+    async def publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
+                      partition: int | None = None) -> None:
         if self.publish_error is not None:
             raise self.publish_error
         t = self.get_topic(topic_name)

@@ -41,10 +41,12 @@ def _url(address: str, path: str, params: dict[str, Any] | None = None,
 
 
 def pub(address: str, topic: str, body: bytes, defer_ms: int | None = None,
-        **kw: Any) -> Response:
+        partition: int | None = None, **kw: Any) -> Response:
     params: dict[str, Any] = {"topic": topic}
     if defer_ms is not None:
         params["defer"] = defer_ms
+    if partition is not None:
+        params["partition"] = partition
     return request("POST", _url(address, "/pub", params), body, **kw)
 
 

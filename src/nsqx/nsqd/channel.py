@@ -101,6 +101,9 @@ class Channel:
         # server-side give-up (0: never, upstream's behaviour); per channel, default the flag
         self.max_attempts: int = topic.nsqd.opts.max_attempts
         self.max_attempts_set = False  # set on this channel (persisted), not the default
+        self.ordered = False  # one message in flight at a time, log order (SUB_ORDERED)
+        if topic.ordered:
+            self.set_ordered()
         self.dlq_count = 0  # moved to the dead-letter topic
         self.expired_count = 0  # skipped by the topic's TTL
         opts = topic.nsqd.opts
@@ -142,18 +145,35 @@ class Channel:
         return f"<Channel {self.topic.name}:{self.name}>"
 
     # -- operations ----------------------------------------------------------------------
+    def siblings(self) -> list[Channel]:
+        """This channel in every partition of its topic (itself when there is one)."""
+        parts = self.topic.partitions
+        if len(parts) == 1:
+            return [self]
+        return [c for p in parts if (c := p.channels.get(self.name)) is not None]
+
+    def set_ordered(self) -> None:
+        """Strict log order: one message in flight, redeliveries first, and a delayed REQ
+        holds back everything behind it (nothing passes a message that is not finished)."""
+        self.ordered = True
+        self.cursor.strict = True
+        self.cursor.redelivery_window = 0
+
     def pause(self) -> None:
-        self.cursor.paused = True
-        self._changed()
+        for ch in self.siblings():
+            ch.cursor.paused = True
+            ch._changed()
 
     def unpause(self) -> None:
-        self.cursor.paused = False
-        self._changed()
-        self.wake()
+        for ch in self.siblings():
+            ch.cursor.paused = False
+            ch._changed()
+            ch.wake()
 
     def empty(self) -> None:
-        self.cursor.empty(self.topic.log.next_offset)
-        self._changed()
+        for ch in self.siblings():
+            ch.cursor.empty(ch.topic.log.next_offset)
+            ch._changed()
 
     def resolve(self, pos: StartPosition) -> tuple[int, bool]:
         """The log offset a position names, and whether it was clamped (resolve_position)."""
@@ -222,6 +242,8 @@ class Channel:
         for i in range(n):
             client = clients[(start + i) % n]
             room = client.ready_room()
+            if self.ordered:
+                room = min(room, 1 - self.cursor.in_flight_count)
             if room <= 0:
                 continue
             want = min(room, MAX_BATCH_PER_TURN)
@@ -288,6 +310,9 @@ class Channel:
         """Called by the node's scanner: time out in-flight, release due deferred."""
         if self.cursor.expire(t_ms):
             self.dirty = True
+            if len(self.topic.partitions) > 1:
+                for ch in self.siblings():  # RDY room opened for clients of every partition
+                    ch.wake()
         if self.cursor.pending_redeliveries(t_ms):
             self.wake()
 

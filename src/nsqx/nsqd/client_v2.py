@@ -23,6 +23,7 @@ import orjson
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
 from nsqx.nsqd.channel import NotLeader, SeekError, now_ms, resolve_position
+from nsqx.nsqd.topic import BadPartition
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from nsqx.protocol.errors import ProtocolError
@@ -104,6 +105,9 @@ class ClientV2(asyncio.Protocol):
         self.auth: AuthState | None = None
         self.ready_count = 0
         self.channel: Channel | None = None
+        # every channel this client is subscribed to: one per partition it reads (a plain
+        # SUB to a partitioned topic reads them all); `channel` is the first of them
+        self.subs: list[Channel] = []
         self.message_count = 0
         self.finish_count = 0
         self.requeue_count = 0
@@ -149,8 +153,8 @@ class ClientV2(asyncio.Protocol):
             self._drained.set_result(None)
         if self._hb_handle is not None:
             self._hb_handle.cancel()
-        if self.channel is not None:
-            self.channel.remove_client(self)
+        for ch in self.subs:
+            ch.remove_client(self)
         self.nsqd.client_disconnected(self)
         log.info("[%s] closed connection%s", self, f" ({exc})" if exc else "")
 
@@ -165,8 +169,8 @@ class ClientV2(asyncio.Protocol):
         self._can_write = True
         if self.transport is not None and not self._reading_paused:
             self.transport.resume_reading()
-        if self.channel is not None:
-            self.channel.wake()
+        for ch in self.subs:
+            ch.wake()
 
     def data_received(self, data: bytes) -> None:
         self._last_read = time.monotonic()
@@ -217,6 +221,9 @@ class ClientV2(asyncio.Protocol):
         pub = parse_lone_pub(data, self.parser.max_msg_size)
         if pub is None:
             return False
+        topic = nsqd.topics.get(pub[0].decode("ascii"))
+        if topic is not None and topic.ordered:
+            return False  # refused (no partition named): the general path answers it
         self._publish(pub[0].decode("ascii"), [pub[1]], 0, "E_PUB_FAILED", "PUB")
         return True
 
@@ -418,11 +425,14 @@ class ClientV2(asyncio.Protocol):
         """How many more messages this client may receive now (RDY is a window)."""
         if self.state != STATE_SUBSCRIBED or not self._can_write or self._closing or self.channel is None:
             return 0
-        return self.ready_count - self.channel.cursor.in_flight_of(self.id)
+        return self.ready_count - self.in_flight_count
 
     @property
     def in_flight_count(self) -> int:
-        return self.channel.cursor.in_flight_of(self.id) if self.channel is not None else 0
+        subs = self.subs
+        if len(subs) == 1:
+            return subs[0].cursor.in_flight_of(self.id)
+        return sum(ch.cursor.in_flight_of(self.id) for ch in subs)
 
     # -- heartbeats -----------------------------------------------------------------------
     def _schedule_heartbeat(self) -> None:
@@ -600,10 +610,35 @@ class ClientV2(asyncio.Protocol):
         channel = cmd.params[1].decode("utf-8", "replace")
         if not valid_channel_name(channel):
             raise Fatal("E_BAD_CHANNEL", f'SUB channel name "{channel}" is not valid')
+        partition = _partition_param(cmd.params, 2, "SUB")
         pending = self._check_auth(topic, channel, "subscribe", "SUB")
         if pending is not None:
-            return self._after(pending, lambda: self._subscribe(topic, channel))
-        self._subscribe(topic, channel)
+            return self._after(pending, lambda: self._subscribe(topic, channel, partition))
+        self._subscribe(topic, channel, partition)
+        return None
+
+    def _cmd_sub_ordered(self, cmd: Command) -> Any:
+        """Youzan's ``SUB_ORDERED <topic> <channel> <partition>``: one partition in log
+        order, one message in flight at a time (RDY caps it at 1), the next after FIN."""
+        if self.state != STATE_INIT:
+            raise Fatal("E_INVALID", "cannot SUB_ORDERED in current state")
+        if self.heartbeat_interval <= 0:
+            raise Fatal("E_INVALID", "cannot SUB_ORDERED with heartbeats disabled")
+        if len(cmd.params) < 3:
+            raise Fatal("E_INVALID", "SUB_ORDERED insufficient number of parameters")
+        topic = cmd.params[0].decode("utf-8", "replace")
+        if not valid_topic_name(topic):
+            raise Fatal("E_BAD_TOPIC", f'SUB_ORDERED topic name "{topic}" is not valid')
+        channel = cmd.params[1].decode("utf-8", "replace")
+        if not valid_channel_name(channel):
+            raise Fatal("E_BAD_CHANNEL", f'SUB_ORDERED channel name "{channel}" is not valid')
+        partition = _partition_param(cmd.params, 2, "SUB_ORDERED")
+        assert partition is not None
+        pending = self._check_auth(topic, channel, "subscribe", "SUB_ORDERED")
+        if pending is not None:
+            return self._after(pending, lambda: self._subscribe(topic, channel, partition,
+                                                                ordered=True))
+        self._subscribe(topic, channel, partition, ordered=True)
         return None
 
     def _cmd_sub_advanced(self, cmd: Command) -> Any:
@@ -625,10 +660,12 @@ class ClientV2(asyncio.Protocol):
         await coro
         then()
 
-    def _subscribe(self, topic_name: str, channel_name: str, partition: int = 0,
-                   start: StartPosition | None = None) -> None:
+    def _subscribe(self, topic_name: str, channel_name: str, partition: int | None = None,
+                   start: StartPosition | None = None, *, ordered: bool = False) -> None:
+        """SUB (every partition when none is named), SUB_ADVANCED, SUB_ORDERED."""
         nsqd = self.nsqd
-        what = "SUB" if start is None and not partition else "SUB_ADVANCED"
+        what = "SUB_ORDERED" if ordered else (
+            "SUB" if start is None and partition is None else "SUB_ADVANCED")
         if nsqd.exiting:
             raise Fatal("E_SUB_FAILED", f"{what} failed to subscribe to {topic_name}:{channel_name}, exiting")
         existing = nsqd.get_topic(topic_name, create=False)
@@ -637,23 +674,37 @@ class ClientV2(asyncio.Protocol):
             raise Fatal("E_BAD_PARTITION", f"{what} partition {partition} is not valid")
         topic = existing or nsqd.get_topic(topic_name)
         assert topic is not None
-        topic = topic.partitions[partition]
-        _check_serves_consumers(topic, what)
-        prior = topic.channels.get(channel_name)
+        if topic.ordered and not ordered:
+            raise Fatal("E_SUB_ORDER_IS_MUST", f"{what} topic {topic_name} is ordered: "
+                        "subscribe to a partition with SUB_ORDERED")
+        if ordered and self.sample_rate:
+            raise Fatal("E_INVALID", f"{what} cannot be used with sample_rate")
+        parts = topic.partitions if partition is None else [topic.partitions[partition]]
+        for part in parts:
+            _check_serves_consumers(part, what)
+        first = parts[0]
+        prior = first.channels.get(channel_name)
         if start is not None and (prior is None or not prior.clients):
             # refuse a bad position before a new channel is created for it
-            self._start_position(what, lambda: resolve_position(topic, start))
-        channel = topic.get_channel(channel_name)
-        assert channel is not None
+            self._start_position(what, lambda: resolve_position(first, start))
+        channels = []
         limit = nsqd.opts.max_channel_consumers
-        if limit and len(channel.clients) >= limit:
-            raise Fatal("E_SUB_FAILED", f"{what} failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}")
-        if channel.exiting or topic.exiting:
-            raise Fatal("E_SUB_FAILED", f"{what} failed to subscribe to {topic_name}:{channel_name}")
-        if start is not None and not channel.clients:
-            self._start_position(what, lambda: channel.seek(start, str(self)))
-        channel.add_client(self)
-        self.channel = channel
+        for part in parts:
+            channel = part.get_channel(channel_name)
+            assert channel is not None
+            if limit and len(channel.clients) >= limit:
+                raise Fatal("E_SUB_FAILED", f"{what} failed consumers for {topic_name}:{channel_name} exceeds limit of {limit}")
+            if channel.exiting or part.exiting:
+                raise Fatal("E_SUB_FAILED", f"{what} failed to subscribe to {topic_name}:{channel_name}")
+            channels.append(channel)
+        if start is not None and not channels[0].clients:
+            self._start_position(what, lambda: channels[0].seek(start, str(self)))
+        for channel in channels:
+            if ordered:
+                channel.set_ordered()
+            channel.add_client(self)
+        self.channel = channels[0]
+        self.subs = channels
         self.state = STATE_SUBSCRIBED
         self._respond(frames.OK_FRAME)
 
@@ -674,11 +725,13 @@ class ClientV2(asyncio.Protocol):
             raise Fatal("E_INVALID", "cannot RDY in current state")
         count = parse_rdy(cmd.params, self.nsqd.opts.max_rdy_count)
         self.ready_count = count
-        if count and self.channel is not None:
-            self.channel.wake()
+        if count:
+            for ch in self.subs:
+                ch.wake()
         return None
 
-    def _msg_offset(self, cmd: Command, name: str) -> int:
+    def _msg_target(self, cmd: Command, name: str) -> tuple[Channel | None, int]:
+        """The subscribed channel of the id's partition and the offset (None, -1 if none)."""
         if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING):
             raise Fatal("E_INVALID", f"cannot {name} in current state")
         if name == "REQ":
@@ -688,31 +741,47 @@ class ClientV2(asyncio.Protocol):
         try:
             partition, offset = parse_id(mid)
         except ValueError:
-            return -1  # 16 bytes but not one of ours: "not in flight"
-        ch = self.channel
-        return offset if ch is not None and partition == ch.topic.partition else -1
+            return None, -1  # 16 bytes but not one of ours: "not in flight"
+        for ch in self.subs:
+            if ch.topic.partition == partition:
+                return ch, offset
+        return None, -1
 
     def _cmd_fin(self, cmd: Command) -> None:
-        offset = self._msg_offset(cmd, "FIN")
-        assert self.channel is not None
+        ch, offset = self._msg_target(cmd, "FIN")
         try:
-            if offset < 0:
+            if ch is None:
                 raise NotInFlight
-            self.channel.cursor.finish(self.id, offset)
+            ch.cursor.finish(self.id, offset)
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_FIN_FAILED", f"FIN {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
         self.finish_count += 1
-        if self.channel.e2e is not None:
-            self.channel.record_finished(offset)
-        self.channel.dirty = True
-        self.channel.wake()
+        if ch.e2e is not None:
+            ch.record_finished(offset)
+        ch.dirty = True
+        self._wake_subs(ch)
         return None
+
+    def _wake_subs(self, ch: Channel) -> None:
+        """RDY room opened: every partition this client reads may send now."""
+        if len(self.subs) == 1:
+            ch.wake()
+        else:
+            for sub in self.subs:
+                sub.wake()
 
     def _cmd_fin_batch(self, cmd: Command) -> None:
         """A run of FIN lines from one read: ids decoded in C, in-order runs finished at once."""
         if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING) or self.channel is None:
             raise Fatal("E_INVALID", "cannot FIN in current state")
         ids = cmd.params
+        if len(self.subs) > 1 or self.channel.topic.partition:
+            for mid in ids:  # ids of several partitions: one by one, routed by partition
+                try:
+                    self._cmd_fin(Command(b"FIN", [mid]))
+                except ProtocolError as exc:
+                    self._respond(frames.encode_error(exc.code, exc.text))
+            return None
         n = len(ids)
         offsets: list[int] | None = None
         joined = b"".join(ids)
@@ -743,27 +812,25 @@ class ClientV2(asyncio.Protocol):
         return None
 
     def _cmd_req(self, cmd: Command) -> None:
-        offset = self._msg_offset(cmd, "REQ")
+        ch, offset = self._msg_target(cmd, "REQ")
         _, delay = parse_req(cmd.params, self.nsqd.opts.max_delay_ms)
-        assert self.channel is not None
         try:
-            if offset < 0:
+            if ch is None:
                 raise NotInFlight
-            self.channel.cursor.requeue(self.id, offset, delay, now_ms())
+            ch.cursor.requeue(self.id, offset, delay, now_ms())
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_REQ_FAILED", f"REQ {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
         self.requeue_count += 1
-        self.channel.dirty = True
-        self.channel.wake()
+        ch.dirty = True
+        self._wake_subs(ch)
         return None
 
     def _cmd_touch(self, cmd: Command) -> None:
-        offset = self._msg_offset(cmd, "TOUCH")
-        assert self.channel is not None
+        ch, offset = self._msg_target(cmd, "TOUCH")
         try:
-            if offset < 0:
+            if ch is None:
                 raise NotInFlight
-            self.channel.cursor.touch(
+            ch.cursor.touch(
                 self.id, offset, now_ms(), self.msg_timeout_ms,
                 max_msg_timeout_ms=int(self.nsqd.opts.max_msg_timeout * 1000))
         except (NotInFlight, NotOwner) as exc:
@@ -787,32 +854,39 @@ class ClientV2(asyncio.Protocol):
             raise Fatal("E_BAD_TOPIC", f'{prefix}{name} topic name "{topic}" is not valid')
         return topic
 
-    def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int, code: str, what: str) -> None:
+    def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int, code: str, what: str,
+                 partition: int | None = None) -> None:
         nsqd = self.nsqd
         if nsqd.exiting:
             raise Fatal(code, f"{what} failed exiting")
         topic = nsqd.get_topic(topic_name)
         assert topic is not None
+        try:
+            part = topic.route(partition)
+        except BadPartition as exc:
+            raise ProtocolError("E_BAD_PARTITION", f"{what} {exc}", fatal=False) from None
         done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"))
-        topic.publish(bodies, defer_ms, done)
+        part.publish(bodies, defer_ms, done)
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
 
     def _cmd_pub(self, cmd: Command) -> Any:
         topic = self._pub_topic(cmd, "PUB")
         body = cmd.body or b""
+        part = _partition_param(cmd.params, 1, "PUB")
         pending = self._check_auth(topic, None, "publish", "PUB")
         if pending is not None:
-            return self._after(pending, lambda: self._publish(topic, [body], 0, "E_PUB_FAILED", "PUB"))
-        self._publish(topic, [body], 0, "E_PUB_FAILED", "PUB")
+            return self._after(pending, lambda: self._publish(topic, [body], 0, "E_PUB_FAILED", "PUB", part))
+        self._publish(topic, [body], 0, "E_PUB_FAILED", "PUB", part)
         return None
 
     def _cmd_mpub(self, cmd: Command) -> Any:
         topic = self._pub_topic(cmd, "MPUB")
         bodies = cmd.bodies or []
+        part = _partition_param(cmd.params, 1, "MPUB")
         pending = self._check_auth(topic, None, "publish", "MPUB")
         if pending is not None:
-            return self._after(pending, lambda: self._publish(topic, bodies, 0, "E_MPUB_FAILED", "MPUB"))
-        self._publish(topic, bodies, 0, "E_MPUB_FAILED", "MPUB")
+            return self._after(pending, lambda: self._publish(topic, bodies, 0, "E_MPUB_FAILED", "MPUB", part))
+        self._publish(topic, bodies, 0, "E_MPUB_FAILED", "MPUB", part)
         return None
 
     def _cmd_dpub(self, cmd: Command) -> Any:
@@ -839,6 +913,7 @@ class ClientV2(asyncio.Protocol):
         b"AUTH": _cmd_auth,
         b"SUB": _cmd_sub,
         b"SUB_ADVANCED": _cmd_sub_advanced,
+        b"SUB_ORDERED": _cmd_sub_ordered,
         b"RDY": _cmd_rdy,
         b"FIN": _cmd_fin,
         FIN_BATCH: _cmd_fin_batch,
@@ -888,6 +963,17 @@ class ClientV2(asyncio.Protocol):
         if self.pub_counts:
             d["pub_counts"] = [{"topic": t, "count": c} for t, c in self.pub_counts.items()]
         return d
+
+
+def _partition_param(params: list[bytes], index: int, what: str) -> int | None:
+    """Youzan's optional partition parameter (None when absent); E_BAD_PARTITION if bad."""
+    if len(params) <= index:
+        return None
+    raw = params[index]
+    if not raw.isdigit() or len(raw) > 5 or int(raw) > 65535:
+        raise ProtocolError("E_BAD_PARTITION", f"{what} partition {raw.decode('latin-1')!r} is "
+                            "not valid", fatal=what.startswith("SUB"))
+    return int(raw)
 
 
 def _check_serves_consumers(topic: Any, what: str) -> None:

@@ -42,7 +42,7 @@ from nsqx.httpapi import query as _query
 from nsqx.nsqd.metrics import memory_stats, prometheus_text
 from nsqx.nsqd.options import LOG_LEVELS, TLS_REQUIRED
 from nsqx.nsqd.stats_text import format_stats
-from nsqx.nsqd.topic import PublishRefused
+from nsqx.nsqd.topic import BadPartition, PublishRefused
 from nsqx.protocol.names import valid_topic_name
 
 __all__ = ["HTTPError", "make_app", "parse_go_query", "parse_mpub_binary"]
@@ -183,15 +183,18 @@ class _Handlers:
             raise HTTPError(400, "INVALID_TOPIC")
         return name
 
-    async def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+    async def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
+                       partition: int | None = None) -> None:
         if self.nsqd.get_topic(topic_name) is None:  # None only while exiting
             raise HTTPError(503, "EXITING")
         if not bodies:
             return
         try:
-            await self.nsqd.publish(topic_name, bodies, defer_ms)
+            await self.nsqd.publish(topic_name, bodies, defer_ms, partition)
         except asyncio.CancelledError:
             raise
+        except BadPartition:
+            raise HTTPError(400, "E_BAD_PARTITION") from None
         except PublishRefused as exc:  # cluster mode: not the leader, too few in-sync replicas
             log.error("TOPIC(%s): HTTP publish refused - %s", topic_name, exc)
             raise HTTPError(503, "E_PUB_FAILED") from None
@@ -219,7 +222,7 @@ class _Handlers:
             defer_ms = int(ds)
             if defer_ms < 0 or defer_ms >= 2**63 or defer_ms > self.opts.max_delay_ms:
                 raise HTTPError(400, "INVALID_DEFER")
-        await self._publish(name, [body], defer_ms)
+        await self._publish(name, [body], defer_ms, _partition_arg(params))
         return _ok_text()
 
     async def mpub(self, request: web.Request) -> web.Response:
@@ -239,7 +242,7 @@ class _Handlers:
             msgs = parse_mpub_binary(body, o.max_msg_size, o.max_body_size)
         else:
             msgs = _split_text_mpub(body, o.max_msg_size, o.max_body_size)
-        await self._publish(name, msgs)
+        await self._publish(name, msgs, 0, _partition_arg(params))
         return _ok_text()
 
     # -- topics ------------------------------------------------------------------------
@@ -259,8 +262,25 @@ class _Handlers:
         return topic
 
     async def topic_create(self, request: web.Request) -> web.Response:
+        """Upstream's create, plus Youzan's ``partition_num=P`` and ``orderedmulti=true``."""
         name = self._topic_arg(request, validate=True)
-        self.nsqd.get_topic(name)
+        params = _query(request)
+        raw = _first(params, "partition_num")
+        ordered = (_first(params, "orderedmulti") or "").lower() == "true"
+        if raw is None and not ordered:
+            self.nsqd.get_topic(name)
+            return _empty()
+        if raw is not None and (not raw.isdigit() or not 1 <= int(raw) <= 1024):
+            raise HTTPError(400, "INVALID_PARTITION_NUM")
+        count = int(raw) if raw is not None else 1
+        existing = self.nsqd.topics.get(name)
+        if existing is not None and (len(existing.partitions) != count
+                                     or existing.ordered != ordered):
+            raise HTTPError(400, "TOPIC_EXISTS")
+        if name.endswith("#ephemeral") and (count > 1 or ordered):
+            raise HTTPError(400, "INVALID_PARTITION_NUM")
+        self.nsqd.ensure_partitions(name, count, ordered=ordered)
+        self._persist_metadata()
         return _empty()
 
     async def topic_delete(self, request: web.Request) -> web.Response:
@@ -469,6 +489,15 @@ def _tls_required_middleware(nsqd: Any) -> Any:
 
 async def _add_v1_header(request: web.Request, response: web.StreamResponse) -> None:
     response.headers[V1_HEADER] = V1_VALUE
+
+
+def _partition_arg(params: dict[str, list[str]]) -> int | None:
+    raw = _first(params, "partition")
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or int(raw) > 65535:
+        raise HTTPError(400, "E_BAD_PARTITION")
+    return int(raw)
 
 
 def make_app(nsqd: Any, *, tls_listener: bool = False) -> web.Application:

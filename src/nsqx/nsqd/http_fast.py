@@ -158,8 +158,14 @@ class FastPubProtocol(asyncio.Protocol):
         topic = nsqd.get_topic(req[0].decode("ascii"))  # creates it, as /pub does
         if topic is None:
             return False
+        from nsqx.nsqd.topic import BadPartition
+
+        try:
+            part = topic.route(None)
+        except BadPartition:  # ordered topic: the general path answers the error
+            return False
         self._busy = True
-        topic.publish([req[1]], 0, self._committed)
+        part.publish([req[1]], 0, self._committed)
         return True
 
     def _committed(self, _base: int, exc: Exception | None) -> None:

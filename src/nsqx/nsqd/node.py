@@ -143,18 +143,50 @@ class NSQD:
         many topics a fixed 8 MiB each made RSS grow with the topic count (1,000 active
         topics: 250-340 MiB), so the budget is node-wide and the share shrinks instead.
         """
-        logs = [t.log for t in self.topics.values() if isinstance(t.log, PartitionLog)]
+        logs = [p.log for t in self.topics.values() for p in t.partitions
+                if isinstance(p.log, PartitionLog)]
         if logs:
             share = max(TAIL_SHARE_MIN, min(TAIL_SHARE_MAX, self.opts.mem_tail_budget // len(logs)))
             for lg in logs:
                 if lg.tail_limit != share:
                     lg.set_tail_limit(share)
 
-    async def publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+    async def publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
+                      partition: int | None = None) -> None:
         topic = self.get_topic(topic_name)
         if topic is None:
             raise RuntimeError("exiting")
-        await topic.publish(bodies, defer_ms)
+        fut = topic.route(partition).publish(bodies, defer_ms)
+        assert fut is not None
+        await fut
+
+    def ensure_partitions(self, name: str, count: int, *, ordered: bool = False) -> Topic:
+        """The topic with at least ``count`` partitions (created as needed, persisted).
+
+        Partition k is its own Topic object (log under ``p<k>``, ids carrying k) with the
+        same channels; ``ordered`` topics take only SUB_ORDERED and keyed/partitioned PUBs.
+        """
+        topic = self.get_topic(name)
+        if topic is None:
+            raise RuntimeError("exiting")
+        if topic.ephemeral and count > 1:
+            raise ValueError("an ephemeral topic has one partition")
+        for k in range(len(topic.partitions), count):
+            part = Topic(self, name, partition=k, paused=topic.paused)
+            part.partitions = topic.partitions  # one shared list
+            topic.partitions.append(part)
+            for cname, ch in topic.channels.items():
+                sib = part._get_channel_here(cname)
+                if sib is not None and ch.paused:
+                    sib.cursor.paused = True
+            for hook in self.topic_hooks:
+                hook(part)
+            log.info("TOPIC(%s): partition %d created", name, k)
+        for part in topic.partitions:
+            part.ordered = ordered or topic.ordered
+        self.share_memory()
+        self.metadata_changed()
+        return topic
 
     def lookup_register(self, topic: str, channel: str | None) -> None:
         self.lookup.register(topic, channel)
@@ -226,6 +258,19 @@ class NSQD:
                     ch.max_attempts, ch.max_attempts_set = int(c["max_attempts"]), True
             if "msg_ttl_ms" in t:
                 topic.msg_ttl_ns, topic.msg_ttl_set = int(t["msg_ttl_ms"]) * 1_000_000, True
+            count = int(t.get("partitions", 1))
+            if count > 1 or t.get("ordered"):
+                self.ensure_partitions(name, count, ordered=bool(t.get("ordered")))
+                for part, st in zip(topic.partitions[1:], t.get("partition_state", []),
+                                    strict=False):
+                    part.pending_from = st.get("pending_from", part.pending_from)
+                    part.pending_deferred = [tuple(x) for x in st.get("pending_deferred", ())]
+                for part in topic.partitions[1:]:
+                    for c in t.get("channels", []):
+                        ch = part.channels.get(c.get("name", ""))
+                        if ch is not None and "max_attempts" in c:
+                            ch.max_attempts, ch.max_attempts_set = int(c["max_attempts"]), True
+                    part.msg_ttl_ns, part.msg_ttl_set = topic.msg_ttl_ns, topic.msg_ttl_set
         self.share_memory()
         log.info("loaded %d topics from %s", len(self.topics), path)
 
@@ -327,7 +372,8 @@ class NSQD:
             await asyncio.sleep(SCAN_INTERVAL)
             t = now_ms()
             for topic in list(self.topics.values()):
-                topic.tick(t)
+                for part in topic.partitions:
+                    part.tick(t)
 
     async def _persist_loop(self) -> None:
         last_retention = time.monotonic()
@@ -335,11 +381,13 @@ class NSQD:
             await asyncio.sleep(PERSIST_INTERVAL)
             try:
                 for topic in list(self.topics.values()):
-                    topic.persist_cursors()
+                    for part in topic.partitions:
+                        part.persist_cursors()
                 if time.monotonic() - last_retention > RETENTION_INTERVAL:
                     last_retention = time.monotonic()
                     for topic in list(self.topics.values()):
-                        topic.apply_retention()
+                        for part in topic.partitions:
+                            part.apply_retention()
             except OSError as exc:
                 self.set_health(f"failed to persist channel state - {exc}")
 
@@ -372,7 +420,7 @@ class NSQD:
         self.persist_metadata()
         for topic in list(self.topics.values()):
             try:
-                await topic.close()
+                await topic.close()  # and its other partitions
             except Exception as exc:  # keep closing the others
                 log.error("TOPIC(%s): close failed: %s", topic.name, exc)
         self.persist_metadata()
@@ -388,43 +436,70 @@ class NSQD:
         for t in sorted(self.topics.values(), key=lambda t: t.name):
             if topic is not None and t.name != topic:
                 continue
+            parts = t.partitions
             chans = []
             for c in sorted(t.channels.values(), key=lambda c: c.name):
                 if channel is not None and c.name != channel:
                     continue
-                clients = [cl.stats() for cl in c.clients.values()] if include_clients else []
-                depth = c.depth
-                chans.append({
+                sibs = c.siblings()  # the channel in every partition: one upstream entry
+                seen: dict[int, Any] = {}
+                for sc in sibs:
+                    seen.update(sc.clients)
+                clients = [cl.stats() for cl in seen.values()] if include_clients else []
+                depth = sum(sc.depth for sc in sibs)
+                entry = {
                     "channel_name": c.name,
                     "depth": depth,
                     "backend_depth": depth,
-                    "in_flight_count": c.in_flight_count,
-                    "deferred_count": c.deferred_count,
-                    "message_count": c.message_count,
-                    "requeue_count": c.requeue_count,
-                    "timeout_count": c.timeout_count,
-                    "dlq_count": c.dlq_count,
-                    "expired_count": c.expired_count,
+                    "in_flight_count": sum(sc.in_flight_count for sc in sibs),
+                    "deferred_count": sum(sc.deferred_count for sc in sibs),
+                    "message_count": sum(sc.message_count for sc in sibs),
+                    "requeue_count": sum(sc.requeue_count for sc in sibs),
+                    "timeout_count": sum(sc.timeout_count for sc in sibs),
+                    "dlq_count": sum(sc.dlq_count for sc in sibs),
+                    "expired_count": sum(sc.expired_count for sc in sibs),
                     "max_attempts": c.max_attempts,
-                    "client_count": len(c.clients),
+                    "client_count": len(seen),
                     "clients": clients,
                     "paused": c.paused,
-                    "e2e_processing_latency": c.e2e.snapshot() if c.e2e else _NO_E2E,
-                })
-            depth = t.depth
-            topics.append({
+                    "e2e_processing_latency": (
+                        (c.e2e.snapshot() if c.e2e else _NO_E2E) if len(sibs) == 1 else
+                        LatencyWindow.merge([sc.e2e for sc in sibs if sc.e2e is not None],
+                                            list(self.opts.e2e_processing_latency_percentiles))),
+                }
+                if len(parts) > 1:
+                    entry["ordered"] = c.ordered
+                chans.append(entry)
+            depth = sum(p.depth for p in parts)
+            entry_t: dict[str, Any] = {
                 "topic_name": t.name,
                 "channels": chans,
                 "depth": depth,
                 "backend_depth": depth,
-                "message_count": t.message_count,
-                "message_bytes": t.message_bytes,
+                "message_count": sum(p.message_count for p in parts),
+                "message_bytes": sum(p.message_bytes for p in parts),
                 "paused": t.paused,
                 "msg_ttl_ms": t.msg_ttl_ns // 1_000_000,
                 "e2e_processing_latency": LatencyWindow.merge(
-                    [c.e2e for c in t.channels.values() if c.e2e is not None],
+                    [c.e2e for p in parts for c in p.channels.values() if c.e2e is not None],
                     list(self.opts.e2e_processing_latency_percentiles)),
-            })
+            }
+            if len(parts) > 1 or t.ordered:
+                # nsqx: per-partition detail (stock tools read the aggregate above)
+                entry_t["ordered"] = t.ordered
+                entry_t["partitions"] = [{
+                    "partition": p.partition,
+                    "depth": p.depth,
+                    "message_count": p.message_count,
+                    "log_start": p.log.start_offset,
+                    "log_end": p.log.flushed_offset,
+                    "channels": [{"channel_name": pc.name, "depth": pc.depth,
+                                  "in_flight_count": pc.in_flight_count,
+                                  "confirmed": pc.cursor.confirmed}
+                                 for pc in sorted(p.channels.values(), key=lambda x: x.name)
+                                 if channel is None or pc.name == channel],
+                } for p in parts]
+            topics.append(entry_t)
         producers = [c.stats() for c in self._clients.values() if c.pub_counts] if include_clients else []
         return {
             "version": NSQ_VERSION,

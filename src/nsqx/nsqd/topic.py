@@ -43,6 +43,8 @@ class Topic:
         # being the object nsqd.topics[name] holds.
         self.partition = partition
         self.partitions: list[Topic] = [self]
+        self.ordered = False  # SUB_ORDERED only; PUBs name their partition
+        self._rr = 0  # round-robin over partitions for PUBs that name none
         # Cluster mode (set by nsqx.cluster, None standalone): who may publish here and when
         # an append counts as acknowledged; `epoch` is the leader epoch stamped on commits.
         self.gate: WriteGate | None = None
@@ -82,7 +84,28 @@ class Topic:
         self.pending_deferred: list[tuple[int, int]] = [tuple(x) for x in pending_deferred or ()]
 
     def __repr__(self) -> str:
-        return f"<Topic {self.name}>"
+        return f"<Topic {self.name}>" if len(self.partitions) == 1 else \
+            f"<Topic {self.name} partition {self.partition}>"
+
+    def route(self, partition: int | None) -> Topic:
+        """The partition a publish goes to: the one named, else the next in turn.
+
+        Raises BadPartition (upstream-style ``E_BAD_PARTITION``) for a number out of range
+        or for an ordered topic's publish that names none (order needs a chosen partition).
+        """
+        parts = self.partitions
+        if partition is None:
+            if len(parts) == 1:
+                return parts[0]
+            if self.ordered:
+                raise BadPartition(f"topic {self.name} is ordered: name a partition")
+            first = parts[0]
+            first._rr = (first._rr + 1) % len(parts)
+            return parts[first._rr]
+        if not 0 <= partition < len(parts):
+            raise BadPartition(f"partition {partition} of topic {self.name} does not exist "
+                               f"({len(parts)} partitions)")
+        return parts[partition]
 
     # -- publishing ------------------------------------------------------------------------
     def publish(self, bodies: list[bytes], defer_ms: int = 0,
@@ -138,8 +161,18 @@ class Topic:
 
     # -- channels --------------------------------------------------------------------------
     def get_channel(self, name: str, create: bool = True) -> Channel | None:
+        """This partition's channel; a new channel is made in every partition at once."""
         ch = self.channels.get(name)
         if ch is not None or not create:
+            return ch
+        for part in self.partitions:
+            if part is not self:
+                part._get_channel_here(name)
+        return self._get_channel_here(name)
+
+    def _get_channel_here(self, name: str) -> Channel | None:
+        ch = self.channels.get(name)
+        if ch is not None:
             return ch
         ephemeral = name.endswith("#ephemeral")
         if not self.channels:
@@ -170,6 +203,15 @@ class Topic:
         return ch
 
     async def delete_channel(self, name: str) -> None:
+        """Delete the channel in every partition (KeyError when this one has none)."""
+        if name not in self.channels:
+            raise KeyError(name)
+        for part in self.partitions:
+            if part is not self and name in part.channels:
+                await part._delete_channel_here(name)
+        await self._delete_channel_here(name)
+
+    async def _delete_channel_here(self, name: str) -> None:
         ch = self.channels.pop(name, None)
         if ch is None:
             raise KeyError(name)
@@ -196,19 +238,22 @@ class Topic:
         return max(0, self.log.next_offset - max(self.pending_from, self.log.start_offset))
 
     def pause(self) -> None:
-        self.paused = True
+        for part in self.partitions:
+            part.paused = True
         self.nsqd.metadata_changed()
 
     def unpause(self) -> None:
-        self.paused = False
+        for part in self.partitions:
+            part.paused = False
+            for ch in part.channels.values():
+                ch.wake()
         self.nsqd.metadata_changed()
-        for ch in self.channels.values():
-            ch.wake()
 
     def empty(self) -> None:
         """Drop what waits in the topic (not what its channels hold), as upstream."""
-        self.pending_from = self.log.next_offset
-        self.pending_deferred = []
+        for part in self.partitions:
+            part.pending_from = part.log.next_offset
+            part.pending_deferred = []
         self.nsqd.metadata_changed()
 
     def tick(self, t_ms: int) -> None:
@@ -246,10 +291,26 @@ class Topic:
             **({"msg_ttl_ms": self.msg_ttl_ns // 1_000_000} if self.msg_ttl_set else {}),
             "pending_from": self.pending_from,
             "pending_deferred": [list(x) for x in self.pending_deferred],
+            **({"partitions": len(self.partitions), "ordered": self.ordered,
+                "partition_state": [
+                    {"pending_from": p.pending_from,
+                     "pending_deferred": [list(x) for x in p.pending_deferred]}
+                    for p in self.partitions[1:]]}
+               if len(self.partitions) > 1 or self.ordered else {}),
         }
 
     async def close(self, *, delete: bool = False) -> None:
-        """Flush and fsync the log, persist cursors; with delete, remove the files."""
+        """Flush and fsync the log, persist cursors; with delete, remove the files.
+
+        Partition 0 closes the topic's other partitions first (their files are under the
+        same topic directory)."""
+        if self.partition == 0:
+            for part in self.partitions[1:]:
+                try:
+                    await part.close()
+                except Exception as exc:  # keep closing
+                    log.error("TOPIC(%s) PARTITION(%d): close failed: %s", self.name,
+                              part.partition, exc)
         self.exiting = True
         for ch in list(self.channels.values()):
             ch.exiting = True
@@ -266,6 +327,10 @@ class Topic:
             self.log.close()
         if delete and not self.ephemeral:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class BadPartition(ValueError):
+    """A partition that does not exist, or a partitionless PUB to an ordered topic."""
 
 
 class PublishRefused(Exception):

@@ -72,7 +72,7 @@ MAGIC_V2 = b"  V2"
 # It can never come from the wire ("FIN*" is not a valid command there).
 FIN_BATCH = b"FIN*"
 
-LINE_COMMANDS = frozenset({b"SUB", b"SUB_ADVANCED", b"RDY", b"FIN", b"REQ", b"TOUCH", b"CLS",
+LINE_COMMANDS = frozenset({b"SUB", b"SUB_ADVANCED", b"SUB_ORDERED", b"RDY", b"FIN", b"REQ", b"TOUCH", b"CLS",
                            b"NOP"})
 BODY_COMMANDS = frozenset({b"IDENTIFY", b"AUTH", b"PUB", b"MPUB", b"DPUB"})
 COMMANDS = LINE_COMMANDS | BODY_COMMANDS
@@ -1001,6 +1001,11 @@ def sub(topic: str | bytes, channel: str | bytes) -> bytes:
     return _line(b"SUB", _b(topic), _b(channel))
 
 
+def sub_ordered(topic: str | bytes, channel: str | bytes, partition: int) -> bytes:
+    """Youzan's ``SUB_ORDERED <topic> <channel> <partition>``."""
+    return _line(b"SUB_ORDERED", _b(topic), _b(channel), b"%d" % partition)
+
+
 def sub_advanced(topic: str | bytes, channel: str | bytes, partition: int = 0,
                  start: str | bytes | None = None) -> bytes:
     """``SUB_ADVANCED``; ``start`` as ``"timestamp:1700000000"``, ``"msgcount:42"``,
@@ -1034,8 +1039,10 @@ def nop() -> bytes:
     return b"NOP\n"
 
 
-def pub(topic: str | bytes, body: bytes) -> bytes:
-    return b"PUB " + _b(topic) + b"\n" + _U32.pack(len(body)) + body
+def pub(topic: str | bytes, body: bytes, partition: int | None = None) -> bytes:
+    """PUB; with ``partition``, Youzan's ``PUB <topic> <partition>``."""
+    head = b"PUB " + _b(topic) if partition is None else b"PUB %s %d" % (_b(topic), partition)
+    return head + b"\n" + _U32.pack(len(body)) + body
 
 
 def dpub(topic: str | bytes, delay_ms: int, body: bytes) -> bytes:
@@ -1055,6 +1062,8 @@ def mpub_body(bodies: Iterable[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def mpub(topic: str | bytes, bodies: Iterable[bytes]) -> bytes:
+def mpub(topic: str | bytes, bodies: Iterable[bytes], partition: int | None = None) -> bytes:
+    """MPUB; with ``partition``, Youzan's ``MPUB <topic> <partition>``."""
     body = mpub_body(bodies)
-    return b"MPUB " + _b(topic) + b"\n" + _U32.pack(len(body)) + body
+    head = b"MPUB " + _b(topic) if partition is None else b"MPUB %s %d" % (_b(topic), partition)
+    return head + b"\n" + _U32.pack(len(body)) + body

@@ -139,6 +139,8 @@ class ChannelCursor:
         self._rtok = 0
         self._end = start_offset  # newest log end seen (take / note_end)
         self.redelivery_window = 10_000  # nsqd sets --mem-queue-size
+        # ordered channels: a deferred (delayed-REQ) message holds back everything after it
+        self.strict = False
         self._skip = array("q")
         self._sk_h = 0
         self._cif: dict[int, int] = {}  # client id -> in-flight count
@@ -213,6 +215,8 @@ class ChannelCursor:
         st = self._store
         if len(st) and (st.next_ready_ms() or 0) <= now_ms:
             self._promote(now_ms)
+        if self.strict and len(st) and not self._ready_att:
+            return out  # ordered: nothing passes a message waiting out its REQ delay
         if not self._ready_att:
             self._take_fresh(client_id, n, end_offset, now_ms, deadline, out)
             return out
