@@ -597,20 +597,25 @@ class ClientV2(asyncio.Protocol):
         if not self.auth.allows(topic, channel, permission):
             raise Fatal("E_UNAUTHORIZED", f"AUTH failed for {cmd} on \"{topic}\" \"{channel or ''}\"")
 
-    def _cmd_sub(self, cmd: Command) -> Any:
+    def _sub_args(self, cmd: Command, what: str, needed: int) -> tuple[str, str, int | None]:
+        """SUB / SUB_ORDERED: state, heartbeats, names (upstream's checks and texts), and
+        the optional (SUB) or required (SUB_ORDERED) partition."""
         if self.state != STATE_INIT:
-            raise Fatal("E_INVALID", "cannot SUB in current state")
+            raise Fatal("E_INVALID", f"cannot {what} in current state")
         if self.heartbeat_interval <= 0:
-            raise Fatal("E_INVALID", "cannot SUB with heartbeats disabled")
-        if len(cmd.params) < 2:
-            raise Fatal("E_INVALID", "SUB insufficient number of parameters")
+            raise Fatal("E_INVALID", f"cannot {what} with heartbeats disabled")
+        if len(cmd.params) < needed:
+            raise Fatal("E_INVALID", f"{what} insufficient number of parameters")
         topic = cmd.params[0].decode("utf-8", "replace")
         if not valid_topic_name(topic):
-            raise Fatal("E_BAD_TOPIC", f'SUB topic name "{topic}" is not valid')
+            raise Fatal("E_BAD_TOPIC", f'{what} topic name "{topic}" is not valid')
         channel = cmd.params[1].decode("utf-8", "replace")
         if not valid_channel_name(channel):
-            raise Fatal("E_BAD_CHANNEL", f'SUB channel name "{channel}" is not valid')
-        partition = _partition_param(cmd.params, 2, "SUB")
+            raise Fatal("E_BAD_CHANNEL", f'{what} channel name "{channel}" is not valid')
+        return topic, channel, _partition_param(cmd.params, 2, what)
+
+    def _cmd_sub(self, cmd: Command) -> Any:
+        topic, channel, partition = self._sub_args(cmd, "SUB", 2)
         pending = self._check_auth(topic, channel, "subscribe", "SUB")
         if pending is not None:
             return self._after(pending, lambda: self._subscribe(topic, channel, partition))
@@ -620,20 +625,7 @@ class ClientV2(asyncio.Protocol):
     def _cmd_sub_ordered(self, cmd: Command) -> Any:
         """Youzan's ``SUB_ORDERED <topic> <channel> <partition>``: one partition in log
         order, one message in flight at a time (RDY caps it at 1), the next after FIN."""
-        if self.state != STATE_INIT:
-            raise Fatal("E_INVALID", "cannot SUB_ORDERED in current state")
-        if self.heartbeat_interval <= 0:
-            raise Fatal("E_INVALID", "cannot SUB_ORDERED with heartbeats disabled")
-        if len(cmd.params) < 3:
-            raise Fatal("E_INVALID", "SUB_ORDERED insufficient number of parameters")
-        topic = cmd.params[0].decode("utf-8", "replace")
-        if not valid_topic_name(topic):
-            raise Fatal("E_BAD_TOPIC", f'SUB_ORDERED topic name "{topic}" is not valid')
-        channel = cmd.params[1].decode("utf-8", "replace")
-        if not valid_channel_name(channel):
-            raise Fatal("E_BAD_CHANNEL", f'SUB_ORDERED channel name "{channel}" is not valid')
-        partition = _partition_param(cmd.params, 2, "SUB_ORDERED")
-        assert partition is not None
+        topic, channel, partition = self._sub_args(cmd, "SUB_ORDERED", 3)
         pending = self._check_auth(topic, channel, "subscribe", "SUB_ORDERED")
         if pending is not None:
             return self._after(pending, lambda: self._subscribe(topic, channel, partition,
