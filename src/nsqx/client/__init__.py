@@ -14,7 +14,7 @@ from .conn import ConnConfig, Connection
 from .consumer import Consumer
 from .errors import ClosedError, ConnectionClosedError, NoConnectionsError, NSQError
 from .message import Message
-from .producer import Producer
+from .producer import Producer, key_partition
 from .sync import publish
 
 __all__ = [
@@ -27,5 +27,6 @@ __all__ = [
     "NSQError",
     "NoConnectionsError",
     "Producer",
+    "key_partition",
     "publish",
 ]

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -30,7 +31,31 @@ from nsqx.protocol.names import valid_topic_name
 from .conn import ConnConfig, Connection, make_config
 from .errors import ClosedError, ConnectionClosedError, NoConnectionsError, NSQError
 
-__all__ = ["Producer"]
+__all__ = ["Producer", "key_partition"]
+
+
+def key_partition(key: bytes | str, partitions: int) -> int:
+    """The partition of a key: CRC-32 (zlib's, IEEE) of its UTF-8 bytes modulo the count.
+
+    Stable across processes, machines and versions, so producers in any language can
+    agree on it (``crc32(key) % partitions``).
+    """
+    if partitions < 1:
+        raise ValueError("partitions must be >= 1")
+    data = key.encode() if isinstance(key, str) else bytes(key)
+    return zlib.crc32(data) % partitions
+
+
+def _pick(partition: int | None, key: bytes | str | None, partitions: int | None) -> int | None:
+    if key is None:
+        if partition is not None and not 0 <= partition <= 65535:
+            raise ValueError("partition must be 0..65535")
+        return partition
+    if partition is not None:
+        raise ValueError("give a partition or a key, not both")
+    if not partitions:
+        raise ValueError("a key needs the topic's partition count (partitions=)")
+    return key_partition(key, partitions)
 
 log = logging.getLogger("nsqx.client")
 
@@ -190,18 +215,26 @@ class Producer:
                     await self._changed.wait()
 
     # -- publishing -----------------------------------------------------------------------
-    async def publish(self, topic: str, body: bytes) -> None:
-        """PUB one message; returns when nsqd acknowledged it (``OK``)."""
-        _check_topic(topic)
-        await self._send(v2.pub(topic, _bytes(body)))
+    async def publish(self, topic: str, body: bytes, *, partition: int | None = None,
+                      key: bytes | str | None = None, partitions: int | None = None) -> None:
+        """PUB one message; returns when nsqd acknowledged it (``OK``).
 
-    async def mpublish(self, topic: str, bodies: Iterable[bytes]) -> None:
-        """MPUB: several messages, atomically (all or none)."""
+        ``partition`` sends Youzan's ``PUB <topic> <partition>``; ``key`` with the topic's
+        ``partitions`` count picks it with :func:`key_partition` instead, so every message
+        of one key lands in one partition, in order (ordered topics need one of the two).
+        """
+        _check_topic(topic)
+        await self._send(v2.pub(topic, _bytes(body), _pick(partition, key, partitions)))
+
+    async def mpublish(self, topic: str, bodies: Iterable[bytes], *,
+                       partition: int | None = None, key: bytes | str | None = None,
+                       partitions: int | None = None) -> None:
+        """MPUB: several messages, atomically (all or none); partition/key as publish()."""
         _check_topic(topic)
         bodies = [_bytes(b) for b in bodies]
         if not bodies:
             raise ValueError("mpublish needs at least one message")
-        await self._send(v2.mpub(topic, bodies))
+        await self._send(v2.mpub(topic, bodies, _pick(partition, key, partitions)))
 
     async def dpublish(self, topic: str, delay: float, body: bytes) -> None:
         """DPUB: deliver after ``delay`` seconds (nsqd rejects delays over its max)."""
