@@ -28,8 +28,8 @@ def pub(node, topic: str, body: bytes) -> tuple[int, object]:  # type: ignore[no
                 timeout=10)
 
 
-def fetch_bodies(node, topic: str) -> list[bytes]:  # type: ignore[no-untyped-def]
-    """Every body in the node's log of partition 0 (the fetch API, no channel involved)."""
+def fetch_bodies(node, topic: str, partition: int = 0) -> list[bytes]:  # type: ignore[no-untyped-def]
+    """Every body in the node's log of a partition (the fetch API, no channel involved)."""
     import struct
     import urllib.request
 
@@ -37,7 +37,8 @@ def fetch_bodies(node, topic: str) -> list[bytes]:  # type: ignore[no-untyped-de
     offset = 0
     while True:
         with urllib.request.urlopen(f"http://{node.http_address}/nsqx/fetch?topic={topic}"
-                                    f"&partition=0&offset={offset}", timeout=10) as r:
+                                    f"&partition={partition}&offset={offset}",
+                                    timeout=10) as r:
             raw = r.read()
         head = struct.unpack(">4sBBHQIQQQI", raw[:48])
         count, nxt, frames_len = head[5], head[6], head[9]
@@ -190,3 +191,43 @@ def test_malformed_and_stale_replication_traffic(cluster: Cluster) -> None:
     assert p["epoch"] == epoch and len(p["isr"]) == 3
     assert pub(leader, "guarded", b"after")[0] == 200
     assert fetch_bodies(leader, "guarded") == [b"g0", b"g1", b"g2", b"g3", b"g4", b"after"]
+
+
+def test_several_partitions_spread_over_leaders(cluster: Cluster) -> None:
+    """A 3-partition topic: each node leads one; stock PUB/SUB on a node use what it leads."""
+    from nsqx.protocol import v2
+    from tests.support.rawclient import RawClient
+
+    cluster.create_topic("multi", partitions=3, replicas=2)
+    parts = cluster.partitions("multi")
+    assert len({p["leader"] for p in parts}) == 3  # leaders spread over the nodes
+    lookup = cluster.lookup("multi")
+    assert lookup["meta"]["partition_num"] == 3 and len(lookup["producers"]) == 3
+    assert set(lookup["partitions"]) == {"0", "1", "2"}
+    sent = []
+    for i, n in enumerate(cluster.nodes):
+        for j in range(10):
+            body = b"n%d-%d" % (i, j)
+            assert pub(n, "multi", body)[0] == 200  # routed to the partition n leads
+            sent.append(body)
+    got = []
+    for n in cluster.nodes:
+        with RawClient(n.tcp_address) as c:
+            c.send(v2.sub("multi", "c"))
+            c.expect_ok()
+            c.send(v2.rdy(100))
+            for m in c.read_messages(10):
+                got.append(m.body)
+                c.send(v2.fin(m.id))
+            c.expect_nothing(0.3)
+    assert sorted(got) == sorted(sent)
+    # kill the leader of partition 1: its follower takes over; its messages are all there
+    victim = cluster.node_by_id(parts[1]["leader"])
+    victim.kill()
+    new = wait_until(lambda: (p := cluster.partitions("multi")[1])["leader"] not in
+                     (None, parts[1]["leader"]) and cluster.node_by_id(p["leader"]),
+                     what="partition 1 failed over")
+    assert cluster.partitions("multi")[1]["epoch"] == 2
+    vi = cluster.nodes.index(victim)
+    assert sorted(fetch_bodies(new, "multi", 1)) == sorted(b"n%d-%d" % (vi, j) for j in range(10))
+    assert pub(new, "multi", b"after")[0] == 200  # the new leader takes publishes

@@ -672,6 +672,10 @@ class ClientV2(asyncio.Protocol):
         if ordered and self.sample_rate:
             raise Fatal("E_INVALID", f"{what} cannot be used with sample_rate")
         parts = topic.partitions if partition is None else [topic.partitions[partition]]
+        if partition is None and len(parts) > 1:
+            # cluster mode: a plain SUB reads the partitions this node leads
+            serving = [p for p in parts if p.gate is None or p.gate.refuse_consumers(p) is None]
+            parts = serving or parts[:1]
         for part in parts:
             _check_serves_consumers(part, what)
         first = parts[0]

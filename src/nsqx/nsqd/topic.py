@@ -100,8 +100,12 @@ class Topic:
             if self.ordered:
                 raise BadPartition(f"topic {self.name} is ordered: name a partition")
             first = parts[0]
-            first._rr = (first._rr + 1) % len(parts)
-            return parts[first._rr]
+            first._rr += 1
+            if first.gate is not None:  # cluster mode: spread over the partitions led here
+                open_ = [p for p in parts if p.gate is None or p.gate.refuse(p, 1) is None]
+                if open_:
+                    return open_[first._rr % len(open_)]
+            return parts[first._rr % len(parts)]
         if not 0 <= partition < len(parts):
             raise BadPartition(f"partition {partition} of topic {self.name} does not exist "
                                f"({len(parts)} partitions)")
