@@ -115,7 +115,8 @@ def test_ordered_topic_delivers_one_at_a_time_in_log_order(nsqd: NsqdProcess) ->
         c.send(b"SUB_ORDERED o c\n")
         c.expect_error("E_INVALID", closed=True)
     nsqd.restart()
-    assert topic_stats(nsqd, "o")["ordered"] is True
+    t = topic_stats(nsqd, "o")
+    assert t["ordered"] is True and all(c["ordered"] for c in t["channels"])
 
 
 @pytest.mark.compat

@@ -184,6 +184,9 @@ class NSQD:
             log.info("TOPIC(%s): partition %d created", name, k)
         for part in topic.partitions:
             part.ordered = ordered or topic.ordered
+            if part.ordered:
+                for ch in part.channels.values():
+                    ch.set_ordered()  # channels made before the topic was known ordered
         self.share_memory()
         self.metadata_changed()
         return topic
