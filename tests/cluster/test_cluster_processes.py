@@ -231,3 +231,24 @@ def test_several_partitions_spread_over_leaders(cluster: Cluster) -> None:
     vi = cluster.nodes.index(victim)
     assert sorted(fetch_bodies(new, "multi", 1)) == sorted(b"n%d-%d" % (vi, j) for j in range(10))
     assert pub(new, "multi", b"after")[0] == 200  # the new leader takes publishes
+
+
+def test_topic_cli_in_cluster_mode(cluster: Cluster) -> None:
+    import subprocess
+    import sys
+
+    lk = f"--lookupd-http-address={cluster.lookupd.http_address}"
+
+    def nsqx(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "nsqx.cli.nsqx_cmd", *args],
+                              capture_output=True, text=True, timeout=30)
+
+    out = nsqx("topic", "create", "clitopic", "--partitions", "2", "--replicas", "2", lk)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("topic clitopic: 2 partitions, leaders ")
+    out = nsqx("topic", "describe", "clitopic", lk)
+    assert out.returncode == 0, out.stderr
+    assert "topic clitopic: 2 partitions x 2 replicas, min ISR 2" in out.stdout
+    assert out.stdout.count(" epoch 1 ") == 2
+    out = nsqx("topic", "create", "clitopic", "--partitions", "3", lk)
+    assert out.returncode == 1 and "E_TOPIC_EXISTS" in out.stderr
