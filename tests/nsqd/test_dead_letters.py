@@ -58,7 +58,7 @@ def test_message_over_max_attempts_goes_to_the_dead_letter_topic(nsqd: NsqdProce
     assert msg["body"] == "poison"
     h = msg["headers"]
     assert (h["dlq_topic"], h["dlq_channel"], h["dlq_attempts"], h["dlq_reason"]) == (
-        "jobs", "work", "2", "max_attempts")
+        "jobs", "work", "2", "req")
     assert len(h["dlq_id"]) == 16
     text = http_api.get(nsqd.http_address, "/metrics").body.decode()
     assert 'nsqx_channel_dead_lettered_total{topic="jobs",channel="work"} 1' in text
@@ -80,6 +80,33 @@ def test_max_attempts_flag_and_timeouts(nsqd_factory: NsqdFactory) -> None:
     assert channel_stats(nsqd, "t", "c")["timeout_count"] == 1
     with consumer(nsqd.tcp_address, "t.dlq", "inspect", rdy=1) as c:
         assert c.read_message().body == b"slow"
+    r = http_api.get(nsqd.http_address, "/message/get", topic="t.dlq", search_mode="count",
+                     search_pos="0")
+    h = r.json()["headers"]
+    assert (h["dlq_attempts"], h["dlq_reason"]) == ("1", "timeout")
+
+
+def test_ephemeral_channel_setting_applies_while_it_lives(nsqd: NsqdProcess) -> None:
+    """Accepted (the channel exists), never persisted: it goes when its last client does."""
+    publish(nsqd.tcp_address, "eph", [b"once"])
+    with consumer(nsqd.tcp_address, "eph", "tmp#ephemeral", rdy=0) as c:
+        r = http_api.post(nsqd.http_address, "/channel/config", topic="eph",
+                          channel="tmp#ephemeral", max_attempts="1")
+        assert r.status == 200, r.body
+        c.send(v2.rdy(5))
+        m = c.read_message()
+        c.send(v2.req(m.id, 0))
+        c.expect_nothing(0.5)
+        wait_for(lambda: channel_stats(nsqd, "eph", "tmp#ephemeral")["dlq_count"] == 1)
+    wait_for(lambda: "tmp#ephemeral" not in {
+        c["channel_name"] for c in http_api.stats(nsqd.http_address, "eph")["topics"][0][
+            "channels"]})
+    r = http_api.post(nsqd.http_address, "/channel/config", topic="eph",
+                      channel="tmp#ephemeral", max_attempts="1")
+    assert (r.status, r.json()["message"]) == (404, "CHANNEL_NOT_FOUND")
+    h = http_api.get(nsqd.http_address, "/message/get", topic="eph.dlq", search_mode="count",
+                     search_pos="0").json()["headers"]
+    assert (h["dlq_channel"], h["dlq_reason"]) == ("tmp#ephemeral", "req")
 
 
 def test_ttl_skips_old_messages(nsqd: NsqdProcess) -> None:
@@ -120,6 +147,22 @@ def test_ttl_skips_old_messages(nsqd: NsqdProcess) -> None:
      "INVALID_MAX_ATTEMPTS"),
     ("/channel/config", {"topic": "known", "channel": "c", "max_attempts": "70000"}, 400,
      "INVALID_MAX_ATTEMPTS"),
+    ("/channel/config", {"topic": "known", "channel": "c", "max_attempts": "\u00b2"}, 400,
+     "INVALID_MAX_ATTEMPTS"),  # a digit to str.isdigit(), not to int()
+    ("/channel/config", {"topic": "known", "channel": "c", "max_attempts": "9" * 5000}, 400,
+     "INVALID_MAX_ATTEMPTS"),  # past int()'s digit limit
+    ("/channel/config", {"topic": "known", "channel": "c", "max_attempts": ""}, 400,
+     "INVALID_MAX_ATTEMPTS"),
+    ("/channel/config", {"topic": "known", "channel": "c", "max_attempts": "2.5"}, 400,
+     "INVALID_MAX_ATTEMPTS"),
+    ("/topic/config", {"topic": "known", "ttl": "\u00b2"}, 400, "INVALID_TTL"),
+    ("/topic/config", {"topic": "known", "ttl": "9" * 5000}, 400, "INVALID_TTL"),
+    ("/topic/config", {"topic": "known", "ttl": ""}, 400, "INVALID_TTL"),
+    ("/topic/config", {"topic": "known", "ttl": "1.5"}, 400, "INVALID_TTL"),
+    ("/topic/config", {"topic": "known", "ttl": "-5"}, 400, "INVALID_TTL"),
+    ("/topic/config", {"topic": "known#ephemeral", "ttl": "1s"}, 404, "TOPIC_NOT_FOUND"),
+    ("/channel/config", {"topic": "known", "channel": "c#ephemeral", "max_attempts": "3"}, 404,
+     "CHANNEL_NOT_FOUND"),
     ("/channel/config", {"topic": "known", "channel": "nope", "max_attempts": "3"}, 404,
      "CHANNEL_NOT_FOUND"),
     ("/channel/config", {"topic": "bad topic", "channel": "c", "max_attempts": "3"}, 400,

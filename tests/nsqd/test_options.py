@@ -207,6 +207,10 @@ def test_validation() -> None:
         (["--auth-http-request-method=put"], "post or get"),
         (["--enable-experiment=warp-drive"], "experiment"),
         (["--tls-client-auth-policy=sometimes"], "auth-policy"),
+        (["--max-attempts=-1"], "max-attempts must not be negative"),
+        (["--max-attempts=65536"], "max-attempts must be <= 65535"),
+        (["--msg-ttl=-1s"], "msg-ttl must not be negative"),
+        (["--msg-ttl=8785h"], "msg-ttl must be <= 8784h0m0s"),
     ]:
         with pytest.raises(OptionsError, match=msg):
             opts(*argv)
@@ -214,6 +218,9 @@ def test_validation() -> None:
         opts("--tls-min-version=ssl3.0")
     assert opts("--tls-min-version=TLS1.2").tls_min_version == "tls1.2"
     assert opts("--node-id=1023").node_id == 1023
+    assert opts("--max-attempts=65535", "--msg-ttl=8784h").max_attempts == 65535
+    with pytest.raises(FlagError):
+        opts("--max-attempts=three")
     assert opts("--log-level=WARN").log_level == "warn"
     with pytest.raises(FlagError, match="invalid log level"):
         opts("--log-level=loud")
@@ -245,6 +252,8 @@ def test_help_lists_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert '  -tcp-address string\n' in out and '(default "0.0.0.0:4150")' in out
     assert "  -deflate\n" in out and "(default true)" in out
     assert "(default 2500)" in out
+    assert "  -max-attempts int\n" in out and "<topic>.dlq" in out
+    assert "  -msg-ttl duration\n" in out and "/topic/config" in out
     for flag in ("-h", "-help"):
         with pytest.raises(SystemExit):
             parse_args([flag])

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from nsqx.storage.cursor import ChannelCursor, DelayStore, Delivery, NotInFlight, NotOwner
+from nsqx.storage.cursor import (
+    REQ,
+    TIMEOUT,
+    ChannelCursor,
+    DelayStore,
+    Delivery,
+    NotInFlight,
+    NotOwner,
+)
 
 T = 60_000  # msg timeout
 
@@ -79,7 +87,7 @@ def test_requeue_goes_behind_what_was_queued() -> None:
     assert flat(c.take(2, 3, 10, 5, T)) == [(3, 1), (4, 1), (5, 1)]
     got = c.take(2, 5, 12, 5, T)  # 10 and 11 were written after the REQ: behind it
     assert flat(got) == [(6, 1), (7, 1), (8, 1), (9, 1), (1, 2)]
-    assert got[-1] == Delivery(1, 1, 2)
+    assert got[-1] == Delivery(1, 1, 2, REQ)
     assert flat(c.take(2, 5, 12, 5, T)) == [(10, 1), (11, 1)]
     c.requeue(2, 1, 0, 6)  # nothing queued now: straight back
     assert flat(c.take(1, 1, 12, 6, T)) == [(1, 3)]
@@ -98,6 +106,27 @@ def test_redeliveries_keep_their_order_and_skip_a_far_backlog() -> None:
     c.note_end(10_003)
     c.requeue(1, 1, 0, 2)
     assert flat(c.take(1, 2, 10_003, 2, T)) == [(0, 3), (1, 3)]
+
+
+def test_redelivery_says_how_the_last_attempt_ended() -> None:
+    """Dead letters report timeout or req: the cursor keeps the last reason per offset."""
+    c = ChannelCursor(0)
+    assert [d.why for d in c.take(1, 3, 3, 0, 1_000)] == [""]  # fresh
+    c.requeue(1, 0, 0, 10)  # REQ 0
+    c.requeue(1, 1, 500, 10)  # delayed REQ: deferred, then ready
+    assert c.expire(1_000) == 1  # 2 times out
+    got = c.take(2, 5, 3, 1_000, 1_000)
+    assert sorted((d.offset, d.attempts, d.why) for d in got) == [
+        (0, 2, REQ), (1, 2, REQ), (2, 2, TIMEOUT)]
+    c.requeue(2, 2, 0, 1_100)  # timed out once, then REQ'd: the last one counts
+    c.expire(2_000)  # 0 and 1 time out
+    got = c.take(2, 5, 3, 2_000, 1_000)
+    assert sorted((d.offset, d.attempts, d.why) for d in got) == [
+        (0, 3, TIMEOUT), (1, 3, TIMEOUT), (2, 3, REQ)]
+    assert not c._why  # taken with the delivery: nothing kept per message in flight
+    c.requeue(2, 0, 0, 2_100)
+    c.reset(0)  # dropped with the ready queue
+    assert not c._why and [d.why for d in c.take(1, 3, 3, 2_100, T)] == [""]
 
 
 def test_redelivery_is_not_stuck_when_nothing_fresh_can_go() -> None:

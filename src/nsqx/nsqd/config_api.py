@@ -40,7 +40,7 @@ def _json(obj: Any) -> web.Response:
 
 def _ttl_ms(raw: str) -> int:
     try:
-        ms = int(raw) if raw.isdigit() else round(parse_go_duration(raw) * 1000)
+        ms = int(raw) if raw.isascii() and raw.isdigit() else round(parse_go_duration(raw) * 1000)
     except (ValueError, TypeError):
         raise HTTPError(400, "INVALID_TTL") from None
     if not 0 <= ms <= MAX_TTL_MS:
@@ -90,7 +90,8 @@ class _ConfigAPI:
         if raw == "default":
             n, is_set = self.nsqd.opts.max_attempts, False
         else:
-            if not raw.isdigit() or int(raw) > MAX_ATTEMPTS:
+            # ASCII digits only ("²".isdigit() but int() refuses it), and few of them
+            if not (raw.isascii() and raw.isdigit()) or len(raw) > 6 or int(raw) > MAX_ATTEMPTS:
                 raise HTTPError(400, "INVALID_MAX_ATTEMPTS")
             n, is_set = int(raw), True
         for part in topic.partitions:

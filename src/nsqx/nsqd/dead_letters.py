@@ -2,8 +2,9 @@
 
 - **Max attempts** (``--max-attempts``, per channel ``/channel/config?max_attempts=``): a
   message about to be delivered for the (N+1)-th time is not sent; it is published to the
-  dead-letter topic ``<topic>.dlq`` with headers naming where it came from, and finished on
-  its channel only once that publish is durable (if it fails, the message stays in flight,
+  dead-letter topic ``<topic>.dlq`` with headers naming where it came from (its own headers,
+  if any, are kept) and how its last attempt ended (``dlq_reason``: ``timeout`` or ``req``,
+  from the cursor), and finished on its channel only once that publish is durable (if it fails, the message stays in flight,
   times out and is tried again: nothing is lost).
 - **TTL** (``--msg-ttl``, per topic ``/topic/config?ttl=``): a message published longer ago
   than the TTL is finished unseen and counted as expired.
@@ -53,13 +54,13 @@ def screen(channel: Channel, client: Any, deliveries: list[Delivery]) -> list[De
     cutoff = time.time_ns() - ttl_ns if ttl_ns else 0
     keep: list[Delivery] = []
     expired: list[int] = []
-    dead: list[tuple[int, int, bytes]] = []  # (offset, attempts so far, frame)
+    dead: list[tuple[int, int, str, bytes]] = []  # (offset, attempts so far, why, frame)
     for d in deliveries:
         if d.attempts > 1 or d.count == 1:
             frame = None
             if max_att and d.attempts > max_att:
                 frame = log_.read_frame(d.offset)
-                dead.append((d.offset, d.attempts - 1, frame))
+                dead.append((d.offset, d.attempts - 1, d.why, frame))
                 continue
             if cutoff:
                 frame = log_.read_frame(d.offset)
@@ -101,7 +102,8 @@ def _finish(channel: Channel, client_id: int, offsets: list[int]) -> None:
             pass  # reset or emptied meanwhile
 
 
-def _dead_letter(channel: Channel, client_id: int, dead: list[tuple[int, int, bytes]]) -> None:
+def _dead_letter(channel: Channel, client_id: int,
+                 dead: list[tuple[int, int, str, bytes]]) -> None:
     topic = channel.topic
     name = dlq_topic_name(topic.name)
     nsqd = topic.nsqd
@@ -111,14 +113,16 @@ def _dead_letter(channel: Channel, client_id: int, dead: list[tuple[int, int, by
                   "exiting): %d messages over max attempts stay in flight", topic.name,
                   channel.name, len(dead))
         return
-    bodies = [frame[34:] for _, _, frame in dead]
+    log_ = topic.log
+    bodies = [frame[34:] for *_, frame in dead]
     headers: list[dict[str, bytes] | None] = [
-        {"dlq_topic": topic.name.encode(), "dlq_channel": channel.name.encode(),
+        {**(log_.headers(off) or {}),
+         "dlq_topic": topic.name.encode(), "dlq_channel": channel.name.encode(),
          "dlq_partition": b"%d" % topic.partition,
          "dlq_id": make_id(topic.partition, off), "dlq_attempts": b"%d" % attempts,
-         "dlq_reason": b"max_attempts"}
-        for off, attempts, _ in dead]
-    offsets = [off for off, _, _ in dead]
+         "dlq_reason": (why or "unknown").encode()}
+        for off, attempts, why, _ in dead]
+    offsets = [off for off, *_ in dead]
 
     def done(_base: int, exc: Exception | None) -> None:
         if exc is not None:

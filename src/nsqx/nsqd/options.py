@@ -231,6 +231,11 @@ class Options:
                 raise OptionsError(f"--{name.replace('_', '-')} must not be negative")
         if self.statsd_address and self.statsd_interval <= 0:
             raise OptionsError("--statsd-interval must be > 0")
+        # the same ceilings as /channel/config and /topic/config (attempts: 16-bit field)
+        if self.max_attempts > 65535:
+            raise OptionsError("--max-attempts must be <= 65535")
+        if self.msg_ttl > 366 * 24 * 3600:
+            raise OptionsError("--msg-ttl must be <= 8784h0m0s (366 days)")
 
     def go_value(self, cfg_name: str) -> Any:
         """The option as upstream's ``GET /config/:opt`` shows it; KeyError if no such option."""

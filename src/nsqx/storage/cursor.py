@@ -37,7 +37,7 @@ from pathlib import Path
 from nsqx.storage.checksum import crc32
 from nsqx.storage.delaystore import DelayStore
 
-__all__ = ["ChannelCursor", "Delivery", "NotInFlight", "NotOwner", "DelayStore"]
+__all__ = ["REQ", "TIMEOUT", "ChannelCursor", "Delivery", "NotInFlight", "NotOwner", "DelayStore"]
 
 _MAGIC = b"NSQXCUR1"
 _HEAD = struct.Struct("<8sqIII")  # magic, confirmed, flags, n_ranges, n_deferred
@@ -60,13 +60,22 @@ class NotOwner(Exception):
         super().__init__(msg)
 
 
+TIMEOUT = "timeout"
+REQ = "req"
+
+
 @dataclass(slots=True)
 class Delivery:
-    """``count`` offsets from ``offset``; count > 1 only for fresh runs (attempts 1)."""
+    """``count`` offsets from ``offset``; count > 1 only for fresh runs (attempts 1).
+
+    ``why`` is how a redelivery's previous attempt ended (``TIMEOUT`` or ``REQ``; "" for
+    fresh messages or when not known, e.g. after a restart): dead letters report it.
+    """
 
     offset: int
     count: int
     attempts: int
+    why: str = ""
 
 
 class _Run:
@@ -136,6 +145,9 @@ class ChannelCursor:
         self._ready: deque[tuple[int, int, int]] = deque()  # (gate, offset, token)
         self._ready_att: dict[int, int] = {}  # offset -> attempts so far
         self._ready_tok: dict[int, int] = {}  # offset -> token of its live queue entry
+        # how the last attempt of a ready/deferred offset ended (TIMEOUT / REQ), for
+        # dead letters; set when it leaves flight, taken when it is delivered again
+        self._why: dict[int, str] = {}
         self._rtok = 0
         self._end = start_offset  # newest log end seen (take / note_end)
         self.redelivery_window = 10_000  # nsqd sets --mem-queue-size
@@ -331,6 +343,7 @@ class ChannelCursor:
     ) -> int:
         """Redeliveries from the front while their gate allows; returns what n is left."""
         ready, att, tok = self._ready, self._ready_att, self._ready_tok
+        why = self._why
         entries = self._entries
         timers = self._timers
         nr, window = self.next_read, self.redelivery_window
@@ -351,7 +364,7 @@ class ChannelCursor:
             entries[off] = e
             self._seq += 1
             heapq.heappush(timers, (deadline, self._seq, off, e))
-            out.append(Delivery(off, 1, a))
+            out.append(Delivery(off, 1, a, why.pop(off, "")))
             n -= 1
             got += 1
         if got:
@@ -360,6 +373,9 @@ class ChannelCursor:
         if len(ready) > 2 * len(att) + 1024:
             self._ready = deque(i for i in ready if i[1] in att and tok.get(i[1]) == i[2])
             self._ready_tok = {i[1]: i[2] for i in self._ready}
+        if len(why) > 2 * (len(att) + len(self._store)) + 1024:
+            st = self._store  # drop reasons of offsets dropped meanwhile (reset, retention)
+            self._why = {o: w for o, w in why.items() if o in att or o in st}
         return n
 
     def _promote(self, now_ms: int) -> None:
@@ -476,6 +492,7 @@ class ChannelCursor:
         self._now = now_ms
         attempts = self._take_out(client_id, offset)
         self.requeue_count += 1
+        self._why[offset] = REQ
         if delay_ms <= 0:
             self._push_ready(offset, attempts)
         else:
@@ -589,8 +606,10 @@ class ChannelCursor:
                     self._left_flight(e.owner)
                     back.append((d, off, e.attempts))
         back.sort()
+        why = self._why
         for _d, off, attempts in back:
             self._push_ready(off, attempts)
+            why[off] = TIMEOUT
         n = len(back)
         self.timeout_count += n
         if self._gone_clients:
@@ -840,6 +859,7 @@ class ChannelCursor:
         self._ready = deque()
         self._ready_att = {}
         self._ready_tok = {}
+        self._why = {}
         self._cif = {}
         self._gone_clients = set()
 
