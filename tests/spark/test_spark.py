@@ -225,3 +225,31 @@ def test_stats_job_over_topic_and_archive(spark: Any, nsqd: NsqdProcess,
     res2 = stats(spark, archive_dir=str(out))
     assert res2["total"]["messages"] == 10 and res2["top_keys"] == []
     shutil.rmtree(out)
+
+
+def test_partitioned_topic_read_and_keyed_write(spark: Any, nsqd: NsqdProcess) -> None:
+    """Every partition is read (one Spark partition each at least); a key column routes rows
+    as nsqx.client does (crc32(key) % partitions) and stays idempotent per partition."""
+    import urllib.request
+    import zlib
+
+    from pyspark.sql import functions as F
+
+    urllib.request.urlopen(urllib.request.Request(
+        f"http://{nsqd.http_address}/topic/create?topic=parts&partition_num=3", method="POST"),
+        timeout=10).read()
+    df = spark.range(300).select(F.format_string("v%d", "id").alias("body"),
+                                 F.format_string("k%d", F.col("id") % 7).cast("binary")
+                                 .alias("key"))
+    w = (df.write.format("nsq").option("nsqd", nsqd.http_address).option("topic", "parts")
+         .option("writerId", "keyed").mode("append"))
+    w.save()
+    w.save()  # idempotent per partition
+    out = read(spark, nsqd, "parts", includeHeaders="true")
+    assert out.count() == 300
+    rows = out.select("partition", "key").collect()
+    assert {r.partition for r in rows} == {0, 1, 2}
+    assert all(r.partition == zlib.crc32(bytes(r.key)) % 3 for r in rows)
+    stats = NodeClient(nsqd.http_address).offsets("parts")
+    assert sorted(p["partition"] for p in stats) == [0, 1, 2]
+    assert sum(p["latest"] for p in stats) == 300

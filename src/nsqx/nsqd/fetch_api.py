@@ -428,12 +428,13 @@ class _FetchAPI:
         fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
         idx.inflight[key] = fut
         try:
-            committer = getattr(topic, "committer", None)
-            if committer is None or len(_partitions(topic)) > 1:
+            parts = getattr(topic, "partitions", None)
+            target = parts[pid] if isinstance(parts, list) and pid < len(parts) else topic
+            if getattr(target, "committer", None) is None:
                 raise HTTPError(500, "INTERNAL_ERROR")
             try:
                 # through the topic: in cluster mode only a leader takes it, acked after its ISR
-                published = topic.publish(msgs, headers=headers)
+                published = target.publish(msgs, headers=headers)
                 assert published is not None
                 base = await published
             except asyncio.CancelledError:

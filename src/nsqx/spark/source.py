@@ -634,6 +634,18 @@ class _WriterBase:
         client = NodeClient(nodes[0], timeout=self.timeout, secret=self.secret)
         state = {"seq": 0, "sent": 0, "dups": 0}
         pending: dict[int, tuple[list[bytes], list[bytes | None], int]] = {}
+        known: list[int] = []
+
+        def nparts() -> int:
+            """The topic's partition count (1 while the topic does not exist yet)."""
+            if not known:
+                try:
+                    known.append(max(1, len(client.offsets(self.topic))))
+                except NsqSparkError as e:
+                    if e.status != 404:
+                        raise
+                    known.append(1)
+            return known[0]
 
         def flush(part: int) -> None:
             bodies, keys, _ = pending.pop(part, ([], [], 0))
@@ -691,10 +703,16 @@ class _WriterBase:
                                                dtype=np.int64)
                 else:
                     keys = [None] * len(bodies)
-                if not self.has_partition:
+                if self.has_partition:
+                    pcol = np.asarray(rb.column("partition").fill_null(0), dtype=np.int64)
+                elif self.has_key and nparts() > 1:
+                    # by key, as nsqx.client routes: crc32(key) % partitions (a null key: 0)
+                    n = nparts()
+                    pcol = np.fromiter((zlib.crc32(k) % n if k else 0 for k in keys),
+                                       dtype=np.int64, count=len(keys))
+                else:
                     add(0, bodies, keys, sizes)
                     continue
-                pcol = np.asarray(rb.column("partition").fill_null(0), dtype=np.int64)
                 for part in np.unique(pcol):
                     idx = np.flatnonzero(pcol == part)
                     add(int(part), [bodies[i] for i in idx], [keys[i] for i in idx], sizes[idx])
