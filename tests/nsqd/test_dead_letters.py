@@ -10,7 +10,7 @@ from nsqx.nsqd.dead_letters import dlq_topic_name
 from nsqx.protocol import v2
 from tests.support import http_api
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess
-from tests.support.rawclient import consumer, publish
+from tests.support.rawclient import RawClient, consumer, publish
 
 
 def channel_stats(nsqd: NsqdProcess, topic: str, channel: str) -> dict:
@@ -182,3 +182,48 @@ def test_negative_flags_refused(nsqd_factory: NsqdFactory) -> None:
         proc = nsqd_factory.create([flag])
         with pytest.raises(Exception, match="must not be negative"):
             proc.start(timeout=10)
+
+
+def test_ordered_partition_moves_past_a_dead_lettered_message(nsqd: NsqdProcess) -> None:
+    """Without max attempts a poison message blocks an ordered partition; with it, the next
+    message goes once the poison one is in <topic>.dlq (with its partition in the headers)."""
+    r = http_api.post(nsqd.http_address, "/topic/create", topic="ord", partition_num="2",
+                      orderedmulti="true")
+    assert r.status == 200, r.body
+    with RawClient(nsqd.tcp_address) as c:
+        for body in (b"poison", b"next"):
+            c.send(v2.pub("ord", body, partition=1))
+            c.expect_ok()
+    with RawClient(nsqd.tcp_address) as c:
+        c.send(v2.sub_ordered("ord", "c", 1))
+        c.expect_ok()
+        r = http_api.post(nsqd.http_address, "/channel/config", topic="ord", channel="c",
+                          max_attempts="2")
+        assert r.status == 200, r.body
+        c.send(v2.rdy(10))
+        for attempt in (1, 2):
+            m = c.read_message()
+            assert (m.body, m.attempts) == (b"poison", attempt)
+            c.send(v2.req(m.id, 0))
+        m = c.read_message()
+        assert (m.body, m.attempts) == (b"next", 1)
+        c.send(v2.fin(m.id))
+        c.expect_nothing(0.3)
+    h = http_api.get(nsqd.http_address, "/message/get", topic="ord.dlq", search_mode="count",
+                     search_pos="0").json()["headers"]
+    assert (h["dlq_topic"], h["dlq_partition"], h["dlq_attempts"], h["dlq_reason"]) == (
+        "ord", "1", "2", "req")
+    nsqd.restart()  # the setting is kept for the channel of every partition
+    t = next(t for t in http_api.stats(nsqd.http_address, "ord")["topics"]
+             if t["topic_name"] == "ord")
+    assert [c["max_attempts"] for c in t["channels"]] == [2]
+    with RawClient(nsqd.tcp_address) as c:
+        c.send(v2.pub("ord", b"poison-2", partition=1))
+        c.expect_ok()
+        c.send(v2.sub_ordered("ord", "c", 1))
+        c.expect_ok()
+        c.send(v2.rdy(1))
+        for _ in (1, 2):
+            c.send(v2.req(c.read_message().id, 0))
+        c.expect_nothing(0.5)
+    assert wait_for(lambda: channel_stats(nsqd, "ord", "c")["dlq_count"] == 1)

@@ -131,3 +131,33 @@ def test_stock_pynsq_consumer_reads_every_partition(nsqd: NsqdProcess) -> None:
                                          "channel": "ch", "expect": len(bodies), "idle_s": 0.5})
     assert sorted(res.bodies()) == sorted(bodies), res.describe()
     assert topic_stats(nsqd, "wide")["channels"][0]["depth"] == 0
+
+
+def test_each_partition_keeps_its_own_channel_position_across_restart(nsqd: NsqdProcess) -> None:
+    """Partitions' cursors of one channel are separate files (they once shared one, so a
+    restart replayed one partition from where another had got to)."""
+    assert create(nsqd, "pos", 2, ordered=True).status == 200
+    with RawClient(nsqd.tcp_address) as c:
+        for p, body in ((1, b"p1-a"), (1, b"p1-b"), (0, b"p0-a")):
+            c.send(v2.pub("pos", body, partition=p))
+            c.expect_ok()
+    with RawClient(nsqd.tcp_address) as c:  # partition 1 read to its end, partition 0 not
+        c.send(v2.sub_ordered("pos", "c", 1))
+        c.expect_ok()
+        c.send(v2.rdy(10))
+        for _ in range(2):
+            c.send(v2.fin(c.read_message().id))
+        c.expect_nothing(0.3)
+    nsqd.restart()
+    with RawClient(nsqd.tcp_address) as c:
+        c.send(v2.sub_ordered("pos", "c", 1))
+        c.expect_ok()
+        c.send(v2.rdy(10))
+        c.expect_nothing(0.5)  # nothing finished comes back
+    with RawClient(nsqd.tcp_address) as c:
+        c.send(v2.sub_ordered("pos", "c", 0))
+        c.expect_ok()
+        c.send(v2.rdy(10))
+        m = c.read_message()
+        assert m.body == b"p0-a"
+        c.send(v2.fin(m.id))

@@ -186,7 +186,9 @@ class Topic:
         state_path = None
         if not ephemeral and not self.ephemeral:
             (self.dir / "channels").mkdir(parents=True, exist_ok=True)
-            state_path = self.dir / "channels" / f"c-{name}.cursor"
+            # one cursor file per partition (partition 0 keeps the single-partition name)
+            suffix = f".p{self.partition}" if self.partition else ""
+            state_path = self.dir / "channels" / f"c-{name}{suffix}.cursor"
         cursor = ChannelCursor(start, state_path=state_path)
         # upstream's memory queue: a redelivery waits behind at most this many queued ones
         cursor.redelivery_window = self.nsqd.opts.mem_queue_size
