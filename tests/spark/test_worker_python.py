@@ -23,8 +23,11 @@ JOB = textwrap.dedent("""
     import json, sys
     from pyspark.sql import SparkSession
     from nsqx.spark import register
-    spark = (SparkSession.builder.master("local[1]").appName("plain-user-job")
-             .config("spark.ui.enabled", "false").getOrCreate())
+    b = (SparkSession.builder.master("local[1]").appName("plain-user-job")
+         .config("spark.ui.enabled", "false"))
+    if len(sys.argv) > 2:
+        b = b.config("spark.pyspark.python", sys.argv[2])
+    spark = b.getOrCreate()
     try:
         register(spark)
         df = (spark.read.format("nsq").option("nsqd", sys.argv[1]).option("topic", "jobs")
@@ -86,3 +89,22 @@ def test_a_worker_python_without_nsqx_is_a_clear_error(nsqd: NsqdProcess, tmp_pa
     assert refused, out.stdout[-2000:] + out.stderr[-4000:]
     assert "cannot import nsqx" in refused[0] and str(bare) in refused[0]
     assert f"PYSPARK_PYTHON={sys.executable}" in refused[0]
+
+
+def test_a_worker_python_chosen_by_setting_is_applied_and_checked(nsqd: NsqdProcess,
+                                                                  tmp_path: Path) -> None:
+    """spark.pyspark.python on the user's session is the workers' Python (pyspark itself
+    reads only PYSPARK_PYTHON), so a bogus one is refused by register(), naming it."""
+    _need_java()
+    pytest.importorskip("pyspark")
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    out = subprocess.run([sys.executable, str(job), nsqd.http_address,
+                          str(bare / "bin" / "python")], env=_env_without_venv(),
+                         capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    refused = [line for line in out.stdout.splitlines() if line.startswith("REFUSED ")]
+    assert refused, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "cannot import nsqx" in refused[0] and str(bare) in refused[0]
+    assert "spark.pyspark.python" in refused[0]

@@ -47,7 +47,15 @@ def _use_driver_python(spark: Any) -> None:
         return
     if current is None:
         return
-    if not os.environ.get("PYSPARK_PYTHON") and current == "python3":
+    try:
+        conf_python = spark.conf.get("spark.pyspark.python", None)
+    except Exception:
+        conf_python = None
+    if conf_python:
+        # Spark ranks this setting above PYSPARK_PYTHON, but pyspark reads only the
+        # environment for its workers: apply it here (and check it below)
+        current = sc.pythonExec = conf_python
+    elif not os.environ.get("PYSPARK_PYTHON") and current == "python3":
         sc.pythonExec = sys.executable  # read by every Python function wrapped from now on
         return
     master = str(sc.master or "")
@@ -60,10 +68,11 @@ def _use_driver_python(spark: Any) -> None:
         ok = False
     if not ok:
         raise RuntimeError(
-            f"Spark's Python workers run {current!r} (PYSPARK_PYTHON), which cannot import "
+            f"Spark's Python workers run {current!r} (PYSPARK_PYTHON or spark.pyspark.python), "
+            "which cannot import "
             f"nsqx with its Spark extra (pyarrow, numpy); install 'nsqx[spark]' there, or set "
             f"PYSPARK_PYTHON={sys.executable} (this driver's Python) before creating the "
-            "SparkSession")
+            f"SparkSession, or .config('spark.pyspark.python', {sys.executable!r})")
 
 
 def __getattr__(name: str) -> Any:

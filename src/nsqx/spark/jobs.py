@@ -36,7 +36,17 @@ def spark_session(master: str | None = None, app_name: str = "nsqx",
 
     ``master`` defaults to ``local[*]`` unless the job was started by ``spark-submit``
     (which decides the master itself)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    conf = dict(conf or {})
+    # Spark would start its workers with ``python3`` from PATH, which lacks nsqx when the
+    # venv's python runs without the venv activated: the workers get this interpreter
+    # unless the user chose one (setting or PYSPARK_PYTHON)
+    # (the setting ranks above the environment, as in Spark)
+    worker = conf.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") \
+        or sys.executable
+    os.environ["PYSPARK_PYTHON"] = worker
+    conf["spark.pyspark.python"] = worker
+    conf.setdefault("spark.pyspark.driver.python",
+                    os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable)
     from pyspark.sql import SparkSession
 
     from nsqx.spark import register
@@ -48,7 +58,7 @@ def spark_session(master: str | None = None, app_name: str = "nsqx",
         b = b.master("local[*]")
     b = b.config("spark.ui.showConsoleProgress", "false").config("spark.sql.session.timeZone",
                                                                  "UTC")
-    for k, v in (conf or {}).items():
+    for k, v in conf.items():
         b = b.config(k, v)
     spark = b.getOrCreate()
     register(spark)
