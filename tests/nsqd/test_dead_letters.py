@@ -124,6 +124,8 @@ def test_ttl_skips_old_messages(nsqd: NsqdProcess) -> None:
         c.expect_nothing(0.5)
     ch = channel_stats(nsqd, "news", "reader")
     assert ch["expired_count"] == 3 and ch["depth"] == 0 and ch["in_flight_count"] == 0
+    text = http_api.get(nsqd.http_address, "/metrics").body.decode()
+    assert 'nsqx_channel_expired_total{topic="news",channel="reader"} 3' in text
     st = http_api.stats(nsqd.http_address, "news")
     assert st["topics"][0]["msg_ttl_ms"] == 300
     nsqd.restart()
