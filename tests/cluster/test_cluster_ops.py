@@ -222,3 +222,28 @@ def test_node_restarts_as_the_same_member_on_new_ports(etcd_server: EtcdServer, 
     wait_until(lambda: any(x["id"] == ident and x["http_address"].endswith(f":{n.http_port}")
                            for x in cluster.stats()["nodes"]), what="re-registered")
     assert urllib.parse.quote(ident)
+
+
+def test_etcd_unreachable_mid_run(etcd_server: EtcdServer, nsqd_factory,  # type: ignore[no-untyped-def]
+                                  lookupd_factory) -> None:
+    """With etcd down, a leader whose followers still fetch keeps acking; when a follower
+    dies too, its publishes are refused with E_PUB_FAILED (not hung, not acked unsafely);
+    once etcd is back the ISR shrinks and publishing resumes."""
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=3)
+    cluster.create_topic("cut", partitions=1, replicas=3)
+    leader = cluster.leader("cut")
+    lookupd = cluster.lookupd
+    etcd_server.stop()
+    assert pub(leader, "cut", b"while-etcd-down")[0] == 200  # the ISR still acks
+    follower = next(n for n in cluster.nodes if n is not leader)
+    follower.kill()
+    t0 = time.monotonic()
+    code, body = pub(leader, "cut", b"refused")
+    assert (code, body) == (503, {"message": "E_PUB_FAILED"})
+    assert time.monotonic() - t0 < 30  # answered, not hung
+    assert "etcd is unreachable" in leader.all_logs()
+    etcd_server.start()
+    wait_until(lambda: pub(leader, "cut", b"after")[0] == 200, timeout=60,
+               what="publishing resumes with etcd back")
+    assert lookupd.is_running()
+    assert fetch_bodies(leader, "cut")[0] == b"while-etcd-down"

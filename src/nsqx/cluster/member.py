@@ -213,6 +213,12 @@ class LeaderGate:
                 keep.append((end, base, done))
         self.waiters = keep
 
+    def refuse_waiting(self, why: str) -> None:
+        """Fail the publishes waiting for replication (they may still be in the log)."""
+        waiters, self.waiters = self.waiters, []
+        for _end, base, done in waiters:
+            done(base, _refused(self.topic, why))
+
     def on_meta(self, meta: PartitionMeta) -> None:
         self.meta = meta
         self.progress.isr = set(meta.isr)
@@ -753,6 +759,10 @@ class NodeMember:
                 except EtcdError as e:
                     log.warning("CLUSTER: TOPIC(%s) PARTITION(%d): ISR update failed: %s",
                                 k[0], k[1], e)
+                    # a follower is gone and the ISR cannot shrink without etcd: what waits
+                    # for it is refused (a clear E_PUB_FAILED) rather than left hanging
+                    # or acked unsafely; publishing resumes once etcd answers again
+                    gate.refuse_waiting(f"a follower stopped and etcd is unreachable ({e})")
                 except MetaError as e:
                     log.info("CLUSTER: TOPIC(%s) PARTITION(%d): %s", k[0], k[1], e)
 
