@@ -247,3 +247,24 @@ def test_etcd_unreachable_mid_run(etcd_server: EtcdServer, nsqd_factory,  # type
                what="publishing resumes with etcd back")
     assert lookupd.is_running()
     assert fetch_bodies(leader, "cut")[0] == b"while-etcd-down"
+
+
+def test_etcd_unreachable_at_start(etcd_server: EtcdServer, nsqd_factory,  # type: ignore[no-untyped-def]
+                                   lookupd_factory) -> None:
+    """An nsqd started while etcd is down serves (it is up, /ping answers), refuses writes
+    it cannot make safe with a clear error, and joins the cluster once etcd is there."""
+    etcd_server.stop()
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory)
+    cluster.lookupds.append(lookupd_factory.start(
+        ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+         "--broadcast-address=127.0.0.1", *cluster.flags]))
+    node = cluster.add_node()
+    assert http("GET", f"http://{node.http_address}/ping")[0] == 200
+    assert pub(node, "early", b"x") == (503, {"message": "E_PUB_FAILED"})
+    wait_until(lambda: "etcd unreachable" in node.all_logs(), what="the node says why")
+    etcd_server.start()
+    wait_until(lambda: len(cluster.stats()["nodes"]) == 1, timeout=30, what="the node joined")
+    code, body = http("POST", f"http://{cluster.lookupd.http_address}/topic/create?topic=early"
+                      "&partition_num=1&replicator=1&min_isr=1")
+    assert code == 200, body
+    wait_until(lambda: pub(node, "early", b"ok")[0] == 200, what="writes once led")
