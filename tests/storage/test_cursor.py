@@ -405,3 +405,36 @@ def test_dropped_client_counters_are_forgotten() -> None:
     assert c.drop_client(1) == 2
     c.expire(1_000)
     assert 1 not in c._cif and c.in_flight_of(1) == 0
+
+
+def test_many_long_dpub_deferrals_keep_memory_bounded(tmp_path: Path) -> None:
+    """100k DPUBs deferred for hours: the entries live in SQLite (written once per group
+    commit, at note_end), the cursor keeps 8 bytes per offset (its skip array), and no
+    Python object per message stays in memory; a crash after the commit keeps them."""
+    import tracemalloc
+
+    from nsqx.storage.delaystore import MAX_PENDING
+
+    path = tmp_path / "c.cursor"
+    c = ChannelCursor(0, state_path=path)
+    n, turn = 100_000, 1_000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for base in range(0, n, turn):
+            for off in range(base, base + turn):
+                c.defer(off, 3_600_000 + off, now_ms=0)
+            assert c.delay_store.disk_count == base + turn
+            assert len(c.delay_store._pending) <= MAX_PENDING
+            c.note_end(base + turn)  # the group commit of this turn
+            assert not c.delay_store._pending
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert grown < n * 24, grown  # a tuple per message alone would be > 64 bytes each
+    assert c.delay_store.memory_count == 0 and c.deferred_count == n
+    c.delay_store.close()  # SIGKILL: no persist; the SQLite rows survive by themselves
+    c2 = ChannelCursor(0, state_path=path)
+    assert c2.deferred_count == n
+    assert flat(c2.take(1, 10, 10, 3_600_000 + 4, T)) == [(o, 1) for o in range(5)]

@@ -23,7 +23,9 @@ def test_tiers_by_delay_and_count(tmp_path: Path) -> None:
     assert not path.exists()  # created lazily
     s.add(1, 59_999, 0, now_ms=0)
     s.add(2, 60_000, 2, now_ms=0)
-    assert s.memory_count == 1 and s.disk_count == 1 and path.exists()
+    assert s.memory_count == 1 and s.disk_count == 1 and not path.exists()  # buffered
+    s.flush()
+    assert s.disk_count == 1 and path.exists()
     for o in range(10, 15):
         s.add(o, 1_000, 1, now_ms=0)
     assert s.memory_count == 3 and s.disk_count == 4

@@ -264,9 +264,13 @@ class ChannelCursor:
         return got
 
     def note_end(self, end_offset: int) -> None:
-        """The log grew to end_offset: a redelivery from now on waits behind it."""
+        """The log grew to end_offset: a redelivery from now on waits behind it.
+
+        Called once per group commit before the publishes are acknowledged, so the delay
+        store writes this turn's DPUB deferrals here, in one transaction."""
         if end_offset > self._end:
             self._end = end_offset
+        self._store.flush()
 
     def _front_gate(self) -> int | None:
         ready, att, tok = self._ready, self._ready_att, self._ready_tok
@@ -497,6 +501,7 @@ class ChannelCursor:
             self._push_ready(offset, attempts)
         else:
             self._store.add(offset, now_ms + delay_ms, attempts, now_ms=now_ms)
+            self._store.flush()  # no group commit follows a REQ: write it now
 
     def touch(
         self,
@@ -975,6 +980,7 @@ class ChannelCursor:
         """Atomically write confirmed, finished ranges and in-memory deferred (tmp+fsync+rename)."""
         if self.state_path is None:
             return
+        self._store.flush()  # the disk tier is its own store: written with the cursor state
         ranges = self.finished_ranges()
         deferred = self._store.memory_items()
         ra = array("q", [x for r in ranges for x in r])
