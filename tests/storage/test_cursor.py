@@ -438,3 +438,21 @@ def test_many_long_dpub_deferrals_keep_memory_bounded(tmp_path: Path) -> None:
     c2 = ChannelCursor(0, state_path=path)
     assert c2.deferred_count == n
     assert flat(c2.take(1, 10, 10, 3_600_000 + 4, T)) == [(o, 1) for o in range(5)]
+
+
+def test_due_delays_finished_one_by_one_do_not_keep_their_timers() -> None:
+    """Due delayed messages come back as per-offset entries; finishing them must not leave
+    their timer tuples in the heap until the deadline (it grew with the delivery rate)."""
+    c = ChannelCursor(0)
+    n = 20_000
+    for off in range(n):
+        c.defer(off, 1_000, now_ms=0)
+    c.note_end(n)
+    done = 0
+    while done < n:
+        for d in c.take(1, 100, n, 2_000, T):
+            for o in range(d.offset, d.offset + d.count):
+                c.finish(1, o)
+                done += 1
+        assert len(c._timers) <= 4 * 100 + 4096 + 1
+    assert c.deferred_count == 0 and not c._entries

@@ -433,6 +433,9 @@ class ChannelCursor:
             self._left_flight(client_id)
             self.finish_count += 1
             self._mark_finished(offset)
+            # redeliveries of due delays are finished one by one: without this their timers
+            # stayed until the deadline (~180 B each, 30 MiB at 16k msgs/s for 10 s)
+            self._maybe_compact_timers()
             return
         run = self._find_run(offset)
         if run is None:
