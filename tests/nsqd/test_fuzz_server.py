@@ -165,6 +165,11 @@ ids = st.one_of(st.integers(0, 50).map(lambda n: b"%016x" % n),
                 st.binary(min_size=0, max_size=20).map(lambda b: b.hex()[:16].encode()))
 small = st.binary(min_size=0, max_size=80)
 
+headers = st.one_of(
+    st.none(), st.binary(max_size=20),
+    st.dictionaries(st.sampled_from(["a", "##trace_id", "##client_dispatch_tag", "k"]),
+                    st.text(alphabet="ab1-_ \x00", max_size=6), max_size=3))
+
 command = st.one_of(
     st.builds(v2.nop),
     st.builds(v2.cls),
@@ -186,8 +191,15 @@ command = st.one_of(
                       "msg_timeout": st.integers(-1, 10**6),
                       "sample_rate": st.integers(-1, 101),
                       "output_buffer_size": st.integers(-1, 10**5),
-                      "client_id": st.text(max_size=10)})),
+                      "client_id": st.text(max_size=10),
+                      "extend_support": st.booleans(),
+                      "desired_tag": st.sampled_from(["", "blue", "x y", "t" * 101])})),
     st.builds(v2.auth, small),
+    st.builds(v2.pub_ext, names, small, headers),
+    st.builds(v2.pub_trace, names, st.integers(0, 2**64 - 1), small),
+    st.builds(v2.mpub_ext, names, st.lists(st.tuples(headers, small), min_size=1, max_size=3)),
+    st.builds(v2.mpub_trace, names, st.lists(st.tuples(st.integers(0, 5), small), min_size=1,
+                                             max_size=3)),
     st.sampled_from([b"\n", b"\r\n", b"BOGUS\n", b"PUB\n", b"RDY\n", b"MPUB fza\n\x00\x00\x00\x04",
                      b"FIN 0000000000000000\r\n", b"IDENTIFY\n\xff\xff\xff\xff"]),
 )

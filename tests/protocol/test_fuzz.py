@@ -22,6 +22,11 @@ positions = st.one_of(
               st.integers(-2, 2**64)),
     st.binary(max_size=12))
 
+headers = st.one_of(
+    st.none(), st.binary(max_size=20),
+    st.dictionaries(st.sampled_from(["a", "##trace_id", "##client_dispatch_tag", "k"]),
+                    st.text(alphabet="ab1-_ \x00", max_size=6), max_size=3))
+
 command = st.one_of(
     st.builds(v2.nop),
     st.builds(v2.cls),
@@ -38,6 +43,11 @@ command = st.one_of(
     st.builds(v2.mpub, names, st.integers(1, 5).flatmap(
         lambda n: st.binary(min_size=1, max_size=20).map(lambda b: [b] * n))),
     st.builds(v2.identify, st.dictionaries(st.sampled_from(["a", "snappy"]), st.booleans(), max_size=2)),
+    st.builds(v2.pub_ext, names, small, headers),
+    st.builds(v2.pub_trace, names, st.integers(0, 2**64 - 1), small),
+    st.builds(v2.mpub_ext, names, st.lists(st.tuples(headers, small), min_size=1, max_size=3)),
+    st.builds(v2.mpub_trace, names, st.lists(st.tuples(st.integers(0, 2**64 - 1), small),
+                                             min_size=1, max_size=3)),
     st.builds(v2.auth, st.binary(min_size=1, max_size=30)),
     st.sampled_from([b"FIN " + b"0" * 16 + b"\r\n", b"RDY\r\n", b"\n", b"BOGUS\n", b"PUB\n"]),
 )
@@ -206,3 +216,26 @@ def test_sub_advanced_params_only_raise_protocol_errors(params):
     assert 0 <= partition <= 0xFFFF
     assert start is None or start.kind in ("earliest", "latest", "timestamp", "offset")
     assert start is None or 0 <= start.value < 2**48
+
+
+@settings(max_examples=1000, deadline=None)
+@given(body=st.one_of(st.binary(max_size=40), st.builds(
+    lambda j, b: len(j).to_bytes(2, "big") + j + b,
+    st.one_of(st.binary(max_size=30), st.sampled_from([
+        b"{}", b'{"a":"b"}', b'{"##trace_id":"1"}', b'{"##trace_id":1}', b"[]", b"null",
+        b'{"##client_dispatch_tag":"x y"}', b'{"a":"\\ud800"}', b"[" * 3000])),
+    st.binary(max_size=5))))
+def test_ext_and_trace_bodies_only_raise_protocol_errors(body):
+    """Whatever an EXT/TRACE message holds: headers of strings, or an upstream-style error."""
+    for split in (v2.split_ext, v2.split_trace):
+        try:
+            first, rest = split(body)
+        except ProtocolError as e:
+            assert e.code in ("E_BAD_BODY", "E_INVALID_JSON_HEADER", "INVALID_TRACE_ID",
+                              "E_BAD_TAG")
+            assert e.fatal == (e.code == "E_BAD_BODY")
+            continue
+        assert rest
+        if split is v2.split_ext and first is not None:
+            assert all(isinstance(k, str) and k and isinstance(v, bytes) for k, v in first.items())
+            assert v2.parse_ext_json(v2.ext_json(first)) == first  # round trip

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from nsqx.nsqd.dead_letters import screen
 from nsqx.nsqd.e2e import LatencyWindow
+from nsqx.nsqd.headers import ext_frames
 from nsqx.protocol.v2 import StartPosition
 from nsqx.storage.cursor import ChannelCursor, Delivery
 from nsqx.storage.message_id import parse_id
@@ -282,6 +283,10 @@ class Channel:
                 total += 1
         if client.sample_rate:
             chunks = self._sample(client, chunks)
+        if self.topic.tracer is not None:
+            self.topic.tracer.delivered(self, client, deliveries)
+        if client.extend_support:  # Youzan's ext layout: per-message frames, these clients only
+            chunks = ext_frames(log_, deliveries, chunks)
         client.send_messages(chunks, total)
 
     def _sample(self, client: ClientV2, chunks: list[bytes]) -> list[bytes]:
@@ -308,7 +313,11 @@ class Channel:
     # -- timers --------------------------------------------------------------------------
     def tick(self, t_ms: int) -> None:
         """Called by the node's scanner: time out in-flight, release due deferred."""
+        tracer = self.topic.tracer
+        self.cursor.expired_log = [] if tracer is not None else None
         if self.cursor.expire(t_ms):
+            if tracer is not None:
+                tracer.timed_out(self, self.cursor.expired_log or ())
             self.dirty = True
             if len(self.topic.partitions) > 1:
                 for ch in self.siblings():  # RDY room opened for clients of every partition

@@ -31,6 +31,8 @@ from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.protocol.v2 import (
     FIN_BATCH,
     MAGIC_V2,
+    MPUB_LIKE,
+    TRACE_ID_KEY,
     Command,
     CommandParser,
     IdentifyLimits,
@@ -44,6 +46,9 @@ from nsqx.protocol.v2 import (
     parse_req,
     parse_sub_advanced,
     parse_touch,
+    split_ext,
+    split_trace,
+    traced_response,
 )
 from nsqx.storage.cursor import NotInFlight, NotOwner
 from nsqx.storage.message_id import parse_id
@@ -102,6 +107,9 @@ class ClientV2(asyncio.Protocol):
         self.deflate = False
         self.deflate_level = 0
         self.identified = False
+        # Youzan's IDENTIFY extensions: ext frame layout (headers) and tag dispatch
+        self.extend_support = False
+        self.desired_tag = ""
         self.auth: AuthState | None = None
         self.ready_count = 0
         self.channel: Channel | None = None
@@ -247,13 +255,14 @@ class ClientV2(asyncio.Protocol):
         # see here is current enough to refuse early; execution checks again.
         if name in (b"IDENTIFY", b"AUTH") and self.state != STATE_INIT:
             raise cannot_in_state(name)
-        if name == b"MPUB" and self.nsqd.auth_enabled and params and valid_topic_name(params[0]):
+        if name in MPUB_LIKE and self.nsqd.auth_enabled and params and valid_topic_name(params[0]):
             # Upstream authorizes MPUB before reading its (large) body.
             topic = params[0].decode("ascii")
+            what = name.decode()
             if self.auth is None:
-                raise ProtocolError("E_AUTH_FIRST", "AUTH required before MPUB")
+                raise ProtocolError("E_AUTH_FIRST", f"AUTH required before {what}")
             if not self.auth.expired() and not self.auth.allows(topic, None, "publish"):
-                raise ProtocolError("E_UNAUTHORIZED", f'AUTH failed for MPUB on "{topic}" ""')
+                raise ProtocolError("E_UNAUTHORIZED", f'AUTH failed for {what} on "{topic}" ""')
 
     # -- command loop ---------------------------------------------------------------------
     def _feed(self, data: bytes) -> None:
@@ -345,8 +354,11 @@ class ClientV2(asyncio.Protocol):
         else:
             self._write(frame)
 
-    def _respond_when_done(self, ok: bytes, err: tuple[str, str]) -> Callable[[int, Exception | None], None]:
-        """Queue a response slot; the returned callback fills it when the commit is durable."""
+    def _respond_when_done(self, ok: bytes, err: tuple[str, str],
+                           ok_from: Callable[[int], bytes] | None = None
+                           ) -> Callable[[int, Exception | None], None]:
+        """Queue a response slot; the returned callback fills it when the commit is durable
+        (``ok_from(base offset)`` builds the answer then, for traced publishes)."""
         slot: list[Any] = [_PENDING, ok, err]
         self._responses.append(slot)
         if len(self._responses) > MAX_PENDING_RESPONSES and not self._reading_paused:
@@ -354,8 +366,10 @@ class ClientV2(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.pause_reading()
 
-        def done(_base: int, exc: Exception | None) -> None:
+        def done(base: int, exc: Exception | None) -> None:
             slot[0] = exc
+            if exc is None and ok_from is not None:
+                slot[1] = frames.encode_response(ok_from(base))
             self._drain_responses()
         return done
 
@@ -488,6 +502,8 @@ class ClientV2(asyncio.Protocol):
         self.output_buffer_timeout = st.output_buffer_timeout_ms / 1000
         self.sample_rate = st.sample_rate
         self.msg_timeout_ms = st.msg_timeout_ms
+        self.extend_support = st.extend_support
+        self.desired_tag = st.desired_tag
         self.identified = True
         self._schedule_heartbeat()
         if not st.feature_negotiation:
@@ -650,7 +666,12 @@ class ClientV2(asyncio.Protocol):
 
     async def _after(self, coro: Any, then: Callable[[], None]) -> None:
         await coro
-        then()
+        try:
+            then()
+        except ProtocolError as exc:  # as _run answers them
+            if exc.fatal:
+                raise Fatal(exc.code, exc.text) from None
+            self._respond(frames.encode_error(exc.code, exc.text))
 
     def _subscribe(self, topic_name: str, channel_name: str, partition: int | None = None,
                    start: StartPosition | None = None, *, ordered: bool = False) -> None:
@@ -752,6 +773,8 @@ class ClientV2(asyncio.Protocol):
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_FIN_FAILED", f"FIN {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
         self.finish_count += 1
+        if ch.topic.tracer is not None:
+            ch.topic.tracer.finished(ch, self, (offset,))
         if ch.e2e is not None:
             ch.record_finished(offset)
         ch.dirty = True
@@ -797,6 +820,10 @@ class ClientV2(asyncio.Protocol):
             return None
         errors = self.channel.cursor.finish_many(self.id, offsets)
         self.finish_count += n - len(errors)
+        if self.channel.topic.tracer is not None:
+            bad = {off for off, _ in errors}
+            self.channel.topic.tracer.finished(self.channel, self,
+                                               [o for o in offsets if o not in bad])
         if self.channel.e2e is not None and len(errors) < n:
             self.channel.record_finished(offsets[-1], n - len(errors))
         for off, exc in errors:
@@ -817,6 +844,8 @@ class ClientV2(asyncio.Protocol):
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_REQ_FAILED", f"REQ {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
         self.requeue_count += 1
+        if ch.topic.tracer is not None:
+            ch.topic.tracer.requeued(ch, self, offset, delay)
         ch.dirty = True
         self._wake_subs(ch)
         return None
@@ -851,18 +880,33 @@ class ClientV2(asyncio.Protocol):
         return topic
 
     def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int, code: str, what: str,
-                 partition: int | None = None) -> None:
+                 partition: int | None = None, headers: list[dict[str, bytes] | None] | None = None,
+                 traced: int | None = None) -> None:
+        """Append and answer once durable; ``traced`` (a trace id) answers with Youzan's
+        30-byte traced response instead of OK."""
         nsqd = self.nsqd
         if nsqd.exiting:
             raise Fatal(code, f"{what} failed exiting")
+        if headers is not None:
+            existing = nsqd.get_topic(topic_name, create=False)
+            if existing is not None and not existing.ext and any(
+                    k[:2] != "##" for h in headers if h for k in h):
+                raise ProtocolError("E_EXT_NOT_SUPPORT",
+                                    f"ext content not supported in topic {topic_name}", False)
         topic = nsqd.get_topic(topic_name)
         assert topic is not None
         try:
             part = topic.route(partition)
         except BadPartition as exc:
             raise ProtocolError("E_BAD_PARTITION", f"{what} {exc}", fatal=False) from None
-        done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"))
-        part.publish(bodies, defer_ms, done)
+        ok_from = None
+        if traced is not None:
+            pnum, raw_size, tid = part.partition, 30 * len(bodies) + sum(map(len, bodies)), traced
+
+            def ok_from(base: int) -> bytes:
+                return traced_response((pnum << 48) | base, tid, base, raw_size)
+        done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"), ok_from)
+        part.publish(bodies, defer_ms, done, headers=headers, producer=self.remote_address)
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
 
     def _cmd_pub(self, cmd: Command) -> Any:
@@ -903,6 +947,45 @@ class ClientV2(asyncio.Protocol):
         self._publish(topic, [body], defer, "E_DPUB_FAILED", "DPUB")
         return None
 
+    def _cmd_pub_variant(self, cmd: Command) -> Any:
+        """Youzan's PUB_EXT / PUB_TRACE / MPUB_EXT / MPUB_TRACE ``<topic> [<partition>]``.
+
+        EXT: each message is ``[2 json len][json header][body]``; the header's string values
+        become the message's headers (``##trace_id`` answers with the traced response).
+        TRACE: ``[8 trace id][body]``, kept as the ``##trace_id`` header; PUB_TRACE and
+        MPUB_TRACE answer with the 30-byte traced response (MPUB_TRACE: the first message's
+        id and offset, trace id 0, the batch's size), MPUB_EXT with OK.
+        """
+        what = cmd.name.decode()
+        multi = what.startswith("MPUB")
+        topic = self._pub_topic(cmd, what)
+        part = _partition_param(cmd.params, 1, what)
+        raw = (cmd.bodies or []) if multi else [cmd.body or b""]
+        bodies: list[bytes] = []
+        headers: list[dict[str, bytes] | None] = []
+        traced: int | None = None
+        if what.endswith("_EXT"):
+            for item in raw:
+                h, body = split_ext(item, what)
+                bodies.append(body)
+                headers.append(h)
+            if not multi and headers[0] and TRACE_ID_KEY in headers[0]:
+                traced = int(headers[0][TRACE_ID_KEY])
+        else:
+            for item in raw:
+                tid, body = split_trace(item, what)
+                bodies.append(body)
+                headers.append({TRACE_ID_KEY: b"%d" % tid} if tid else None)
+            traced = 0 if multi else tid
+        hdrs = headers if any(headers) else None
+        code = "E_MPUB_FAILED" if multi else "E_PUB_FAILED"
+        pending = self._check_auth(topic, None, "publish", what)
+        if pending is not None:
+            return self._after(pending, lambda: self._publish(topic, bodies, 0, code, what, part,
+                                                              hdrs, traced))
+        self._publish(topic, bodies, 0, code, what, part, hdrs, traced)
+        return None
+
     _handlers: dict[bytes, Callable[[ClientV2, Command], Any]] = {
         b"NOP": _cmd_nop,
         b"IDENTIFY": _cmd_identify,
@@ -919,6 +1002,10 @@ class ClientV2(asyncio.Protocol):
         b"PUB": _cmd_pub,
         b"MPUB": _cmd_mpub,
         b"DPUB": _cmd_dpub,
+        b"PUB_EXT": _cmd_pub_variant,
+        b"PUB_TRACE": _cmd_pub_variant,
+        b"MPUB_EXT": _cmd_pub_variant,
+        b"MPUB_TRACE": _cmd_pub_variant,
     }
 
     # -- stats ----------------------------------------------------------------------------

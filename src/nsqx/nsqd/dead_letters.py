@@ -131,6 +131,8 @@ def _dead_letter(channel: Channel, client_id: int,
                       len(offsets), name, exc)
             return
         _finish(channel, client_id, offsets)
+        if topic.tracer is not None:
+            topic.tracer.dead_lettered(channel, client_id, [(off, att) for off, att, *_ in dead])
         channel.dlq_count += len(offsets)
         channel.dirty = True
         channel.wake()

@@ -184,13 +184,17 @@ class _Handlers:
         return name
 
     async def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
-                       partition: int | None = None) -> None:
+                       partition: int | None = None, *,
+                       headers: list[dict[str, bytes] | None] | None = None,
+                       producer: str = "") -> tuple[int, int]:
+        """Publish, durable when this returns: (partition, base offset); HTTPError if not."""
         if self.nsqd.get_topic(topic_name) is None:  # None only while exiting
             raise HTTPError(503, "EXITING")
         if not bodies:
-            return
+            return 0, -1
         try:
-            await self.nsqd.publish(topic_name, bodies, defer_ms, partition)
+            return await self.nsqd.publish(topic_name, bodies, defer_ms, partition,
+                                           headers=headers, producer=producer)
         except asyncio.CancelledError:
             raise
         except BadPartition:
@@ -222,7 +226,8 @@ class _Handlers:
             defer_ms = int(ds)
             if defer_ms < 0 or defer_ms >= 2**63 or defer_ms > self.opts.max_delay_ms:
                 raise HTTPError(400, "INVALID_DEFER")
-        await self._publish(name, [body], defer_ms, _partition_arg(params))
+        await self._publish(name, [body], defer_ms, _partition_arg(params),
+                            producer=request.remote or "")
         return _ok_text()
 
     async def mpub(self, request: web.Request) -> web.Response:
@@ -242,7 +247,7 @@ class _Handlers:
             msgs = parse_mpub_binary(body, o.max_msg_size, o.max_body_size)
         else:
             msgs = _split_text_mpub(body, o.max_msg_size, o.max_body_size)
-        await self._publish(name, msgs, 0, _partition_arg(params))
+        await self._publish(name, msgs, 0, _partition_arg(params), producer=request.remote or "")
         return _ok_text()
 
     # -- topics ------------------------------------------------------------------------
@@ -267,6 +272,19 @@ class _Handlers:
         params = _query(request)
         raw = _first(params, "partition_num")
         ordered = (_first(params, "orderedmulti") or "").lower() == "true"
+        extend = _first(params, "extend")
+        if extend is not None and extend.lower() not in ("true", "false"):
+            raise HTTPError(400, "INVALID_EXTEND")
+        if extend is not None:
+            existing = self.nsqd.topics.get(name)
+            if existing is not None and existing.ext != (extend.lower() == "true"):
+                raise HTTPError(400, "TOPIC_EXISTS")
+            if existing is None:
+                topic = self.nsqd.get_topic(name)
+                if topic is not None and extend.lower() == "false":
+                    for part in topic.partitions:
+                        part.ext = False
+                    self._persist_metadata()
         if raw is None and not ordered:
             self.nsqd.get_topic(name)
             return _empty()
@@ -551,11 +569,12 @@ def make_app(nsqd: Any, *, tls_listener: bool = False) -> web.Application:
     get("/debug/pprof/goroutine", h.debug_tasks)
     r.add_post("/debug/freememory", h.free_memory)
     app.on_response_prepare.append(_add_v1_header)
-    # here: fetch_api and replay_api import this module
-    from nsqx.nsqd import config_api, fetch_api, replay_api
+    # here: these modules import this one
+    from nsqx.nsqd import config_api, fetch_api, replay_api, trace_api
 
     fetch = fetch_api.add_routes(app, nsqd)
     config_api.add_routes(app, nsqd)
+    trace_api.add_routes(app, nsqd)
     replay_api.add_routes(app, nsqd, fetch._authorize)
     for hook in getattr(nsqd, "http_route_hooks", ()):
         hook(app)  # extensions (cluster mode's replication API)

@@ -165,7 +165,11 @@ class FastPubProtocol(asyncio.Protocol):
         except BadPartition:  # ordered topic: the general path answers the error
             return False
         self._busy = True
-        part.publish([req[1]], 0, self._committed)
+        producer = ""
+        if part.tracer is not None and self.transport is not None:
+            peer = self.transport.get_extra_info("peername")
+            producer = str(peer[0]) if isinstance(peer, tuple) else ""
+        part.publish([req[1]], 0, self._committed, producer=producer)
         return True
 
     def _committed(self, _base: int, exc: Exception | None) -> None:

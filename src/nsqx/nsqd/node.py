@@ -22,6 +22,7 @@ from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
 from nsqx.nsqd.topic import Topic
+from nsqx.nsqd.trace import TraceRecorder
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.storage.commit import FileSystemSyncer
 from nsqx.storage.log import PartitionLog
@@ -80,6 +81,7 @@ class NSQD:
         self.plugins: list[Any] = []
         self.http_route_hooks: list[Callable[[Any], None]] = []
         self.topic_hooks: list[Callable[[Topic], None]] = []  # called with each new Topic
+        self.tracer = TraceRecorder(self)  # events of traced topics -> __trace
 
     # -- facade used by the TCP and HTTP front ends --------------------------------------
     @property
@@ -152,13 +154,17 @@ class NSQD:
                     lg.set_tail_limit(share)
 
     async def publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
-                      partition: int | None = None) -> None:
+                      partition: int | None = None, *,
+                      headers: list[dict[str, bytes] | None] | None = None,
+                      producer: str = "") -> tuple[int, int]:
+        """Publish and wait until durable; returns (partition, base offset)."""
         topic = self.get_topic(topic_name)
         if topic is None:
             raise RuntimeError("exiting")
-        fut = topic.route(partition).publish(bodies, defer_ms)
+        part = topic.route(partition)
+        fut = part.publish(bodies, defer_ms, headers=headers, producer=producer)
         assert fut is not None
-        await fut
+        return part.partition, await fut
 
     def ensure_partitions(self, name: str, count: int, *, ordered: bool = False) -> Topic:
         """The topic with at least ``count`` partitions (created as needed, persisted).
@@ -174,6 +180,7 @@ class NSQD:
         for k in range(len(topic.partitions), count):
             part = Topic(self, name, partition=k, paused=topic.paused)
             part.partitions = topic.partitions  # one shared list
+            part.tracer, part.ext = topic.tracer, topic.ext
             topic.partitions.append(part)
             for cname, ch in topic.channels.items():
                 sib = part._get_channel_here(cname)
@@ -261,6 +268,9 @@ class NSQD:
                     ch.max_attempts, ch.max_attempts_set = int(c["max_attempts"]), True
             if "msg_ttl_ms" in t:
                 topic.msg_ttl_ns, topic.msg_ttl_set = int(t["msg_ttl_ms"]) * 1_000_000, True
+            topic.ext = bool(t.get("ext", True))
+            if t.get("trace") and name != "__trace":
+                topic.tracer = self.tracer
             count = int(t.get("partitions", 1))
             if count > 1 or t.get("ordered"):
                 self.ensure_partitions(name, count, ordered=bool(t.get("ordered")))

@@ -21,6 +21,7 @@ from nsqx.storage.log import LogConfig, MemoryLog, PartitionLog
 
 if TYPE_CHECKING:
     from nsqx.nsqd.node import NSQD
+    from nsqx.nsqd.trace import TraceRecorder
 
 log = logging.getLogger("nsqx.nsqd.topic")
 
@@ -54,6 +55,12 @@ class Topic:
         self.msg_ttl_ns = int(nsqd.opts.msg_ttl * 1e9)
         self.msg_ttl_set = False  # set on this topic (persisted), not the default
         self.ephemeral = name.endswith("#ephemeral")
+        # Youzan's ext flag: a topic created with extend=false refuses custom headers
+        # (E_EXT_NOT_SUPPORT); nsqx topics take them by default
+        self.ext = True
+        # the node's TraceRecorder while this topic is traced, else None (the hooks'
+        # only cost when tracing is off is this None check)
+        self.tracer: TraceRecorder | None = None
         self.paused = paused
         self.channels: dict[str, Channel] = {}
         self.exiting = False
@@ -114,15 +121,22 @@ class Topic:
     # -- publishing ------------------------------------------------------------------------
     def publish(self, bodies: list[bytes], defer_ms: int = 0,
                 done: Callable[[int, Exception | None], None] | None = None, *,
-                headers: list[dict[str, bytes] | None] | None = None) -> asyncio.Future[int] | None:
+                headers: list[dict[str, bytes] | None] | None = None,
+                producer: str = "") -> asyncio.Future[int] | None:
         """Append a batch, durable per policy: returns a future, or calls `done` (no future).
 
         `headers` (one dict or None per body) go to the log's header sidecar, never into
-        the frames stock clients receive.
+        the frames stock clients receive. `producer` (remote address) names the publisher
+        in trace events.
         """
         base = self.log.next_offset
         kw: dict = {} if headers is None else {"headers": headers}
         outer: asyncio.Future[int] | None = None
+        if self.tracer is not None:  # pub events once the batch is durable
+            if done is None:
+                outer = self.nsqd.loop.create_future()
+                done = settle(outer)
+            done = self.tracer.wrap_publish(self, headers, len(bodies), producer, done)
         if self.gate is not None:  # cluster mode: leader only, acked once the ISR has it
             refusal = self.gate.refuse(self, len(bodies))
             if refusal is not None:
@@ -295,6 +309,8 @@ class Topic:
                 for c in self.channels.values() if not c.ephemeral
             ],
             **({"msg_ttl_ms": self.msg_ttl_ns // 1_000_000} if self.msg_ttl_set else {}),
+            **({"trace": True} if self.tracer is not None else {}),
+            **({"ext": False} if not self.ext else {}),
             "pending_from": self.pending_from,
             "pending_deferred": [list(x) for x in self.pending_deferred],
             **({"partitions": len(self.partitions), "ordered": self.ordered,

@@ -111,6 +111,39 @@ def decode_message(data: bytes) -> tuple[int, int, bytes, bytes]:
     return ts, attempts, mid, bytes(data[MESSAGE_HEADER_SIZE:])
 
 
+EXT_VERSION_NONE = 0  # Youzan's ext versions: no ext, tag (unused here), JSON header
+EXT_VERSION_JSON = 4
+
+
+def ext_message_frame(frame: bytes | memoryview, ext: bytes) -> bytes:
+    """A stored (stock) message frame rebuilt in Youzan's ext layout for clients that
+    IDENTIFY ``extend_support``: ``[8 ts][2 attempts][16 id][1 ext version]`` then, when
+    there is a header, ``[2 ext len][ext json]``, then the body."""
+    head = frame[8:34]
+    body = frame[34:]
+    extra = b"\x04" + _U16.pack(len(ext)) + ext if ext else b"\x00"
+    return b"".join((_HDR.pack(30 + len(extra) + len(body), FRAME_MESSAGE), head, extra, body))
+
+
+def decode_ext_message(data: bytes) -> tuple[int, int, bytes, int, bytes, bytes]:
+    """Ext message frame data -> (timestamp_ns, attempts, id, ext version, ext bytes, body)."""
+    if len(data) < MESSAGE_HEADER_SIZE + 1:
+        raise ValueError(f"ext message frame data too short ({len(data)} bytes)")
+    ts, attempts, mid = _MSG_DATA_HDR.unpack_from(data)
+    ver = data[MESSAGE_HEADER_SIZE]
+    pos = MESSAGE_HEADER_SIZE + 1
+    ext = b""
+    if ver:
+        if len(data) < pos + 2:
+            raise ValueError("ext message frame: truncated ext length")
+        n = _U16.unpack_from(data, pos)[0]
+        ext = bytes(data[pos + 2 : pos + 2 + n])
+        if len(ext) != n:
+            raise ValueError("ext message frame: truncated ext")
+        pos += 2 + n
+    return ts, attempts, mid, ver, ext, bytes(data[pos:])
+
+
 class FrameReader:
     """Client side: feed raw bytes, get complete ``(frame_type, data)`` tuples.
 

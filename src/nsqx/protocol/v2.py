@@ -22,6 +22,21 @@ from .names import valid_channel_name, valid_topic_name
 
 __all__ = [
     "BODY_COMMANDS",
+    "DISPATCH_TAG_KEY",
+    "MPUB_LIKE",
+    "PUB_LIKE",
+    "TRACE_ID_KEY",
+    "ext_json",
+    "mpub_ext",
+    "mpub_trace",
+    "parse_ext_json",
+    "parse_traced_response",
+    "pub_ext",
+    "pub_trace",
+    "split_ext",
+    "split_trace",
+    "traced_response",
+    "valid_tag",
     "COMMANDS",
     "FIN_BATCH",
     "MAGIC_V2",
@@ -74,7 +89,10 @@ FIN_BATCH = b"FIN*"
 
 LINE_COMMANDS = frozenset({b"SUB", b"SUB_ADVANCED", b"SUB_ORDERED", b"RDY", b"FIN", b"REQ", b"TOUCH", b"CLS",
                            b"NOP"})
-BODY_COMMANDS = frozenset({b"IDENTIFY", b"AUTH", b"PUB", b"MPUB", b"DPUB"})
+# Youzan's publish variants: a JSON header (EXT) or an 8-byte trace id (TRACE) per message
+PUB_LIKE = frozenset({b"PUB", b"PUB_EXT", b"PUB_TRACE"})
+MPUB_LIKE = frozenset({b"MPUB", b"MPUB_EXT", b"MPUB_TRACE"})
+BODY_COMMANDS = frozenset({b"IDENTIFY", b"AUTH", b"DPUB"}) | PUB_LIKE | MPUB_LIKE
 COMMANDS = LINE_COMMANDS | BODY_COMMANDS
 
 MSG_ID_LENGTH = 16
@@ -317,9 +335,9 @@ class CommandParser:
     ) -> tuple[Command, int] | None:
         """Validate a body command whose line ends at ``p``; None = wait for more bytes."""
         end = len(buf)
-        if name == b"PUB" or name == b"DPUB":
+        if name in PUB_LIKE or name == b"DPUB":
             cmd_s = name.decode()
-            if name == b"PUB":
+            if name != b"DPUB":
                 if len(params) < 1:
                     raise ProtocolError("E_INVALID", "PUB insufficient number of parameters")
             elif len(params) < 2:
@@ -340,21 +358,22 @@ class CommandParser:
             if end - p - 4 < size:
                 return self._need_more(start, p, 4 + size)
             return Command(name, params, buf[p + 4 : p + 4 + size]), p + 4 + size
-        if name == b"MPUB":
+        if name in MPUB_LIKE:
+            cmd_s = name.decode()
             if len(params) < 1:
-                raise ProtocolError("E_INVALID", "MPUB insufficient number of parameters")
+                raise ProtocolError("E_INVALID", f"{cmd_s} insufficient number of parameters")
             if not valid_topic_name(params[0]):
                 # upstream quirk: the code is repeated inside the text
                 raise ProtocolError(
-                    "E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(params[0])} is not valid")
+                    "E_BAD_TOPIC", f"E_BAD_TOPIC {cmd_s} topic name {go_quote(params[0])} is not valid")
             if end - p < 4:
                 return self._need_more(start, p, 4)
             size = _I32_unpack_from(buf, p)[0]
             if size <= 0:
-                raise ProtocolError("E_BAD_BODY", f"MPUB invalid body size {size}")
+                raise ProtocolError("E_BAD_BODY", f"{cmd_s} invalid body size {size}")
             if size > self.max_body_size:
                 raise ProtocolError(
-                    "E_BAD_BODY", f"MPUB body too big {size} > {self.max_body_size}")
+                    "E_BAD_BODY", f"{cmd_s} body too big {size} > {self.max_body_size}")
             if size >= 4:
                 if end - p < 8:
                     return self._need_more(start, p, 8)
@@ -523,6 +542,108 @@ def _split_general(body: bytes | memoryview, count: int, max_msg_size: int) -> l
         # the body bounded by its size, so leftover bytes are a bad body
         raise ProtocolError("E_BAD_BODY", f"MPUB invalid body size {end + 0}")
     return out
+
+
+# --------------------------------------------------------------------------- headers, trace ids (Youzan)
+
+TRACE_ID_KEY = "##trace_id"
+DISPATCH_TAG_KEY = "##client_dispatch_tag"
+MAX_TAG_LEN = 100  # Youzan's ext.MAX_TAG_LEN
+MAX_EXT_JSON = 0xFFFF  # the 2-byte JSON length field (Youzan's ext.MaxExtLen)
+_TAG_CHARS = re.compile(r"[a-zA-Z0-9_-]+")
+_U16_unpack_from = struct.Struct(">H").unpack_from
+_U64 = struct.Struct(">Q")
+_TRACED = struct.Struct(">2sQQQI")  # "OK", id, trace id, offset, raw size: 30 bytes
+
+
+def valid_tag(tag: str) -> bool:
+    """Youzan's ``ext.ValidateTag``: 1..100 of ``[a-zA-Z0-9_-]``."""
+    return 0 < len(tag) <= MAX_TAG_LEN and _TAG_CHARS.fullmatch(tag) is not None
+
+
+def parse_ext_json(raw: bytes | str) -> dict[str, bytes]:
+    """A message's JSON header -> its headers (values as UTF-8 bytes).
+
+    The header must be a JSON object of string values (what Youzan's SDKs send), at most
+    65535 bytes: anything else is the non-fatal ``E_INVALID_JSON_HEADER``. The reserved
+    keys are checked as Youzan does: ``##trace_id`` a decimal uint64 string
+    (``INVALID_TRACE_ID``), ``##client_dispatch_tag`` a valid tag (``E_BAD_TAG``).
+    """
+    if len(raw) > MAX_EXT_JSON:
+        raise ProtocolError("E_INVALID_JSON_HEADER",
+                            f"json header too long {len(raw)} > {MAX_EXT_JSON}", False)
+    try:
+        obj = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError("E_INVALID_JSON_HEADER",
+                            f"fail to parse json header:{exc.__class__.__name__}", False) from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("E_INVALID_JSON_HEADER", "json header is not an object", False)
+    out: dict[str, bytes] = {}
+    for key, value in obj.items():
+        if not isinstance(value, str):
+            if key == TRACE_ID_KEY:
+                raise ProtocolError("INVALID_TRACE_ID", "passin trace id should be string", False)
+            raise ProtocolError("E_INVALID_JSON_HEADER",
+                                f"json header value of {key!r} is not a string", False)
+        try:
+            out[key] = value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate escape: not text
+            raise ProtocolError("E_INVALID_JSON_HEADER",
+                                f"json header value of {key!r} is not valid UTF-8", False) from None
+        if not key:
+            raise ProtocolError("E_INVALID_JSON_HEADER", "json header has an empty key", False)
+    tid = out.get(TRACE_ID_KEY)
+    if tid is not None and (not tid.isdigit() or len(tid) > 20 or int(tid) >= 1 << 64):
+        raise ProtocolError("INVALID_TRACE_ID", "invalid trace id", False)
+    tag = out.get(DISPATCH_TAG_KEY)
+    if tag is not None and not valid_tag(tag.decode()):
+        raise ProtocolError("E_BAD_TAG", f"invalid tag {tag.decode()!r}", False)
+    return out
+
+
+def split_ext(body: bytes, what: str = "PUB_EXT") -> tuple[dict[str, bytes] | None, bytes]:
+    """``[2 json len][json header][body]`` -> (headers or None, body).
+
+    A body that cannot hold its header and at least one byte is a fatal ``E_BAD_BODY``
+    (Youzan's text); a JSON length of 0 means no header.
+    """
+    size = len(body)
+    jlen = _U16_unpack_from(body, 0)[0] if size >= 2 else 0
+    if size <= 2 + jlen:
+        raise ProtocolError("E_BAD_BODY",
+                            f"{what} invalid body size {size} in ext json header content length")
+    if not jlen:
+        return None, body[2:]
+    return parse_ext_json(body[2 : 2 + jlen]) or None, body[2 + jlen :]
+
+
+def split_trace(body: bytes, what: str = "PUB_TRACE") -> tuple[int, bytes]:
+    """``[8 trace id][body]`` -> (trace id, body); E_BAD_BODY when no body follows the id."""
+    if len(body) <= 8:
+        raise ProtocolError("E_BAD_BODY", f"{what} invalid body size {len(body)} with trace id enabled")
+    return _U64.unpack_from(body, 0)[0], body[8:]
+
+
+def traced_response(msg_id: int, trace_id: int, offset: int, raw_size: int) -> bytes:
+    """Youzan's 30-byte answer to PUB_TRACE (and PUB_EXT with ``##trace_id``, MPUB_TRACE):
+    ``OK`` + [8 message id][8 trace id][8 queue offset][4 raw size], big-endian."""
+    return _TRACED.pack(b"OK", msg_id & _MASK64, trace_id & _MASK64, offset & _MASK64,
+                        raw_size & 0xFFFFFFFF)
+
+
+def parse_traced_response(data: bytes) -> tuple[int, int, int, int]:
+    """Client side of traced_response: (message id, trace id, offset, raw size)."""
+    if len(data) != _TRACED.size or data[:2] != b"OK":
+        raise ValueError(f"not a traced response: {data[:40]!r}")
+    return _TRACED.unpack(data)[1:]
+
+
+def ext_json(headers: Mapping[str, bytes | str]) -> bytes:
+    """Headers -> the JSON header Youzan's clients read (compact, keys in order)."""
+    return json.dumps({k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+                       for k, v in headers.items()}, separators=(",", ":"),
+                      ensure_ascii=False).encode()
 
 
 # --------------------------------------------------------------------------- helpers the server calls
@@ -793,6 +914,9 @@ _IDENTIFY_FIELDS: dict[str, Any] = {
     "msg_timeout": _GO_INT,
     "topology_region": str,
     "topology_zone": str,
+    # Youzan: the ext frame layout for messages, and tag dispatch
+    "extend_support": bool,
+    "desired_tag": str,
 }
 
 
@@ -835,6 +959,9 @@ class IdentifySettings:
     snappy: bool
     deflate: bool
     deflate_level: int
+    # Youzan's extensions ("" / False for stock clients)
+    desired_tag: str = ""
+    extend_support: bool = False
 
 
 def parse_identify(body: bytes, limits: IdentifyLimits | None = None) -> IdentifySettings:
@@ -891,6 +1018,12 @@ def parse_identify(body: bytes, limits: IdentifyLimits | None = None) -> Identif
     else:
         raise ProtocolError("E_BAD_BODY", f"IDENTIFY msg timeout ({mt}) is invalid")
 
+    tag = d.get("desired_tag", "")
+    if len(tag) > MAX_TAG_LEN:
+        raise ProtocolError("E_BAD_BODY", f"IDENTIFY invalid tag len {len(tag)}, exceed limit {MAX_TAG_LEN}")
+    if tag and not valid_tag(tag):
+        raise ProtocolError("E_BAD_BODY", f"IDENTIFY invalid tag {tag}")
+
     negotiate = d.get("feature_negotiation", False)
     tls = deflate = snappy = False
     level = 6
@@ -924,6 +1057,8 @@ def parse_identify(body: bytes, limits: IdentifyLimits | None = None) -> Identif
         snappy=snappy,
         deflate=deflate,
         deflate_level=level,
+        desired_tag=tag,
+        extend_support=d.get("extend_support", False),
     )
 
 
@@ -963,7 +1098,9 @@ def identify_response(
         f'"auth_required":{b(auth_required)},"output_buffer_size":{settings.output_buffer_size},'
         f'"output_buffer_timeout":{settings.output_buffer_timeout_ms},'
         f'"topology_region":{go_json_string(topology_region)},'
-        f'"topology_zone":{go_json_string(topology_zone)}}}'
+        f'"topology_zone":{go_json_string(topology_zone)}'
+        + (f',"desired_tag":{go_json_string(settings.desired_tag)}' if settings.desired_tag else "")
+        + "}"
     ).encode()
 
 
@@ -1066,4 +1203,41 @@ def mpub(topic: str | bytes, bodies: Iterable[bytes], partition: int | None = No
     """MPUB; with ``partition``, Youzan's ``MPUB <topic> <partition>``."""
     body = mpub_body(bodies)
     head = b"MPUB " + _b(topic) if partition is None else b"MPUB %s %d" % (_b(topic), partition)
+    return head + b"\n" + _U32.pack(len(body)) + body
+
+
+def _ext_part(headers: Mapping[str, bytes | str] | bytes | None, body: bytes) -> bytes:
+    raw = b"" if not headers else headers if isinstance(headers, bytes) else ext_json(headers)
+    return struct.pack(">H", len(raw)) + raw + body
+
+
+def pub_ext(topic: str | bytes, body: bytes, headers: Mapping[str, bytes | str] | bytes | None,
+            partition: int | None = None) -> bytes:
+    """Youzan's ``PUB_EXT <topic> [<partition>]``: ``[4 size][2 json len][json][body]``;
+    ``headers`` as a mapping or as raw JSON bytes."""
+    data = _ext_part(headers, body)
+    head = b"PUB_EXT " + _b(topic) if partition is None else b"PUB_EXT %s %d" % (_b(topic), partition)
+    return head + b"\n" + _U32.pack(len(data)) + data
+
+
+def mpub_ext(topic: str | bytes, messages: Iterable[tuple[Mapping[str, bytes | str] | bytes | None, bytes]],
+             partition: int | None = None) -> bytes:
+    """``MPUB_EXT``: an MPUB body whose messages are ``[2 json len][json][body]``."""
+    body = mpub_body(_ext_part(h, b) for h, b in messages)
+    head = b"MPUB_EXT " + _b(topic) if partition is None else b"MPUB_EXT %s %d" % (_b(topic), partition)
+    return head + b"\n" + _U32.pack(len(body)) + body
+
+
+def pub_trace(topic: str | bytes, trace_id: int, body: bytes, partition: int | None = None) -> bytes:
+    """``PUB_TRACE``: ``[4 size][8 trace id][body]``; answered by traced_response."""
+    data = _U64.pack(trace_id) + body
+    head = b"PUB_TRACE " + _b(topic) if partition is None else b"PUB_TRACE %s %d" % (_b(topic), partition)
+    return head + b"\n" + _U32.pack(len(data)) + data
+
+
+def mpub_trace(topic: str | bytes, messages: Iterable[tuple[int, bytes]],
+               partition: int | None = None) -> bytes:
+    """``MPUB_TRACE``: an MPUB body whose messages are ``[8 trace id][body]``."""
+    body = mpub_body(_U64.pack(t) + b for t, b in messages)
+    head = b"MPUB_TRACE " + _b(topic) if partition is None else b"MPUB_TRACE %s %d" % (_b(topic), partition)
     return head + b"\n" + _U32.pack(len(body)) + body

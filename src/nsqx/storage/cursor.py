@@ -164,6 +164,8 @@ class ChannelCursor:
         self.delivered_count = 0
         self.finish_count = 0
         self._now = 0  # last clock value seen (for defer() without now_ms)
+        # when a list, expire() appends its (deadline, offset, attempts) (message tracing)
+        self.expired_log: list[tuple[int, int, int]] | None = None
         self._closed = False
         if self.state_path is not None and self.state_path.exists():
             self._load(self.state_path)
@@ -614,6 +616,8 @@ class ChannelCursor:
                     self._left_flight(e.owner)
                     back.append((d, off, e.attempts))
         back.sort()
+        if self.expired_log is not None:
+            self.expired_log += back
         why = self._why
         for _d, off, attempts in back:
             self._push_ready(off, attempts)

@@ -175,6 +175,15 @@ class MemoryLog:
             return None
         return hdrs[offset - self._chunks[i].base] or None
 
+    def headers_range(self, lo: int, hi: int) -> dict[int, dict[str, bytes]]:
+        """Extension headers of the offsets in [lo, hi) (PartitionLog's contract)."""
+        out: dict[int, dict[str, bytes]] = {}
+        for off in range(max(lo, self.start_offset), min(hi, self._flushed)):
+            h = self.headers(off)
+            if h:
+                out[off] = h
+        return out
+
     def apply_retention(self, floor_offset: int, now: float | None = None) -> int:
         return self.start_offset
 

@@ -1,0 +1,198 @@
+"""HTTP for message headers and tracing (Youzan's shapes where Youzan has them).
+
+``POST /pub_ext?topic=T[&partition=P]&ext=<json>``
+    Publish the body with headers: ``ext`` is a JSON object of strings; ``X-Nsqext-<key>:
+    value`` request headers add/override keys (lowercased, as Youzan). Errors: 400
+    ``E_INVALID_JSON_HEADER`` (missing, bad JSON, not an object of strings, > 65535 bytes),
+    ``INVALID_TRACE_ID``, ``E_BAD_TAG``, ``E_EXT_NOT_SUPPORT`` (topic created with
+    ``extend=false``), and /pub's own (``MSG_EMPTY``, ``MSG_TOO_BIG``, ``E_BAD_PARTITION``).
+    With a ``##trace_id`` the answer is Youzan's traced JSON, else ``OK``.
+``POST /pubtrace?topic=T&trace_id=N[&partition=P]``
+    Publish with trace id N (kept as the ``##trace_id`` header); answers
+    ``{"status":"OK","id":<n>,"trace_id":"N","queue_offset":<n>,"rawsize":<n>}``.
+``POST /topic/trace?topic=T&enable=true|false``
+    Trace T's messages (every partition) or stop; persisted in ``nsqd.dat``. Youzan's
+    ``POST /message/trace/enable?topic=T`` and ``/message/trace/disable?topic=T`` do the
+    same (their per-channel ``channel=`` is not supported: 400 ``INVALID_ARG_CHANNEL``).
+    404 ``TOPIC_NOT_FOUND``; 400 ``INVALID_TOPIC`` for ``__trace`` itself.
+``GET /trace/search?topic=T&(id=<16 hex>|trace_id=N|header=<key>:<value>)[&limit=N]``
+    Timelines of T's matching messages from ``__trace`` (see ``trace.search_trace``: a scan
+    of the newest ``limit`` events, default 200,000, at most 2,000,000; not an index).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from nsqx.nsqd.http import HTTPError, _first, _partition_arg, _query, _read_capped
+from nsqx.nsqd.trace import DEFAULT_SCAN, MAX_SCAN, TRACE_TOPIC, message_key, search_trace
+from nsqx.protocol.errors import ProtocolError
+from nsqx.protocol.names import valid_topic_name
+from nsqx.protocol.v2 import TRACE_ID_KEY, parse_ext_json
+
+log = logging.getLogger("nsqx.nsqd.http")
+
+__all__ = ["add_routes"]
+
+EXT_HEADER_PREFIX = "x-nsqext-"
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
+
+
+def _trace_id(raw: str | None) -> int:
+    if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 20 or int(raw) >= 1 << 64:
+        raise HTTPError(400, "INVALID_TRACE_ID")
+    return int(raw)
+
+
+class _TraceAPI:
+    def __init__(self, nsqd: Any, handlers: Any) -> None:
+        self.nsqd = nsqd
+        self.h = handlers  # nsqd.http's handlers: /pub's body checks and publish
+
+    # -- publishing ------------------------------------------------------------------------
+    async def _body(self, request: web.Request) -> bytes:
+        max_msg = self.nsqd.opts.max_msg_size
+        if (request.content_length or 0) > max_msg:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        body = await _read_capped(request, max_msg)
+        if len(body) > max_msg:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        if not body:
+            raise HTTPError(400, "MSG_EMPTY")
+        return body
+
+    async def _pub(self, request: web.Request, headers: dict[str, bytes] | None,
+                   params: dict[str, list[str]], body: bytes) -> tuple[int, int]:
+        name = self.h._topic_for_publish(params)
+        if headers:
+            topic = self.nsqd.topics.get(name)
+            if topic is not None and not topic.ext and any(k[:2] != "##" for k in headers):
+                raise HTTPError(400, "E_EXT_NOT_SUPPORT")
+        return await self.h._publish(name, [body], 0, _partition_arg(params),
+                                     headers=[headers] if headers else None,
+                                     producer=request.remote or "")
+
+    @staticmethod
+    def _traced(part: int, base: int, trace_id: str, body: bytes) -> web.Response:
+        return _json({"status": "OK", "id": (part << 48) | base, "trace_id": trace_id,
+                      "queue_offset": base, "rawsize": 30 + len(body)})
+
+    async def pub_ext(self, request: web.Request) -> web.Response:
+        params = _query(request)
+        raw = _first(params, "ext")
+        if not raw:
+            raise HTTPError(400, "E_INVALID_JSON_HEADER")
+        try:
+            headers = parse_ext_json(raw.encode("utf-8", "surrogateescape"))
+            for key, value in request.headers.items():
+                if key.lower().startswith(EXT_HEADER_PREFIX) and len(key) > len(EXT_HEADER_PREFIX):
+                    headers[key[len(EXT_HEADER_PREFIX):].lower()] = value.encode("utf-8", "surrogateescape")
+            if headers:  # the X-Nsqext-* ones pass the same checks
+                parse_ext_json(orjson.dumps({k: v.decode("utf-8", "replace")
+                                             for k, v in headers.items()}))
+        except ProtocolError as exc:
+            raise HTTPError(400, exc.code) from None
+        body = await self._body(request)
+        part, base = await self._pub(request, headers or None, params, body)
+        tid = headers.get(TRACE_ID_KEY)
+        if tid is not None:
+            return self._traced(part, base, tid.decode(), body)
+        return web.Response(text="OK", content_type="text/plain", charset="utf-8")
+
+    async def pub_trace(self, request: web.Request) -> web.Response:
+        params = _query(request)
+        raw = _first(params, "trace_id")
+        tid = _trace_id(raw)
+        body = await self._body(request)
+        part, base = await self._pub(request, {TRACE_ID_KEY: b"%d" % tid} if tid else None,
+                                     params, body)
+        return self._traced(part, base, str(tid), body)
+
+    # -- switch ----------------------------------------------------------------------------
+    def _topic(self, params: dict[str, list[str]]) -> Any:
+        name = _first(params, "topic")
+        if not name:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not valid_topic_name(name) or name == TRACE_TOPIC:
+            raise HTTPError(400, "INVALID_TOPIC")
+        topic = self.nsqd.topics.get(name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic
+
+    def _switch(self, params: dict[str, list[str]], on: bool) -> web.Response:
+        if _first(params, "channel"):
+            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        topic = self._topic(params)
+        self.nsqd.tracer.set_traced(topic, on)
+        self.nsqd.metadata_changed()
+        self.nsqd.persist_metadata()
+        return _json({"topic": topic.name, "trace": on})
+
+    async def topic_trace(self, request: web.Request) -> web.Response:
+        params = _query(request)
+        raw = (_first(params, "enable") or "").lower()
+        if raw not in ("true", "false", "1", "0"):
+            raise HTTPError(400, "INVALID_ARG_ENABLE")
+        return self._switch(params, raw in ("true", "1"))
+
+    async def trace_enable(self, request: web.Request) -> web.Response:
+        return self._switch(_query(request), True)
+
+    async def trace_disable(self, request: web.Request) -> web.Response:
+        return self._switch(_query(request), False)
+
+    # -- search ----------------------------------------------------------------------------
+    async def search(self, request: web.Request) -> web.Response:
+        params = _query(request)
+        name = _first(params, "topic")
+        if not name:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not valid_topic_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        raw_limit = _first(params, "limit")
+        limit = DEFAULT_SCAN
+        if raw_limit is not None:
+            if not raw_limit.isascii() or not raw_limit.isdigit() or len(raw_limit) > 9 or not (
+                    0 < int(raw_limit) <= MAX_SCAN):
+                raise HTTPError(400, "INVALID_LIMIT")
+            limit = int(raw_limit)
+        mid, tid, hdr = _first(params, "id"), _first(params, "trace_id"), _first(params, "header")
+        if sum(x is not None for x in (mid, tid, hdr)) != 1:
+            raise HTTPError(400, "MISSING_ARG_ID")  # exactly one of id, trace_id, header
+        kw: dict[str, Any] = {}
+        if mid is not None:
+            try:
+                kw["msg_id"] = message_key(mid)
+            except (ValueError, UnicodeEncodeError):
+                raise HTTPError(400, "INVALID_ID") from None
+        elif tid is not None:
+            kw["trace_id"] = _trace_id(tid)
+        else:
+            assert hdr is not None
+            key, sep, value = hdr.partition(":")
+            if not sep or not key:
+                raise HTTPError(400, "INVALID_HEADER")
+            kw["header"] = (key, value.encode("utf-8", "surrogateescape"))
+        result = search_trace(self.nsqd, name, limit=limit, **kw)
+        return _json(result)
+
+
+def add_routes(app: web.Application, nsqd: Any) -> None:
+    from nsqx.nsqd.http import _Handlers
+
+    api = _TraceAPI(nsqd, _Handlers(nsqd))
+    r = app.router
+    r.add_post("/pub_ext", api.pub_ext)
+    r.add_post("/pubtrace", api.pub_trace)
+    r.add_post("/topic/trace", api.topic_trace)
+    r.add_post("/message/trace/enable", api.trace_enable)
+    r.add_post("/message/trace/disable", api.trace_disable)
+    r.add_get("/trace/search", api.search, allow_head=False)
