@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from nsqx.nsqd.dead_letters import screen
 from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.headers import ext_frames
+from nsqx.nsqd.tags import TagDispatch, retag
 from nsqx.protocol.v2 import StartPosition
 from nsqx.storage.cursor import ChannelCursor, Delivery
 from nsqx.storage.message_id import parse_id
@@ -103,6 +104,7 @@ class Channel:
         self.max_attempts: int = topic.nsqd.opts.max_attempts
         self.max_attempts_set = False  # set on this channel (persisted), not the default
         self.ordered = False  # one message in flight at a time, log order (SUB_ORDERED)
+        self.tags: TagDispatch | None = None  # while tagged consumers are connected (tags.py)
         if topic.ordered:
             self.set_ordered()
         self.dlq_count = 0  # moved to the dead-letter topic
@@ -207,12 +209,16 @@ class Channel:
 
     def add_client(self, client: ClientV2) -> None:
         self.clients[client.id] = client
+        if client.desired_tag or self.tags is not None:
+            retag(self)
 
     def remove_client(self, client: ClientV2) -> None:
         """Forget a client; its in-flight messages time out and go to others (upstream)."""
         if self.clients.pop(client.id, None) is None:
             return
         self.cursor.drop_client(client.id)
+        if self.tags is not None:
+            retag(self)
         if self.ephemeral and not self.clients and not self.exiting:
             self.topic.nsqd.loop.create_task(self.topic.delete_channel(self.name))
 
@@ -232,6 +238,13 @@ class Channel:
     def _pump(self) -> None:
         self._pump_scheduled = False
         if self.cursor.paused or self.exiting or not self.clients:
+            return
+        if self.tags is not None:  # tag dispatch (tags.py): only while tagged consumers are here
+            more = self.tags.pump(self, now_ms(), MAX_BATCH_PER_TURN)
+            if not self.tags.held:
+                retag(self)
+            if more:
+                self.wake()
             return
         clients = list(self.clients.values())
         n = len(clients)

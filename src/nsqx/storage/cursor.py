@@ -545,6 +545,30 @@ class ChannelCursor:
             heapq.heappush(self._timers, (deadline, self._seq, offset, e))
             self._maybe_compact_timers()
 
+    def reassign(self, offset: int, owner: int, to: int, deadline: int, now_ms: int) -> None:
+        """Hand ``owner``'s in-flight offset to client ``to`` with a new deadline (tag
+        dispatch takes messages on the channel's behalf, then picks the client). Attempts
+        are unchanged; raises NotInFlight / NotOwner."""
+        self._now = now_ms
+        e = self._entries.get(offset)
+        if e is None:
+            run = self._find_run(offset)
+            if run is None:
+                raise NotInFlight
+            if run.owner != owner:
+                raise NotOwner
+            e = _Entry(owner, run.deadline, 1, run.sent_at)
+            self._entries[offset] = e
+            self._run_lost(run, offset)
+        elif e.owner != owner:
+            raise NotOwner
+        e.owner, e.deadline, e.sent_at = to, deadline, now_ms
+        self._cif[owner] -= 1
+        self._cif[to] = self._cif.get(to, 0) + 1
+        self._seq += 1
+        heapq.heappush(self._timers, (deadline, self._seq, offset, e))
+        self._maybe_compact_timers()
+
     def _take_out(self, client_id: int, offset: int) -> int:
         """Remove an in-flight offset owned by client_id; returns its attempts so far."""
         e = self._entries.get(offset)
