@@ -493,6 +493,7 @@ class NSQD:
                 "message_bytes": sum(p.message_bytes for p in parts),
                 "paused": t.paused,
                 "msg_ttl_ms": t.msg_ttl_ns // 1_000_000,
+                "trace": t.tracer is not None,  # nsqx: message tracing on (/topic/trace)
                 "e2e_processing_latency": LatencyWindow.merge(
                     [c.e2e for p in parts for c in p.channels.values() if c.e2e is not None],
                     list(self.opts.e2e_processing_latency_percentiles)),
