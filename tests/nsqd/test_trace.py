@@ -175,3 +175,37 @@ def test_trace_switch_does_not_change_what_clients_get(nsqd: NsqdProcess, enable
         p.mpub("same", [b"a", b"b"])
     with consumer(nsqd.tcp_address, "same", "c", rdy=5) as c:
         assert [m.body for m in c.drain_messages(quiet=0.3)] == [b"a", b"b"]
+
+
+def test_events_cover_runs(nsqd: NsqdProcess) -> None:
+    """A batch is one event with a count (per-message events cost +220% CPU per message,
+    bench/tracing.py); search finds a message inside a run."""
+    http_api.post(nsqd.http_address, "/topic/create", topic="runs")
+    http_api.post(nsqd.http_address, "/channel/create", topic="runs", channel="c")
+    trace(nsqd, "runs")
+    with RawClient(nsqd.tcp_address) as p:
+        p.mpub("runs", [b"m%d" % i for i in range(50)])
+    with consumer(nsqd.tcp_address, "runs", "c", rdy=100) as c:
+        msgs = c.read_messages(50)
+        c.send(b"".join(v2.fin(m.id) for m in msgs if m.body != b"m7"))
+        c.expect_nothing(0.2)
+        c.send(v2.fin(msgs[7].id))
+        c.expect_nothing(0.2)
+    r = wait_events(nsqd, "runs", "%016x" % 25, 3)
+    pub, deliver, fin = r["messages"][0]["events"]
+    assert (pub["offset"], pub["count"]) == (0, 50)
+    assert (deliver["offset"], deliver["count"], deliver["attempts"]) == (0, 50, 1)
+    assert fin["event"] == "fin" and fin["offset"] <= 25 < fin["offset"] + fin["count"]
+    fins = [e for e in wait_events(nsqd, "runs", "%016x" % 7, 3)["messages"][0]["events"]
+            if e["event"] == "fin"]
+    assert [(e["offset"], e.get("count", 1)) for e in fins] == [(7, 1)]
+
+
+def test_runs() -> None:
+    from nsqx.nsqd.trace import runs
+
+    assert runs([]) == []
+    assert runs([4]) == [(4, 1)]
+    assert runs(list(range(3, 900))) == [(3, 897)]
+    assert runs([1, 2, 4, 5, 6, 9]) == [(1, 2), (4, 3), (9, 1)]
+    assert runs([1, 3, 4]) == [(1, 1), (3, 2)]

@@ -822,8 +822,8 @@ class ClientV2(asyncio.Protocol):
         self.finish_count += n - len(errors)
         if self.channel.topic.tracer is not None:
             bad = {off for off, _ in errors}
-            self.channel.topic.tracer.finished(self.channel, self,
-                                               [o for o in offsets if o not in bad])
+            self.channel.topic.tracer.finished(
+                self.channel, self, [o for o in offsets if o not in bad] if bad else offsets)
         if self.channel.e2e is not None and len(errors) < n:
             self.channel.record_finished(offsets[-1], n - len(errors))
         for off, exc in errors:

@@ -22,7 +22,7 @@ from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
 from nsqx.nsqd.topic import Topic
-from nsqx.nsqd.trace import TraceRecorder
+from nsqx.nsqd.trace import TRACE_TOPIC, TraceRecorder
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.storage.commit import FileSystemSyncer
 from nsqx.storage.log import PartitionLog
@@ -146,7 +146,11 @@ class NSQD:
         topics: 250-340 MiB), so the budget is node-wide and the share shrinks instead.
         """
         logs = [p.log for t in self.topics.values() for p in t.partitions
-                if isinstance(p.log, PartitionLog)]
+                if isinstance(p.log, PartitionLog) and t.name != TRACE_TOPIC]
+        trace = self.topics.get(TRACE_TOPIC)
+        if trace is not None and isinstance(trace.log, PartitionLog):
+            # written all the time, read rarely: tracing must not halve the others' tails
+            trace.log.set_tail_limit(TAIL_SHARE_MIN)
         if logs:
             share = max(TAIL_SHARE_MIN, min(TAIL_SHARE_MAX, self.opts.mem_tail_budget // len(logs)))
             for lg in logs:

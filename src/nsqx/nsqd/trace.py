@@ -58,12 +58,33 @@ def _q(s: str) -> bytes:
     return orjson.dumps(s)
 
 
+def runs(offsets: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted offsets -> (first, count) of each run of consecutive ones."""
+    n = len(offsets)
+    if not n:
+        return []
+    a = offsets[0]
+    if offsets[-1] - a == n - 1 and (n < 3 or offsets == list(range(a, a + n))):
+        return [(a, n)]  # the usual case, checked in C
+    out: list[tuple[int, int]] = []
+    start = prev = a
+    for o in offsets[1:]:
+        if o != prev + 1:
+            out.append((start, prev - start + 1))
+            start = o
+        prev = o
+    out.append((start, prev - start + 1))
+    return out
+
+
 class TraceRecorder:
     """The node's trace buffer: events in, one ``__trace`` publish per loop turn out."""
 
     def __init__(self, nsqd: NSQD) -> None:
         self.nsqd = nsqd
         self._buf: list[bytes] = []
+        # FINs of this turn per (channel, client): merged into runs when flushed
+        self._fins: dict[tuple[int, int], tuple[Channel, Any, list[int]]] = {}
         self._scheduled = False
         self._node = b""
         self.recorded = 0  # events handed to __trace
@@ -86,16 +107,24 @@ class TraceRecorder:
             self._node = _q(f"{o.broadcast_address}:{self.nsqd.http_port}")
         return self._node
 
-    # -- events --------------------------------------------------------------------------
-    def _add(self, events: list[bytes]) -> None:
-        self._buf += events
+    # -- buffer --------------------------------------------------------------------------
+    def _schedule(self) -> None:
         if not self._scheduled:
             self._scheduled = True
             self.nsqd.loop.call_soon(self.flush)
 
+    def _add(self, events: list[bytes]) -> None:
+        self._buf += events
+        self._schedule()
+
     def flush(self) -> None:
         """Publish what this loop turn recorded as one batch of ``__trace``."""
         self._scheduled = False
+        if self._fins:
+            fins, self._fins = self._fins, {}
+            for channel, client, offsets in fins.values():
+                offsets.sort()
+                self._ranges(b"fin", channel, client, runs(offsets))
         events, self._buf = self._buf, []
         if not events:
             return
@@ -114,18 +143,33 @@ class TraceRecorder:
 
         topic.publish(events, 0, done)
 
-    def _head(self, event: bytes, topic: Topic, ts: int, extra: bytes = b"") -> bytes:
+    # -- events --------------------------------------------------------------------------
+    def _head(self, event: bytes, topic: Topic, extra: bytes = b"") -> bytes:
         """The fields every event of one call shares, as a JSON object's first part."""
         return b'{"ts":%d,"event":"%s","topic":%s,"partition":%d,"node":%s%s' % (
-            ts, event, _q(topic.name), topic.partition, self.node, extra)
+            time.time_ns(), event, _q(topic.name), topic.partition, self.node, extra)
 
     @staticmethod
     def _client(client: Any) -> bytes:
         return b',"client":{"id":%d,"addr":%s}' % (client.id, _q(client.remote_address))
 
+    @staticmethod
+    def _event(head: bytes, hi: int, off: int, count: int, tail: bytes = b"") -> bytes:
+        if count == 1:
+            return b'%s,"offset":%d,"id":"%016x"%s}' % (head, off, hi | off, tail)
+        return b'%s,"offset":%d,"count":%d,"id":"%016x"%s}' % (head, off, count, hi | off, tail)
+
+    def _ranges(self, event: bytes, channel: Channel, client: Any,
+                ranges: Iterable[tuple[int, int]], extra: bytes = b"") -> None:
+        topic = channel.topic
+        who = self._client(client) if client is not None else b""
+        head = self._head(event, topic, b',"channel":%s%s%s' % (_q(channel.name), who, extra))
+        hi, ev = topic.partition << 48, self._event
+        self._add([ev(head, hi, off, n) for off, n in ranges])
+
     def wrap_publish(self, topic: Topic, headers: Sequence[dict[str, bytes] | None] | None,
                      count: int, producer: str, done: Done) -> Done:
-        """A publish completion that records the ``pub`` events once the batch is durable."""
+        """A publish completion that records the ``pub`` event(s) once the batch is durable."""
         def traced(base: int, exc: Exception | None) -> None:
             if exc is None:
                 self.published(topic, base, count, headers, producer)
@@ -134,65 +178,70 @@ class TraceRecorder:
 
     def published(self, topic: Topic, base: int, count: int,
                   headers: Sequence[dict[str, bytes] | None] | None, producer: str) -> None:
-        head = self._head(b"pub", topic, time.time_ns(), b',"producer":%s' % _q(producer))
-        hi = topic.partition << 48
+        """One event for the batch; a message with a trace id gets its own (with it)."""
+        head = self._head(b"pub", topic, b',"producer":%s' % _q(producer))
+        hi, ev = topic.partition << 48, self._event
         if headers is None:
-            self._add([b'%s,"offset":%d,"id":"%016x"}' % (head, off, hi | off)
-                       for off in range(base, base + count)])
+            self._add([ev(head, hi, base, count)])
             return
         out = []
+        start = base
         for i, h in enumerate(headers):
-            off = base + i
             tid = h.get(TRACE_ID_KEY) if h else None
             if tid:
-                out.append(b'%s,"offset":%d,"id":"%016x","trace_id":%s}' % (head, off, hi | off, tid))
-            else:
-                out.append(b'%s,"offset":%d,"id":"%016x"}' % (head, off, hi | off))
+                off = base + i
+                if start < off:
+                    out.append(ev(head, hi, start, off - start))
+                out.append(ev(head, hi, off, 1, b',"trace_id":%s' % tid))
+                start = off + 1
+        if start < base + count:
+            out.append(ev(head, hi, start, base + count - start))
         self._add(out)
 
     def delivered(self, channel: Channel, client: Any, deliveries: Iterable[Delivery]) -> None:
+        """One event per delivered run (a fresh run of many, or one redelivery)."""
         topic = channel.topic
-        head = self._head(b"deliver", topic, time.time_ns(),
+        head = self._head(b"deliver", topic,
                           b',"channel":%s%s' % (_q(channel.name), self._client(client)))
-        hi = topic.partition << 48
-        out = []
-        for d in deliveries:
-            a = d.attempts
-            out += [b'%s,"offset":%d,"id":"%016x","attempts":%d}' % (head, off, hi | off, a)
-                    for off in range(d.offset, d.offset + d.count)]
-        self._add(out)
-
-    def _simple(self, event: bytes, channel: Channel, client: Any, offsets: Iterable[int],
-                extra: bytes = b"") -> None:
-        topic = channel.topic
-        who = self._client(client) if client is not None else b""
-        head = self._head(event, topic, time.time_ns(),
-                          b',"channel":%s%s%s' % (_q(channel.name), who, extra))
-        hi = topic.partition << 48
-        self._add([b'%s,"offset":%d,"id":"%016x"}' % (head, off, hi | off) for off in offsets])
+        hi, ev = topic.partition << 48, self._event
+        self._add([ev(head, hi, d.offset, d.count, b',"attempts":%d' % d.attempts)
+                   for d in deliveries])
 
     def finished(self, channel: Channel, client: Any, offsets: Iterable[int]) -> None:
-        self._simple(b"fin", channel, client, offsets)
+        """FINs are gathered per channel and client and merged into runs at the flush."""
+        key = (id(channel), client.id)
+        entry = self._fins.get(key)
+        if entry is None:
+            self._fins[key] = (channel, client, list(offsets))
+            self._schedule()
+        else:
+            entry[2].extend(offsets)
 
     def requeued(self, channel: Channel, client: Any, offset: int, delay_ms: int) -> None:
-        self._simple(b"req", channel, client, (offset,), b',"delay_ms":%d' % delay_ms)
+        self._ranges(b"req", channel, client, ((offset, 1),), b',"delay_ms":%d' % delay_ms)
 
     def timed_out(self, channel: Channel, expired: Iterable[tuple[int, int, int]]) -> None:
         """``expired``: the cursor's (deadline, offset, attempts) of what timed out."""
         topic = channel.topic
-        head = self._head(b"timeout", topic, time.time_ns(), b',"channel":%s' % _q(channel.name))
-        hi = topic.partition << 48
-        self._add([b'%s,"offset":%d,"id":"%016x","attempts":%d}' % (head, off, hi | off, a)
-                   for _d, off, a in expired])
+        head = self._head(b"timeout", topic, b',"channel":%s' % _q(channel.name))
+        hi, ev = topic.partition << 48, self._event
+        by_attempts: dict[int, list[int]] = {}
+        for _d, off, a in expired:
+            by_attempts.setdefault(a, []).append(off)
+        out = []
+        for a, offs in by_attempts.items():
+            offs.sort()
+            out += [ev(head, hi, off, n, b',"attempts":%d' % a) for off, n in runs(offs)]
+        self._add(out)
 
     def dead_lettered(self, channel: Channel, client_id: int,
                       dead: Iterable[tuple[int, int]]) -> None:
         """``dead``: (offset, attempts made) of messages moved to the dead-letter topic."""
         topic = channel.topic
-        head = self._head(b"dlq", topic, time.time_ns(), b',"channel":%s' % _q(channel.name))
-        hi = topic.partition << 48
-        self._add([b'%s,"offset":%d,"id":"%016x","attempts":%d,"client":{"id":%d}}' % (
-            head, off, hi | off, a, client_id) for off, a in dead])
+        head = self._head(b"dlq", topic, b',"channel":%s' % _q(channel.name))
+        hi, ev = topic.partition << 48, self._event
+        self._add([ev(head, hi, off, 1, b',"attempts":%d,"client":{"id":%d}' % (a, client_id))
+                   for off, a in dead])
 
 
 # ------------------------------------------------------------------------------ search
@@ -274,18 +323,27 @@ def search_trace(nsqd: NSQD, topic_name: str, *, msg_id: tuple[int, int] | None 
                         if len(keys) >= MAX_MESSAGES:
                             break
             scanned = 0
-        ids = {b'"id":"%016x"' % ((p << 48) | o) for p, o in keys}
+        # an event covers `count` offsets from `offset`: match by partition, then range
+        wanted: dict[int, list[int]] = {}
+        for p, o in keys:
+            wanted.setdefault(p, []).append(o)
+        parts = [(b'"partition":%d,' % p, p) for p in wanted]
         for body in _scan(lg, lo, hi):
             scanned += 1
             b = bytes(body)
             if tq not in b:
                 continue
-            i = b.find(b'"id":"')
-            if i < 0 or b[i:i + 23] not in ids:
+            p = next((q for needle, q in parts if needle in b), None)
+            if p is None:
                 continue
             ev = orjson.loads(b)
-            if ev.get("topic") == topic_name:
-                events.setdefault((ev["partition"], ev["offset"]), []).append(ev)
+            if ev.get("topic") != topic_name or ev.get("partition") != p:
+                continue
+            first = ev.get("offset", -1)
+            last = first + ev.get("count", 1)
+            for o in wanted[p]:
+                if first <= o < last:
+                    events.setdefault((p, o), []).append(ev)
     messages = []
     for p, o in sorted(keys or (), key=lambda k: (k[1], k[0])):
         m: dict[str, Any] = {"partition": p, "offset": o, "id": "%016x" % ((p << 48) | o)}
