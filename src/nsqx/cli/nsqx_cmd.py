@@ -5,6 +5,8 @@
     nsqx bench --nsqd 127.0.0.1:4150,127.0.0.1:4151 --nsqd 127.0.0.1:5150,127.0.0.1:5151
     nsqx channel reset orders billing --to-time 2026-11-24T10:00 --nsqd-http-address 127.0.0.1:4151
     nsqx message get orders 000000000000002a --nsqd-http-address 127.0.0.1:4151
+    nsqx trace get orders --id 000000000000002a --nsqd-http-address 127.0.0.1:4151
+    nsqx spark trace-report --nsqd 127.0.0.1:4151 --out ./trace-report
     nsqx cluster up --nodes 3; nsqx cluster status; nsqx node drain NODE_ID
 
 To add a group: write ``add_<group>_commands(subparsers)`` that registers its parser with
@@ -411,8 +413,9 @@ def add_message_commands(sub: Any) -> None:
 def _cluster_groups() -> list[Callable[[Any], None]]:
     from nsqx.cli.cluster_cmd import add_cluster_commands, add_node_commands
     from nsqx.cli.topic_cmd import add_topic_commands
+    from nsqx.cli.trace_cmd import add_trace_commands
 
-    return [add_topic_commands, add_cluster_commands, add_node_commands]
+    return [add_topic_commands, add_cluster_commands, add_node_commands, add_trace_commands]
 
 
 GROUPS: list[Callable[[Any], None]] = [add_spark_commands, add_bench_commands,

@@ -1,0 +1,173 @@
+"""``nsqx trace get|enable|disable``: message tracing through nsqd's HTTP API.
+
+    nsqx trace enable orders --nsqd-http-address 127.0.0.1:4151
+    nsqx trace get orders --id 000000000000002a --nsqd-http-address 127.0.0.1:4151
+    nsqx trace get orders --trace-id 12345 --nsqd-http-address 127.0.0.1:4151
+    nsqx trace get orders --header order_id:A-17 --nsqd-http-address 127.0.0.1:4151
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = ["add_trace_commands", "format_timeline"]
+
+
+def _http(prog: str, method: str, address: str, path: str, params: dict[str, str]
+          ) -> tuple[int, bytes] | None:
+    from nsqx.cli.nsqx_cmd import _http_call
+
+    got = _http_call(prog, method, address, path, params, b"" if method == "POST" else None)
+    return None if got is None else (got[0], got[1])
+
+
+def _failed(prog: str, status: int, data: bytes) -> int:
+    from nsqx.cli.nsqx_cmd import _http_failed
+
+    return _http_failed(prog, status, data)
+
+
+def _event_line(ev: dict[str, Any], t0: int) -> str:
+    when = datetime.fromtimestamp(ev["ts"] / 1e9, UTC).strftime("%H:%M:%S.%f")[:-3]
+    since = f"+{(ev['ts'] - t0) / 1e6:.1f}ms"
+    parts = [f"{when} {since:>11}", f"{ev['event']:<8}"]
+    if ev.get("channel"):
+        parts.append(f"channel={ev['channel']}")
+    client = ev.get("client")
+    if client:
+        parts.append(f"client={client.get('id')}" + (f"@{client['addr']}" if client.get("addr") else ""))
+    if ev["event"] == "pub":
+        parts.append(f"producer={ev.get('producer') or '?'}")
+    if "attempts" in ev:
+        parts.append(f"attempts={ev['attempts']}")
+    if "delay_ms" in ev:
+        parts.append(f"delay={ev['delay_ms']}ms")
+    if ev.get("count", 1) > 1:
+        parts.append(f"(batch of {ev['count']} from offset {ev['offset']})")
+    parts.append(f"node={ev.get('node', '')}")
+    return "  " + "  ".join(parts)
+
+
+def format_timeline(doc: dict[str, Any]) -> str:
+    """/trace/search's JSON for a terminal: each message, then its events in time order."""
+    lines = []
+    if not doc.get("traced"):
+        lines.append(f"note: topic {doc['topic']} is not traced now (nsqx trace enable)")
+    if not doc["messages"]:
+        lines.append(f"no message of {doc['topic']} found")
+    for m in doc["messages"]:
+        head = f"message {m['id']}  partition {m['partition']}  offset {m['offset']}"
+        if "trace_id" in m:
+            head += f"  trace_id {m['trace_id']}"
+        lines.append(head)
+        if "timestamp" in m:
+            ts = datetime.fromtimestamp(m["timestamp"] / 1e9, UTC).isoformat(timespec="milliseconds")
+            lines.append(f"  published {ts}")
+        for k, v in sorted((m.get("headers") or {}).items()):
+            lines.append(f"  header {k}: {v}")
+        evs = m["events"]
+        if not evs:
+            lines.append("  no trace events (not traced then, or older than the scan)")
+        t0 = evs[0]["ts"] if evs else 0
+        lines += [_event_line(ev, t0) for ev in evs]
+    if doc.get("truncated"):
+        lines.append(f"(scanned the newest {doc['scanned']} trace events only; --limit reads more)")
+    return "\n".join(lines)
+
+
+def cmd_trace_get(args: argparse.Namespace) -> int:
+    prog = "nsqx trace get"
+    params = {"topic": args.topic}
+    if args.id is not None:
+        params["id"] = args.id
+    elif args.trace_id is not None:
+        params["trace_id"] = str(args.trace_id)
+    else:
+        params["header"] = args.header
+    if args.limit is not None:
+        params["limit"] = str(args.limit)
+    got = _http(prog, "GET", args.nsqd_http_address, "/trace/search", params)
+    if got is None:
+        return 1
+    status, data = got
+    if status != 200:
+        return _failed(prog, status, data)
+    doc = json.loads(data)
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print(format_timeline(doc))
+    return 0 if doc["messages"] else 3
+
+
+def cmd_trace_switch(args: argparse.Namespace, on: bool) -> int:
+    prog = f"nsqx trace {'enable' if on else 'disable'}"
+    got = _http(prog, "POST", args.nsqd_http_address, "/topic/trace",
+                {"topic": args.topic, "enable": "true" if on else "false"})
+    if got is None:
+        return 1
+    status, data = got
+    if status != 200:
+        return _failed(prog, status, data)
+    print(f"{args.topic}: tracing {'on' if on else 'off'}")
+    return 0
+
+
+def _nonneg(value: str) -> int:
+    if not value.isascii() or not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
+    return int(value)
+
+
+def _header(value: str) -> str:
+    key, sep, _ = value.partition(":")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY:VALUE, got {value!r}")
+    return value
+
+
+def add_trace_commands(sub: Any) -> None:
+    """``nsqx trace get|enable|disable``."""
+    tr = sub.add_parser("trace", help="message tracing: switch it per topic, read timelines",
+                        description="Message tracing through nsqd's HTTP API (events are kept "
+                                    "in the topic __trace of each nsqd).")
+    tsub = tr.add_subparsers(dest="trace_command", metavar="COMMAND")
+    tr.set_defaults(func=lambda a: (tr.print_help(), 2)[1])
+    p = tsub.add_parser(
+        "get", help="print the timeline of a message (published, delivered, FIN/REQ/timeout)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Find TOPIC's messages by id, trace id or a header value and print what "
+                    "happened to each (GET /trace/search; a scan of the newest trace events, "
+                    "--limit of them). Exit status 3 when no message matched.",
+        epilog="examples:\n"
+               "  nsqx trace get orders --id 000000000000002a --nsqd-http-address 127.0.0.1:4151\n"
+               "  nsqx trace get orders --trace-id 12345 --nsqd-http-address 127.0.0.1:4151\n"
+               "  nsqx trace get orders --header order_id:A-17 --nsqd-http-address 127.0.0.1:4151")
+    p.add_argument("topic", metavar="TOPIC")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", metavar="ID", help="message id as consumers see it (16 hex)")
+    which.add_argument("--trace-id", type=_nonneg, metavar="N",
+                       help="trace id given with PUB_TRACE or the ##trace_id header")
+    which.add_argument("--header", type=_header, metavar="KEY:VALUE",
+                       help="messages whose header KEY is VALUE (newest 100)")
+    p.add_argument("--limit", type=_nonneg, metavar="N",
+                   help="trace events to scan, newest first (nsqd's default 200,000)")
+    p.add_argument("--nsqd-http-address", required=True, metavar="HOST:PORT")
+    p.add_argument("--json", action="store_true", help="print nsqd's JSON answer")
+    p.set_defaults(func=cmd_trace_get)
+    for name, on in (("enable", True), ("disable", False)):
+        q = tsub.add_parser(name, help=f"{'start' if on else 'stop'} tracing a topic "
+                                       "(every partition, kept across restarts)")
+        q.add_argument("topic", metavar="TOPIC")
+        q.add_argument("--nsqd-http-address", required=True, metavar="HOST:PORT")
+        q.set_defaults(func=lambda a, on=on: cmd_trace_switch(a, on))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from nsqx.cli.nsqx_cmd import main
+
+    sys.exit(main(["trace", *sys.argv[1:]]))
