@@ -51,3 +51,15 @@ def test_parse_time_ms() -> None:
     assert parse_time_ms("2023-11-14T22:13:20Z") == 1_700_000_000_000
     assert parse_time_ms("2023-11-14T22:13:20") == 1_700_000_000_000
     assert parse_time_ms(None) is None
+
+
+def test_trace_report_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["spark", "trace-report", "--nsqd", "h:4151", "--out", "d",
+                                      "--topic", "orders", "--top", "3"])
+    assert (args.spark_command, args.out, args.topic, args.top) == ("trace-report", "d",
+                                                                    "orders", 3)
+    for argv in (["spark", "trace-report", "--out", "d"],  # no source
+                 ["spark", "trace-report", "--nsqd", "h:1"]):  # no --out
+        with pytest.raises(SystemExit) as ei:
+            main(argv)
+        assert ei.value.code == 2

@@ -101,8 +101,23 @@ def cmd_spark_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spark_trace_report(args: argparse.Namespace) -> int:
+    from nsqx.spark.trace_report import format_report, trace_report
+
+    spark = _spark(args, "trace-report")
+    try:
+        summary = trace_report(spark, out=args.out, nsqd=args.nsqd, lookupd=args.lookupd,
+                               topic=args.topic, top=args.top, options=dict(args.option))
+    finally:
+        spark.stop()
+    print(json.dumps(summary) if args.json else format_report(summary))
+    if not args.json:
+        print(f"report: {args.out}/summary.html (tables: deliveries/, channels/, consumers/)")
+    return 0
+
+
 def add_spark_commands(sub: Any) -> None:
-    """``nsqx spark archive|stats``."""
+    """``nsqx spark archive|stats|trace-report``."""
     spark = sub.add_parser("spark", help="data pipeline jobs on Apache Spark",
                            description="Spark jobs on the nsq data source (nsqx.spark).")
     ssub = spark.add_subparsers(dest="spark_command", metavar="COMMAND")
@@ -136,6 +151,19 @@ def add_spark_commands(sub: Any) -> None:
     p2.add_argument("--to", metavar="TIME", help="end (exclusive)")
     p2.add_argument("--top", type=int, default=10, help="how many top keys (default 10)")
     p2.add_argument("--json", action="store_true", help="print JSON")
+
+    p3 = ssub.add_parser(
+        "trace-report", help="delivery latency, redeliveries, slowest consumers from __trace",
+        description="Read the trace events of an nsqd (its __trace topic) and write per-"
+                    "delivery, per-channel and per-consumer tables (Parquet) plus "
+                    "summary.html/summary.json to DIR: pub->deliver and deliver->fin "
+                    "percentiles, redelivery rates, slowest consumers.")
+    _source_args(p3)
+    p3.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p3.add_argument("--topic", help="only this traced topic's messages")
+    p3.add_argument("--top", type=int, default=10, help="slowest consumers listed (default 10)")
+    p3.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p3.set_defaults(func=lambda a: (_need_source(a, p3), cmd_spark_trace_report(a))[1])
 
     def run_stats(a: argparse.Namespace) -> int:
         if not a.archive:
