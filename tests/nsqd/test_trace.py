@@ -110,7 +110,7 @@ def test_lifecycle_events_and_search(nsqd_factory: NsqdFactory) -> None:
     assert [e["event"] for e in m["events"]] == ["pub", "deliver", "fin"]
     pub, deliver, fin = m["events"]
     assert pub["trace_id"] == 99 and pub["producer"].startswith("127.0.0.1:")
-    assert pub["node"].endswith(":%d" % int(nsqd.http_address.rsplit(":", 1)[1]))
+    assert pub["node"].endswith(":" + nsqd.http_address.rsplit(":", 1)[1])
     assert (deliver["channel"], deliver["attempts"]) == ("work", 1)
     assert deliver["client"]["addr"] == f"127.0.0.1:{client_port}"
     assert fin["client"]["id"] == deliver["client"]["id"]
@@ -191,12 +191,12 @@ def test_events_cover_runs(nsqd: NsqdProcess) -> None:
         c.expect_nothing(0.2)
         c.send(v2.fin(msgs[7].id))
         c.expect_nothing(0.2)
-    r = wait_events(nsqd, "runs", "%016x" % 25, 3)
+    r = wait_events(nsqd, "runs", f"{25:016x}", 3)
     pub, deliver, fin = r["messages"][0]["events"]
     assert (pub["offset"], pub["count"]) == (0, 50)
     assert (deliver["offset"], deliver["count"], deliver["attempts"]) == (0, 50, 1)
     assert fin["event"] == "fin" and fin["offset"] <= 25 < fin["offset"] + fin["count"]
-    fins = [e for e in wait_events(nsqd, "runs", "%016x" % 7, 3)["messages"][0]["events"]
+    fins = [e for e in wait_events(nsqd, "runs", f"{7:016x}", 3)["messages"][0]["events"]
             if e["event"] == "fin"]
     assert [(e["offset"], e.get("count", 1)) for e in fins] == [(7, 1)]
 

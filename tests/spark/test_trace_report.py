@@ -49,7 +49,7 @@ def run_traffic(nsqd: NsqdProcess) -> tuple[str, str]:
     # fast: FIN at once, except REQ m0 and m1 once and let m2 time out once
     with consumer(nsqd.tcp_address, "orders", "fast", rdy=N,
                   identify={"msg_timeout": 1000}) as c:
-        fast = "127.0.0.1:%d" % c.sock.getsockname()[1]
+        fast = f"127.0.0.1:{c.sock.getsockname()[1]}"
         seen: dict[bytes, int] = {}
         finished = 0
         while finished < N:
@@ -64,7 +64,7 @@ def run_traffic(nsqd: NsqdProcess) -> tuple[str, str]:
                 finished += 1
         c.expect_nothing(0.2)
     with consumer(nsqd.tcp_address, "orders", "slow", rdy=1) as c:
-        slow = "127.0.0.1:%d" % c.sock.getsockname()[1]
+        slow = f"127.0.0.1:{c.sock.getsockname()[1]}"
         for _ in range(N):
             m = c.read_message(timeout=10)
             time.sleep(HOLD)
@@ -80,7 +80,7 @@ def timelines(nsqd: NsqdProcess) -> list[dict[str, Any]]:
         deadline = time.monotonic() + 10
         while True:
             r = http_api.get(nsqd.http_address, "/trace/search", topic="orders",
-                             id="%016x" % off).json()
+                             id=f"{off:016x}").json()
             evs = r["messages"][0]["events"]
             fins = sum(e["event"] == "fin" for e in evs)
             if fins == 2 or time.monotonic() > deadline:
