@@ -488,8 +488,18 @@ class ClusterClient:
         """``GET /message/get?<query>`` on every producer of the topic -> ([(node, message)],
         errors); a node without it (404) is neither. Without cluster partitions each node
         numbers its own log, so one id may name a message on several nodes."""
+        return await self._ask_topic_nodes(topic, f"/message/get?topic={_q(topic)}&{query}")
+
+    async def trace_search(self, topic: str, query: str
+                           ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+        """``GET /trace/search?<query>`` on every producer of the topic (each node keeps the
+        trace events of its own partitions) -> ([(node, answer)], errors)."""
+        return await self._ask_topic_nodes(topic, f"/trace/search?topic={_q(topic)}&{query}")
+
+    async def _ask_topic_nodes(self, topic: str, path: str
+                               ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+        """GET ``path`` on every producer of ``topic``; a 404 answer counts as nothing."""
         producers, errs = await self.topic_producers(topic)
-        path = f"/message/get?topic={_q(topic)}&{query}"
 
         async def one(p: dict[str, Any]) -> dict[str, Any] | None:
             try:

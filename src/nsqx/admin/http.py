@@ -24,7 +24,7 @@ import secrets
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 import orjson
@@ -96,7 +96,7 @@ class AdminHTTP:
             "/topics/{topic}": self.page_topic, "/topics/{topic}/{channel}": self.page_channel,
             "/nodes": self.page_nodes, "/nodes/{node}": self.page_node,
             "/counter": self.page_counter, "/lookup": self.page_lookup,
-            "/messages": self.page_messages,
+            "/messages": self.page_messages, "/trace": self.page_trace,
         }
         for path, fn in page_routes.items():
             r.add_get(b + path, fn)
@@ -123,6 +123,7 @@ class AdminHTTP:
         r.add_get(b + "/api/graphs/topics/{topic}/{channel}", self.api_graph)
         r.add_get(b + "/api/health", self.api_health)
         r.add_get(b + "/api/messages", self.api_messages)
+        r.add_get(b + "/api/trace", self.api_trace)
         r.add_get(b + "/config/{opt}", self.config)
         r.add_put(b + "/config/{opt}", self.config)
         return app
@@ -434,6 +435,61 @@ class AdminHTTP:
         cn = self._ctx(request, errs)
         return self._html(request, cn, pages.render_messages(
             cn[0], {k: q.get(k, "") for k in ("topic", "partition", "id", "offset")},
+            found, error), status=400 if error.startswith(("INVALID", "GIVE")) else 200)
+
+    @staticmethod
+    def _trace_query(q: Any) -> tuple[str, str] | None:
+        """(topic, nsqd /trace/search query) from the trace form; None when it is empty."""
+        topic = (q.get("topic") or "").strip()
+        given = {k: (q.get(k) or "").strip() for k in ("id", "trace_id", "header")}
+        given = {k: v for k, v in given.items() if v}
+        if not topic or not given:
+            return None
+        if not valid_topic_name(topic):
+            raise HTTPError(400, "INVALID_TOPIC")
+        if len(given) > 1:
+            raise HTTPError(400, "GIVE_ONE_OF_ID_TRACE_ID_HEADER")
+        (k, v), = given.items()
+        if k == "id" and (len(v) != 16 or not all(c in "0123456789abcdef" for c in v)):
+            raise HTTPError(400, "INVALID_ID")
+        if k == "trace_id" and (not (v.isascii() and v.isdigit()) or len(v) > 20):
+            raise HTTPError(400, "INVALID_TRACE_ID")
+        if k == "header" and (":" not in v[1:] or len(v) > 1000):
+            raise HTTPError(400, "INVALID_HEADER")
+        return topic, urlencode({k: v})
+
+    async def _find_trace(self, q: Any) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+        parsed = self._trace_query(q)
+        if parsed is None:
+            raise HTTPError(400, "GIVE_ONE_OF_ID_TRACE_ID_HEADER" if q.get("topic")
+                            else "MISSING_ARG_TOPIC")
+        return await self.cluster.trace_search(*parsed)
+
+    async def api_trace(self, request: web.Request) -> web.Response:
+        """nsqx: message timelines: ``?topic=T&id=ID|trace_id=N|header=k:v`` ->
+        ``{"nodes": [{"node", ...nsqd's /trace/search answer}], "message"}``."""
+        try:
+            found, errs = await self._find_trace(request.query)
+        except UpstreamError as e:
+            raise _upstream(e) from None
+        return v1_json({"nodes": [{"node": n, **doc} for n, doc in found],
+                        "message": _warn(errs)})
+
+    async def page_trace(self, request: web.Request) -> web.Response:
+        q = request.query
+        found: list[tuple[str, dict[str, Any]]] | None = None
+        errs: list[str] = []
+        error = ""
+        try:
+            if self._trace_query(q) is not None:
+                found, errs = await self._find_trace(q)
+        except HTTPError as e:
+            error = e.code
+        except UpstreamError as e:
+            error = f"UPSTREAM_ERROR: {e}"
+        cn = self._ctx(request, errs)
+        return self._html(request, cn, pages.render_trace(
+            cn[0], {k: q.get(k, "") for k in ("topic", "id", "trace_id", "header")},
             found, error), status=400 if error.startswith(("INVALID", "GIVE")) else 200)
 
     # ================================================================== misc

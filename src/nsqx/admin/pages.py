@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 __all__ = ["Ctx", "render_channel", "render_counter", "render_error", "render_lookup",
-           "render_messages", "render_node", "render_nodes", "render_topic", "render_topics"]
+           "render_messages", "render_trace", "render_node", "render_nodes", "render_topic", "render_topics"]
 
 
 def e(v: Any) -> str:
@@ -88,7 +88,7 @@ class Ctx:
 def _nav(ctx: Ctx, active: str) -> str:
     items = [("streams", "/", "Streams"), ("nodes", "/nodes", "Nodes"),
              ("counter", "/counter", "Counter"), ("lookup", "/lookup", "Lookup"),
-             ("messages", "/messages", "Messages")]
+             ("messages", "/messages", "Messages"), ("trace", "/trace", "Trace")]
     links = "".join(
         f'<a class="nav-link{" active" if k == active else ""}" href="{ctx.url(p)}">{t}</a>'
         for k, p, t in items)
@@ -569,6 +569,94 @@ def render_messages(ctx: Ctx, form: dict[str, str], found: list[dict[str, Any]] 
             f'<h5>Body <span class="muted">{e(enc)}</span></h5>'
             f'<pre class="body" data-field="body">{e(m["body"])}</pre></div>')
     return layout(ctx, "Message search", "messages", "".join(body), page="messages")
+
+
+# ------------------------------------------------------------------------- trace
+
+_EVENT_BADGE = {"pub": "badge-paused", "fin": "badge-ok", "req": "badge-warn",
+                "timeout": "badge-down", "dlq": "badge-down", "deliver": ""}
+
+
+def _timeline(m: dict[str, Any]) -> str:
+    """One message's events: a bar with a mark per event, then a table, times from the first."""
+    evs = m.get("events") or []
+    if not evs:
+        return ('<p class="muted trace-empty">No trace events: the topic was not traced then, '
+                'or they are older than the scan.</p>')
+    t0, t1 = evs[0]["ts"], evs[-1]["ts"]
+    span = max(t1 - t0, 1)
+    marks = "".join(
+        f'<span class="trace-mark badge {_EVENT_BADGE.get(ev["event"], "")}" '
+        f'data-left="{100 * (ev["ts"] - t0) / span:.2f}" title="{e(ev["event"])}">'
+        f'{e(ev["event"][0].upper())}</span>' for ev in evs)
+    rows = []
+    for ev in evs:
+        client = ev.get("client") or {}
+        who = e(client.get("addr") or "") + (f' <span class="muted">#{e(client["id"])}</span>'
+                                               if "id" in client else "")
+        extra = []
+        if ev["event"] == "pub":
+            extra.append(f"from {e(ev.get('producer') or '?')}")
+        if "delay_ms" in ev:
+            extra.append(f"delay {num(ev['delay_ms'])} ms")
+        if ev.get("count", 1) > 1:
+            extra.append(f"one of {num(ev['count'])} from offset {num(ev['offset'])}")
+        rows.append(
+            f'<tr class="trace-event" data-event="{e(ev["event"])}">'
+            f'<td class="num" data-field="since">+{(ev["ts"] - t0) / 1e6:,.1f} ms</td>'
+            f'<td><span class="badge {_EVENT_BADGE.get(ev["event"], "")}">{e(ev["event"])}'
+            f'</span></td><td data-field="channel">{e(ev.get("channel") or "")}</td>'
+            f'<td data-field="client">{who}</td>'
+            f'<td class="num" data-field="attempts">{e(ev.get("attempts", ""))}</td>'
+            f'<td>{"; ".join(extra)}</td><td class="muted">{e(ev.get("node") or "")}</td></tr>')
+    return (f'<div class="trace-bar" title="{(t1 - t0) / 1e6:,.1f} ms from first to last event">'
+            f'{marks}</div><table class="table trace-events"><thead><tr><th>time</th>'
+            '<th>event</th><th>channel</th><th>client</th><th>attempts</th><th></th><th>node</th>'
+            f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def render_trace(ctx: Ctx, form: dict[str, str], found: list[dict[str, Any]] | None,
+                 error: str) -> str:
+    """The trace search: a form (topic and an id, a trace id or a header) and, per node that
+    holds the topic, each matching message's timeline from its ``__trace`` events."""
+    body = ['<div class="page-head"><h2>Message trace</h2></div>',
+            '<form class="create-form card" id="trace-search" method="get" '
+            f'action="{ctx.url("/trace")}"><div class="form-row">'
+            f'<input name="topic" placeholder="topic" required value="{e(form["topic"])}" '
+            'pattern="[.a-zA-Z0-9_\\-]+(#ephemeral)?" maxlength="64" aria-label="topic">'
+            f'<input name="id" placeholder="message id" value="{e(form["id"])}" maxlength="16" '
+            'aria-label="message id">'
+            f'<input name="trace_id" placeholder="or trace id" value="{e(form["trace_id"])}" '
+            'inputmode="numeric" maxlength="20" aria-label="trace id">'
+            f'<input name="header" placeholder="or header key:value" value="{e(form["header"])}" '
+            'maxlength="1000" aria-label="header">'
+            '<button type="submit" class="btn btn-primary">Trace</button></div>'
+            '<p class="muted">Events are recorded while a topic is traced (<code>nsqx trace '
+            'enable TOPIC</code> or <code>POST /topic/trace</code>); each node is asked for the '
+            'newest 200,000 events it holds.</p></form>']
+    if error:
+        body.append(f'<div class="alert alert-danger" id="trace-error">{e(error)}</div>')
+    elif found is not None and not any(doc["messages"] for _, doc in found):
+        body.append('<div class="alert alert-info" id="trace-none">No node has a matching '
+                    'message.</div>')
+    for node, doc in found or ():
+        if not doc.get("traced"):
+            body.append(f'<p class="muted trace-off" data-node="{e(node)}">Topic '
+                        f'{e(doc["topic"])} is not traced on {e(node)} now.</p>')
+        for m in doc["messages"]:
+            hdrs = "".join(f'<span class="badge" title="header">{e(k)}: {e(v)}</span>'
+                           for k, v in sorted((m.get("headers") or {}).items()))
+            tid = (f' <span class="muted">trace id</span> <code data-field="trace_id">'
+                   f'{e(m["trace_id"])}</code>' if "trace_id" in m else "")
+            body.append(
+                f'<div class="card trace" data-node="{e(node)}" data-id="{e(m["id"])}">'
+                f'<h4><code>{e(m["id"])}</code>{tid} <span class="muted">partition '
+                f'{num(m["partition"])}, offset {num(m["offset"])}, on {e(node)}</span></h4>'
+                f'<div class="trace-headers">{hdrs}</div>{_timeline(m)}</div>')
+        if doc.get("truncated"):
+            body.append(f'<p class="muted">{e(node)}: scanned the newest {num(doc["scanned"])} '
+                        'trace events only.</p>')
+    return layout(ctx, "Message trace", "trace", "".join(body), page="trace")
 
 
 # ------------------------------------------------------------------------- nodes

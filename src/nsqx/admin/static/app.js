@@ -246,6 +246,12 @@
   }
   loadCharts();
 
+  /* ---------------------------------------------------------------- trace timeline */
+  // marks sit at their time along the bar (set here: the CSP allows no inline style)
+  document.querySelectorAll(".trace-mark[data-left]").forEach(function (m) {
+    m.style.left = m.dataset.left + "%";
+  });
+
   /* ---------------------------------------------------------------- counter */
   var counter = document.getElementById("counter");
   if (counter) {
