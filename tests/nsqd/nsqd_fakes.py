@@ -124,16 +124,20 @@ class FakeNSQD:
         del self.topics[name]
 
     async def publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
-                      partition: int | None = None) -> None:
+                      partition: int | None = None, *,
+                      headers: list[dict[str, bytes] | None] | None = None,
+                      producer: str = "") -> tuple[int, int]:
         if self.publish_error is not None:
             raise self.publish_error
         t = self.get_topic(topic_name)
         assert t is not None
+        base = t.message_count
         for b in bodies:
             t.messages.append((b, defer_ms))
             t.message_count += 1
             t.message_bytes += len(b)
             t.depth += 1
+        return 0, base
 
     def clients(self) -> list[Any]:
         return list(self.producers)

@@ -36,7 +36,8 @@ def setup(bodies: list[bytes], *, ts_ns: int | None = None, max_attempts: int = 
     log.flush()
     dlq = dlq or FakeDLQ()
     nsqd = SimpleNamespace(get_topic=lambda name: dlq if name == "jobs.dlq" else None)
-    topic = SimpleNamespace(name="jobs", partition=0, log=log, msg_ttl_ns=ttl_ns, nsqd=nsqd)
+    topic = SimpleNamespace(name="jobs", partition=0, log=log, msg_ttl_ns=ttl_ns, nsqd=nsqd,
+                            tracer=None)
     ch = SimpleNamespace(topic=topic, name="work", cursor=ChannelCursor(0),
                          max_attempts=max_attempts, dlq_count=0, expired_count=0, dirty=False,
                          wakes=0)

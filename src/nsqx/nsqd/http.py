@@ -528,7 +528,8 @@ def make_app(nsqd: Any, *, tls_listener: bool = False) -> web.Application:
     Facade used: ``nsqd.opts`` (Options), ``nsqd.health()``, ``nsqd.is_healthy()``,
     ``nsqd.start_time``, ``nsqd.tcp_port``, ``nsqd.http_port``, ``nsqd.https_port``,
     ``nsqd.get_topic(name, create=True)``, ``await nsqd.delete_topic(name)``,
-    ``await nsqd.publish(topic, bodies, defer_ms)``, ``nsqd.persist_metadata()``,
+    ``await nsqd.publish(topic, bodies, defer_ms, partition, headers=, producer=)`` ->
+    ``(partition, base offset)``, ``nsqd.persist_metadata()``,
     ``nsqd.set_lookupd_tcp_addresses(list)``, optional ``nsqd.set_log_level(str)``,
     ``nsqd.stats_dict(topic=, channel=, include_clients=, include_mem=)``;
     Topic: ``get_channel(name, create=True)``, ``delete_channel(name)`` (KeyError if
