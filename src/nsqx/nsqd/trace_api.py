@@ -3,7 +3,8 @@
 ``POST /pub_ext?topic=T[&partition=P]&ext=<json>``
     Publish the body with headers: ``ext`` is a JSON object of strings; ``X-Nsqext-<key>:
     value`` request headers add/override keys (lowercased, as Youzan). Errors: 400
-    ``E_INVALID_JSON_HEADER`` (missing, bad JSON, not an object of strings, > 65535 bytes),
+    ``E_INVALID_JSON_HEADER`` (missing, bad JSON, not an object of strings; a request line
+    over 8 KiB is refused by the HTTP server first, so the 65,535-byte cap is not reached),
     ``INVALID_TRACE_ID``, ``E_BAD_TAG``, ``E_EXT_NOT_SUPPORT`` (topic created with
     ``extend=false``), and /pub's own (``MSG_EMPTY``, ``MSG_TOO_BIG``, ``E_BAD_PARTITION``).
     With a ``##trace_id`` the answer is Youzan's traced JSON, else ``OK``.
