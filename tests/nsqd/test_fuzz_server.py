@@ -29,7 +29,10 @@ pytestmark = pytest.mark.slow
 
 MAX_MSG = 4096
 MAX_BODY = 16384
-NON_FATAL = (b"E_FIN_FAILED", b"E_REQ_FAILED", b"E_TOUCH_FAILED")
+# upstream's non-fatal errors, and Youzan's for a bad ext header, trace id, tag or
+# partition (the command is refused, the connection stays)
+NON_FATAL = (b"E_FIN_FAILED", b"E_REQ_FAILED", b"E_TOUCH_FAILED", b"E_INVALID_JSON_HEADER",
+             b"INVALID_TRACE_ID", b"E_BAD_TAG", b"E_BAD_PARTITION", b"E_EXT_NOT_SUPPORT")
 ERROR_RE = re.compile(rb"^E_[A-Z_]+( |$)")
 RSS_LIMIT_KIB = 300 * 1024
 
