@@ -23,8 +23,9 @@ import orjson
 from aiohttp import web
 
 from nsqx.cli.flags import parse_go_duration
-from nsqx.httpapi import topic_channel_args
-from nsqx.nsqd.http import HTTPError, _first, _query
+from nsqx.httpapi import HTTPError, topic_channel_args
+from nsqx.httpapi import first as _first
+from nsqx.httpapi import query as _query
 
 log = logging.getLogger("nsqx.nsqd.http")
 

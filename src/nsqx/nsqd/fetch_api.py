@@ -69,8 +69,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from nsqx.httpapi import HTTPError
+from nsqx.httpapi import first as _first
+from nsqx.httpapi import query as _query
 from nsqx.nsqd.auth import AuthState, query_auth
-from nsqx.nsqd.http import HTTPError, _first, _query, _read_capped, parse_mpub_binary
+from nsqx.nsqd.http_publish import parse_mpub_binary, read_capped
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
 __all__ = ["add_routes", "FETCH_HEADER", "FETCH_MAGIC", "PUB_KEY_HEADER", "encode_fetch_headers"]
@@ -392,7 +395,7 @@ class _FetchAPI:
         pid = _int_arg(params, "partition", 0, hi=(1 << 16) - 1)
         keyed = (_first(params, "keys") or "") in ("1", "true")
         await self._authorize(request, name, "publish")
-        body = await _read_capped(request, o.max_body_size)
+        body = await read_capped(request, o.max_body_size)
         if len(body) > o.max_body_size:
             raise HTTPError(413, "BODY_TOO_BIG")
         if keyed:

@@ -18,7 +18,6 @@ import gc
 import inspect
 import logging
 import socket
-import struct
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -39,10 +38,17 @@ from nsqx.httpapi import (
 )
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
+from nsqx.nsqd.http_publish import (
+    parse_mpub_binary,
+    partition_arg,
+    publish,
+    read_capped,
+    split_text_mpub,
+    topic_for_publish,
+)
 from nsqx.nsqd.metrics import memory_stats, prometheus_text
 from nsqx.nsqd.options import LOG_LEVELS, TLS_REQUIRED
 from nsqx.nsqd.stats_text import format_stats
-from nsqx.nsqd.topic import BadPartition, PublishRefused
 from nsqx.protocol.names import valid_topic_name
 
 __all__ = ["HTTPError", "make_app", "parse_go_query", "parse_mpub_binary"]
@@ -57,20 +63,6 @@ _PY_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.
 
 NSQD_KEY = web.AppKey("nsqd", object)
 
-
-
-async def _read_capped(request: web.Request, limit: int) -> bytes:
-    """At most ``limit + 1`` bytes of the body: one byte more tells "too big"."""
-    content = request.content
-    chunks: list[bytes] = []
-    got = 0
-    while got <= limit:
-        chunk = await content.read(min(1 << 18, limit + 1 - got))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
 
 
 async def _maybe_await(result: Any) -> Any:
@@ -94,49 +86,6 @@ def _ok_text(text: str = "OK") -> web.Response:
 
 def _empty() -> web.Response:
     return web.Response(body=b"")
-
-
-def parse_mpub_binary(body: bytes, max_msg_size: int, max_body_size: int) -> list[bytes]:
-    """An upstream binary MPUB body -> message bodies; HTTPError(413, BAD_BODY/BAD_MESSAGE)."""
-    n = len(body)
-    if n < 4:
-        raise HTTPError(413, "BAD_BODY")
-    (count,) = struct.unpack_from(">i", body, 0)
-    if count <= 0 or count > (max_body_size - 4) // 5:
-        raise HTTPError(413, "BAD_BODY")
-    view = memoryview(body)
-    msgs: list[bytes] = []
-    pos = 4
-    unpack = struct.Struct(">i").unpack_from
-    for _ in range(count):
-        if pos + 4 > n:
-            raise HTTPError(413, "BAD_MESSAGE")
-        (size,) = unpack(body, pos)
-        if size <= 0 or size > max_msg_size or pos + 4 + size > n:
-            raise HTTPError(413, "BAD_MESSAGE")
-        msgs.append(bytes(view[pos + 4:pos + 4 + size]))
-        pos += 4 + size
-    return msgs
-
-
-def _split_text_mpub(body: bytes, max_msg_size: int, max_body_size: int) -> list[bytes]:
-    """Text /mpub: one message per line, empty lines skipped, in upstream's check order."""
-    if len(body) <= max_body_size:
-        msgs = [line for line in body.split(b"\n") if line]
-        if msgs and max(map(len, msgs)) > max_msg_size:
-            raise HTTPError(413, "MSG_TOO_BIG")
-        return msgs
-    # Over the cap: upstream reports whichever limit a line-by-line read hits first.
-    total = 0
-    read_max = max_body_size + 1
-    lines = body.split(b"\n")
-    for i, line in enumerate(lines):
-        total += len(line) + (1 if i < len(lines) - 1 else 0)
-        if total >= read_max:
-            raise HTTPError(413, "BODY_TOO_BIG")
-        if len(line) > max_msg_size:
-            raise HTTPError(413, "MSG_TOO_BIG")
-    raise HTTPError(413, "BODY_TOO_BIG")  # pragma: no cover - the loop always reaches read_max
 
 
 # ---------------------------------------------------------------- the app
@@ -175,48 +124,17 @@ class _Handlers:
         })
 
     # -- publishing --------------------------------------------------------------------
-    def _topic_for_publish(self, params: dict[str, list[str]]) -> str:
-        name = _first(params, "topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_topic_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        return name
-
-    async def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
-                       partition: int | None = None, *,
-                       headers: list[dict[str, bytes] | None] | None = None,
-                       producer: str = "") -> tuple[int, int]:
-        """Publish, durable when this returns: (partition, base offset); HTTPError if not."""
-        if self.nsqd.get_topic(topic_name) is None:  # None only while exiting
-            raise HTTPError(503, "EXITING")
-        if not bodies:
-            return 0, -1
-        try:
-            return await self.nsqd.publish(topic_name, bodies, defer_ms, partition,
-                                           headers=headers, producer=producer)
-        except asyncio.CancelledError:
-            raise
-        except BadPartition:
-            raise HTTPError(400, "E_BAD_PARTITION") from None
-        except PublishRefused as exc:  # cluster mode: not the leader, too few in-sync replicas
-            log.error("TOPIC(%s): HTTP publish refused - %s", topic_name, exc)
-            raise HTTPError(503, "E_PUB_FAILED") from None
-        except Exception as exc:
-            log.error("TOPIC(%s): HTTP publish failed - %s", topic_name, exc)
-            raise HTTPError(503, "EXITING") from None
-
     async def pub(self, request: web.Request) -> web.Response:
         max_msg = self.opts.max_msg_size
         if (request.content_length or 0) > max_msg:
             raise HTTPError(413, "MSG_TOO_BIG")
-        body = await _read_capped(request, max_msg)
+        body = await read_capped(request, max_msg)
         if len(body) > max_msg:
             raise HTTPError(413, "MSG_TOO_BIG")
         if not body:
             raise HTTPError(400, "MSG_EMPTY")
         params = _query(request)
-        name = self._topic_for_publish(params)
+        name = topic_for_publish(params)
         defer_ms = 0
         ds = _first(params, "defer")
         if ds is not None:
@@ -226,8 +144,8 @@ class _Handlers:
             defer_ms = int(ds)
             if defer_ms < 0 or defer_ms >= 2**63 or defer_ms > self.opts.max_delay_ms:
                 raise HTTPError(400, "INVALID_DEFER")
-        await self._publish(name, [body], defer_ms, _partition_arg(params),
-                            producer=request.remote or "")
+        await publish(self.nsqd, name, [body], defer_ms, partition_arg(params),
+                      producer=request.remote or "")
         return _ok_text()
 
     async def mpub(self, request: web.Request) -> web.Response:
@@ -235,19 +153,19 @@ class _Handlers:
         if (request.content_length or 0) > o.max_body_size:
             raise HTTPError(413, "BODY_TOO_BIG")
         params = _query(request)
-        name = self._topic_for_publish(params)
+        name = topic_for_publish(params)
         binary = False
         bv = _first(params, "binary")
         if bv is not None:
             binary = BOOL_PARAMS.get(bv, True)  # unknown values mean true (deprecated)
-        body = await _read_capped(request, o.max_body_size)
+        body = await read_capped(request, o.max_body_size)
         if binary:
             if len(body) > o.max_body_size:
                 raise HTTPError(413, "BODY_TOO_BIG")
             msgs = parse_mpub_binary(body, o.max_msg_size, o.max_body_size)
         else:
-            msgs = _split_text_mpub(body, o.max_msg_size, o.max_body_size)
-        await self._publish(name, msgs, 0, _partition_arg(params), producer=request.remote or "")
+            msgs = split_text_mpub(body, o.max_msg_size, o.max_body_size)
+        await publish(self.nsqd, name, msgs, 0, partition_arg(params), producer=request.remote or "")
         return _ok_text()
 
     # -- topics ------------------------------------------------------------------------
@@ -415,7 +333,7 @@ class _Handlers:
         opt = request.match_info["opt"]
         if request.method == "PUT":
             limit = self.opts.max_msg_size
-            body = await _read_capped(request, limit)
+            body = await read_capped(request, limit)
             if len(body) > limit or not body:
                 raise HTTPError(413, "INVALID_VALUE")
             if opt == "nsqlookupd_tcp_addresses":
@@ -507,15 +425,6 @@ def _tls_required_middleware(nsqd: Any) -> Any:
 
 async def _add_v1_header(request: web.Request, response: web.StreamResponse) -> None:
     response.headers[V1_HEADER] = V1_VALUE
-
-
-def _partition_arg(params: dict[str, list[str]]) -> int | None:
-    raw = _first(params, "partition")
-    if raw is None or raw == "":
-        return None
-    if not raw.isdigit() or int(raw) > 65535:
-        raise HTTPError(400, "E_BAD_PARTITION")
-    return int(raw)
 
 
 def make_app(nsqd: Any, *, tls_listener: bool = False) -> web.Application:

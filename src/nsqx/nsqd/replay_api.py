@@ -69,9 +69,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from nsqx.httpapi import topic_channel_args
+from nsqx.httpapi import HTTPError, topic_channel_args
+from nsqx.httpapi import first as _first
+from nsqx.httpapi import query as _query
 from nsqx.nsqd.channel import NotLeader, SeekError
-from nsqx.nsqd.http import HTTPError, _first, _query, _read_capped
+from nsqx.nsqd.http_publish import read_capped
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_topic_name
 from nsqx.protocol.v2 import StartPosition, parse_start_position
@@ -178,7 +180,7 @@ class _ReplayAPI:
         tname, cname = topic_channel_args(params)
         if (request.content_length or 0) > MAX_POSITION_BODY:
             raise HTTPError(413, "BODY_TOO_BIG")
-        body = await _read_capped(request, MAX_POSITION_BODY)
+        body = await read_capped(request, MAX_POSITION_BODY)
         if len(body) > MAX_POSITION_BODY:
             raise HTTPError(413, "BODY_TOO_BIG")
         pos = split_position_arg(body, params)

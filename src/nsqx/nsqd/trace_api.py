@@ -29,7 +29,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from nsqx.nsqd.http import HTTPError, _first, _partition_arg, _query, _read_capped
+from nsqx.httpapi import HTTPError
+from nsqx.httpapi import first as _first
+from nsqx.httpapi import query as _query
+from nsqx.nsqd.http_publish import partition_arg, publish, read_capped, topic_for_publish
 from nsqx.nsqd.trace import DEFAULT_SCAN, MAX_SCAN, TRACE_TOPIC, message_key, search_trace
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_topic_name
@@ -53,16 +56,15 @@ def _trace_id(raw: str | None) -> int:
 
 
 class _TraceAPI:
-    def __init__(self, nsqd: Any, handlers: Any) -> None:
+    def __init__(self, nsqd: Any) -> None:
         self.nsqd = nsqd
-        self.h = handlers  # nsqd.http's handlers: /pub's body checks and publish
 
     # -- publishing ------------------------------------------------------------------------
     async def _body(self, request: web.Request) -> bytes:
         max_msg = self.nsqd.opts.max_msg_size
         if (request.content_length or 0) > max_msg:
             raise HTTPError(413, "MSG_TOO_BIG")
-        body = await _read_capped(request, max_msg)
+        body = await read_capped(request, max_msg)
         if len(body) > max_msg:
             raise HTTPError(413, "MSG_TOO_BIG")
         if not body:
@@ -71,14 +73,14 @@ class _TraceAPI:
 
     async def _pub(self, request: web.Request, headers: dict[str, bytes] | None,
                    params: dict[str, list[str]], body: bytes) -> tuple[int, int]:
-        name = self.h._topic_for_publish(params)
+        name = topic_for_publish(params)
         if headers:
             topic = self.nsqd.topics.get(name)
             if topic is not None and not topic.ext and any(k[:2] != "##" for k in headers):
                 raise HTTPError(400, "E_EXT_NOT_SUPPORT")
-        return await self.h._publish(name, [body], 0, _partition_arg(params),
-                                     headers=[headers] if headers else None,
-                                     producer=request.remote or "")
+        return await publish(self.nsqd, name, [body], 0, partition_arg(params),
+                             headers=[headers] if headers else None,
+                             producer=request.remote or "")
 
     @staticmethod
     def _traced(part: int, base: int, trace_id: str, body: bytes) -> web.Response:
@@ -187,9 +189,7 @@ class _TraceAPI:
 
 
 def add_routes(app: web.Application, nsqd: Any) -> None:
-    from nsqx.nsqd.http import _Handlers
-
-    api = _TraceAPI(nsqd, _Handlers(nsqd))
+    api = _TraceAPI(nsqd)
     r = app.router
     r.add_post("/pub_ext", api.pub_ext)
     r.add_post("/pubtrace", api.pub_trace)

@@ -1,0 +1,126 @@
+"""What every HTTP route that takes messages shares: capped body reads, upstream's MPUB
+body formats, the ``partition`` parameter, and the publish call with its error codes.
+
+Kept apart from ``http`` (which builds the app and mounts the extension APIs) so the
+extension modules (``fetch_api``, ``replay_api``, ``trace_api``, ``config_api``) depend
+on this and on ``nsqx.httpapi`` only, never back on the module that imports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import Any
+
+from aiohttp import web
+
+from nsqx.httpapi import HTTPError
+from nsqx.httpapi import first as _first
+from nsqx.nsqd.topic import BadPartition, PublishRefused
+from nsqx.protocol.names import valid_topic_name
+
+__all__ = ["parse_mpub_binary", "partition_arg", "publish", "read_capped", "split_text_mpub",
+           "topic_for_publish"]
+
+log = logging.getLogger("nsqx.nsqd.http")
+
+
+async def read_capped(request: web.Request, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of the body: one byte more tells "too big"."""
+    content = request.content
+    chunks: list[bytes] = []
+    got = 0
+    while got <= limit:
+        chunk = await content.read(min(1 << 18, limit + 1 - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def parse_mpub_binary(body: bytes, max_msg_size: int, max_body_size: int) -> list[bytes]:
+    """An upstream binary MPUB body -> message bodies; HTTPError(413, BAD_BODY/BAD_MESSAGE)."""
+    n = len(body)
+    if n < 4:
+        raise HTTPError(413, "BAD_BODY")
+    (count,) = struct.unpack_from(">i", body, 0)
+    if count <= 0 or count > (max_body_size - 4) // 5:
+        raise HTTPError(413, "BAD_BODY")
+    view = memoryview(body)
+    msgs: list[bytes] = []
+    pos = 4
+    unpack = struct.Struct(">i").unpack_from
+    for _ in range(count):
+        if pos + 4 > n:
+            raise HTTPError(413, "BAD_MESSAGE")
+        (size,) = unpack(body, pos)
+        if size <= 0 or size > max_msg_size or pos + 4 + size > n:
+            raise HTTPError(413, "BAD_MESSAGE")
+        msgs.append(bytes(view[pos + 4:pos + 4 + size]))
+        pos += 4 + size
+    return msgs
+
+
+def split_text_mpub(body: bytes, max_msg_size: int, max_body_size: int) -> list[bytes]:
+    """Text /mpub: one message per line, empty lines skipped, in upstream's check order."""
+    if len(body) <= max_body_size:
+        msgs = [line for line in body.split(b"\n") if line]
+        if msgs and max(map(len, msgs)) > max_msg_size:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        return msgs
+    # Over the cap: upstream reports whichever limit a line-by-line read hits first.
+    total = 0
+    read_max = max_body_size + 1
+    lines = body.split(b"\n")
+    for i, line in enumerate(lines):
+        total += len(line) + (1 if i < len(lines) - 1 else 0)
+        if total >= read_max:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        if len(line) > max_msg_size:
+            raise HTTPError(413, "MSG_TOO_BIG")
+    raise HTTPError(413, "BODY_TOO_BIG")  # pragma: no cover - the loop always reaches read_max
+
+
+def partition_arg(params: dict[str, list[str]]) -> int | None:
+    """The optional ``partition`` parameter (Youzan's), E_BAD_PARTITION when malformed."""
+    raw = _first(params, "partition")
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or int(raw) > 65535:
+        raise HTTPError(400, "E_BAD_PARTITION")
+    return int(raw)
+
+
+def topic_for_publish(params: dict[str, list[str]]) -> str:
+    name = _first(params, "topic")
+    if name is None:
+        raise HTTPError(400, "MISSING_ARG_TOPIC")
+    if not valid_topic_name(name):
+        raise HTTPError(400, "INVALID_TOPIC")
+    return name
+
+
+async def publish(nsqd: Any, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
+                  partition: int | None = None, *,
+                  headers: list[dict[str, bytes] | None] | None = None,
+                  producer: str = "") -> tuple[int, int]:
+    """Publish, durable when this returns: (partition, base offset); HTTPError if not."""
+    if nsqd.get_topic(topic_name) is None:  # None only while exiting
+        raise HTTPError(503, "EXITING")
+    if not bodies:
+        return 0, -1
+    try:
+        return await nsqd.publish(topic_name, bodies, defer_ms, partition,
+                                  headers=headers, producer=producer)
+    except asyncio.CancelledError:
+        raise
+    except BadPartition:
+        raise HTTPError(400, "E_BAD_PARTITION") from None
+    except PublishRefused as exc:  # cluster mode: not the leader, too few in-sync replicas
+        log.error("TOPIC(%s): HTTP publish refused - %s", topic_name, exc)
+        raise HTTPError(503, "E_PUB_FAILED") from None
+    except Exception as exc:
+        log.error("TOPIC(%s): HTTP publish failed - %s", topic_name, exc)
+        raise HTTPError(503, "EXITING") from None
