@@ -91,7 +91,16 @@ class CursorMachine(RuleBasedStateMachine):
 
     def _open(self) -> ChannelCursor:
         store = DelayStore(self.dir / "c.delays", long_delay_ms=LONG, max_memory=MAX_MEM)
-        return ChannelCursor(0, state_path=self.state, delay_store=store)
+        c = ChannelCursor(0, state_path=self.state, delay_store=store)
+        c.armed = c.has_timers()  # as Channel does with a recovered cursor
+        return c
+
+    @rule()
+    def scan(self) -> None:
+        """The node's scanner: expire, then drop the channel from its set when idle."""
+        self.expire()
+        if not self.cursor.has_timers():
+            self.cursor.armed = False
 
     def _snapshot(self) -> tuple:
         m = self.m
@@ -383,6 +392,9 @@ class CursorMachine(RuleBasedStateMachine):
         nd = c.next_deadline_ms()
         assert nd == (min(live + due) if live + due else None)
         assert c.pending_redeliveries(self.now) == bool(m.ready or any(r <= self.now for r in due))
+        # the scanner visits every channel with something due: a timer is never unarmed
+        if c.has_timers():
+            assert c.armed
 
 
 CursorMachine.TestCase.settings = settings(

@@ -209,3 +209,42 @@ def test_memory_log_drops_oldest():
     with pytest.raises(KeyError):
         lg.read_frame(9)
     assert lg.dropped == 10
+
+
+def test_idle_log_releases_its_files_and_reopens_them(tmp_path):
+    """A log holds no descriptors after recovery or release_files(); every operation
+    reopens what it needs and appends continue at the files' ends."""
+    cfg = small_cfg()
+    lg = PartitionLog(tmp_path, 0, cfg)
+    assert lg.open_files == 0  # a new, empty log opens nothing until used
+    expect = []
+    for i in range(40):
+        bodies = [os.urandom(i % 70 + 40) for _ in range(3)]
+        base = lg.append(bodies, 1000 + i)
+        expect += [frame(b, base + j, 1000 + i) for j, b in enumerate(bodies)]
+        lg.flush()
+        if i % 7 == 0:
+            assert not lg.release_files()  # written but not synced: kept open
+            lg.sync()
+            assert lg.release_files() and lg.open_files == 0
+    assert len(lg._segments) > 2
+    lg.sync()
+    assert lg.release_files() and lg.open_files == 0
+    lg._drop_caches()
+    assert read_all(lg)[0] == b"".join(expect)  # cold reads reopen the segments
+    assert lg.open_files > 0
+    lg.sync()
+    lg.release_files()
+    lg.truncate_to(len(expect) - 5)
+    expect = expect[:-5]
+    lg.release_files()
+    base = lg.append([b"after"], 5000)
+    lg.flush()
+    expect.append(frame(b"after", base, 5000))
+    lg.sync()
+    lg.close()
+    lg = PartitionLog(tmp_path, 0, cfg)
+    assert lg.open_files == 0  # recovery closes what it verified
+    assert lg.next_offset == len(expect)
+    assert read_all(lg)[0] == b"".join(expect)
+    lg.close()

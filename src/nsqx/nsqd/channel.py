@@ -114,6 +114,17 @@ class Channel:
         if opts.e2e_processing_latency_percentiles:
             self.e2e = LatencyWindow(opts.e2e_processing_latency_window_time,
                                      list(opts.e2e_processing_latency_percentiles))
+        # the node's scanner visits this channel only while its cursor has timers
+        cursor.on_armed = self._on_armed
+        cursor.armed = False
+        if cursor.has_timers():  # deferrals or redeliveries recovered from disk
+            cursor.armed = True
+            self._on_armed()
+
+    def _on_armed(self) -> None:
+        timed = getattr(self.topic.nsqd, "timed_channels", None)
+        if timed is not None:
+            timed.add(self)
 
     # -- state exposed to stats / http -------------------------------------------------
     @property

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from nsqx import NSQ_VERSION
-from nsqx.nsqd.channel import now_ms
+from nsqx.nsqd.channel import Channel, now_ms
 from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
@@ -36,8 +36,10 @@ TAIL_SHARE_MIN = 16 << 10  # a topic's memory tail, whatever the topic count
 TAIL_SHARE_MAX = 8 << 20
 
 SCAN_INTERVAL = 0.1  # in-flight timeouts and due deferrals (upstream QueueScanInterval)
+SWEEP_TICKS = 50  # every 5 s: check that every channel with timers is scheduled
 PERSIST_INTERVAL = 1.0  # cursor state to disk
 RETENTION_INTERVAL = 30.0
+RELEASE_INTERVAL = 15.0  # logs idle since the last pass close their files
 
 
 def split_hostport(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
@@ -55,6 +57,7 @@ class NSQD:
         self.data_path = Path(opts.data_path or os.getcwd()).resolve()
         self.start_time = int(time.time())
         self.topics: dict[str, Topic] = {}
+        self.timed_channels: set[Channel] = set()  # cursors with timers (see _scan_loop)
         self._clients: dict[int, ClientV2] = {}
         self.exiting = False
         self.tcp_port = 0
@@ -385,21 +388,47 @@ class NSQD:
             await plugin.start()
 
     async def _scan_loop(self) -> None:
+        """Timeouts and due deferrals of the channels whose cursors have timers (they put
+        themselves in ``timed_channels``): the cost of a tick follows the busy channels,
+        not the number of topics. A slow sweep checks that no channel was missed."""
+        ticks = 0
         while True:
             await asyncio.sleep(SCAN_INTERVAL)
             t = now_ms()
-            for topic in list(self.topics.values()):
-                for part in topic.partitions:
-                    part.tick(t)
+            timed = self.timed_channels
+            for ch in list(timed):
+                if not ch.exiting:
+                    ch.tick(t)
+                if ch.exiting or not ch.cursor.has_timers():
+                    ch.cursor.armed = False
+                    timed.discard(ch)
+            ticks += 1
+            if ticks % SWEEP_TICKS == 0:
+                self._sweep_timers()
+
+    def _sweep_timers(self) -> None:
+        for topic in list(self.topics.values()):
+            for part in topic.partitions:
+                for ch in part.channels.values():
+                    if ch not in self.timed_channels and ch.cursor.has_timers():
+                        log.error("TOPIC(%s) CHANNEL(%s): BUG: timers were not scheduled; "
+                                  "scheduling them now", part.name, ch.name)
+                        ch.cursor.armed = True
+                        self.timed_channels.add(ch)
 
     async def _persist_loop(self) -> None:
-        last_retention = time.monotonic()
+        last_retention = last_release = time.monotonic()
         while True:
             await asyncio.sleep(PERSIST_INTERVAL)
             try:
                 for topic in list(self.topics.values()):
                     for part in topic.partitions:
                         part.persist_cursors()
+                if time.monotonic() - last_release > RELEASE_INTERVAL:
+                    last_release = time.monotonic()
+                    for topic in list(self.topics.values()):
+                        for part in topic.partitions:
+                            part.release_idle_files()
                 if time.monotonic() - last_retention > RETENTION_INTERVAL:
                     last_retention = time.monotonic()
                     for topic in list(self.topics.values()):

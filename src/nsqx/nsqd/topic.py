@@ -81,6 +81,7 @@ class Topic:
                 hard_size_cap=opts.max_log_bytes or None,
             )
             self.log = PartitionLog(self.dir / f"p{partition}", partition, config)
+        self._idle_end = -1  # log end seen by the last release_idle_files()
         self.committer = GroupCommitter(self.log, nsqd.loop, syncer=nsqd.fs_syncer)
         self.committer.on_flushed.append(self._on_flushed)
         # Where messages published while the topic has no channel start: the first
@@ -285,6 +286,14 @@ class Topic:
             if ch.dirty and not ch.ephemeral:
                 ch.dirty = False
                 ch.cursor.persist()
+
+    def release_idle_files(self) -> None:
+        """Close the log's files if nothing was written since the last call and nobody
+        consumes (they reopen on use): a node keeps no descriptors for idle topics."""
+        end = self.log.next_offset
+        if end == self._idle_end and not any(ch.clients for ch in self.channels.values()):
+            self.log.release_files()
+        self._idle_end = end
 
     def apply_retention(self) -> None:
         """Let the log drop segments every durable channel has passed."""

@@ -31,6 +31,7 @@ import time
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,6 +168,11 @@ class ChannelCursor:
         # when a list, expire() appends its (deadline, offset, attempts) (message tracing)
         self.expired_log: list[tuple[int, int, int]] | None = None
         self._closed = False
+        # Called once when the cursor gets a timer (an in-flight deadline, a deferral, a
+        # redelivery) while not armed, so the node's scanner visits only channels with
+        # something due instead of every channel every tick; the scanner disarms it.
+        self.on_armed: Callable[[], None] | None = None
+        self.armed = False
         if self.state_path is not None and self.state_path.exists():
             self._load(self.state_path)
         else:
@@ -291,6 +297,8 @@ class ChannelCursor:
             self._head = run
         self._seq += 1
         heapq.heappush(self._timers, (deadline, self._seq, -1, run))
+        if not self.armed:
+            self._arm()
 
     def _take_fresh_slow(
         self, owner: int, n: int, end: int, now_ms: int, deadline: int, out: list[Delivery]
@@ -376,6 +384,8 @@ class ChannelCursor:
         if got:
             self._cif[owner] = self._cif.get(owner, 0) + got
             self.delivered_count += got
+            if not self.armed:
+                self._arm()
         if len(ready) > 2 * len(att) + 1024:
             self._ready = deque(i for i in ready if i[1] in att and tok.get(i[1]) == i[2])
             self._ready_tok = {i[1]: i[2] for i in self._ready}
@@ -395,6 +405,8 @@ class ChannelCursor:
             self._push_ready(off, a)
 
     def _push_ready(self, off: int, attempts: int) -> None:
+        if not self.armed:
+            self._arm()
         self._ready_att[off] = attempts
         self._rtok += 1
         self._ready_tok[off] = self._rtok
@@ -507,6 +519,7 @@ class ChannelCursor:
         else:
             self._store.add(offset, now_ms + delay_ms, attempts, now_ms=now_ms)
             self._store.flush()  # no group commit follows a REQ: write it now
+            self._arm()
 
     def touch(
         self,
@@ -544,6 +557,7 @@ class ChannelCursor:
             self._seq += 1
             heapq.heappush(self._timers, (deadline, self._seq, offset, e))
             self._maybe_compact_timers()
+            self._arm()
 
     def reassign(self, offset: int, owner: int, to: int, deadline: int, now_ms: int) -> None:
         """Hand ``owner``'s in-flight offset to client ``to`` with a new deadline (tag
@@ -568,6 +582,7 @@ class ChannelCursor:
         self._seq += 1
         heapq.heappush(self._timers, (deadline, self._seq, offset, e))
         self._maybe_compact_timers()
+        self._arm()
 
     def _take_out(self, client_id: int, offset: int) -> int:
         """Remove an in-flight offset owned by client_id; returns its attempts so far."""
@@ -600,6 +615,8 @@ class ChannelCursor:
             return
         if offset in self._entries or self._find_run(offset) is not None:
             return
+        if not self.armed:
+            self._arm()
         st = self._store
         a = self._ready_att.pop(offset, None)
         if a is not None:
@@ -684,6 +701,16 @@ class ChannelCursor:
         if nr is not None and (best is None or nr < best):
             best = nr
         return best
+
+    def _arm(self) -> None:
+        if not self.armed:
+            self.armed = True
+            if self.on_armed is not None:
+                self.on_armed()
+
+    def has_timers(self) -> bool:
+        """Anything that a scanner must come back for: in flight, deferred or ready."""
+        return bool(self._ready_att) or self.next_deadline_ms() is not None
 
     def pending_redeliveries(self, now_ms: int) -> bool:
         """Something is ready for redelivery now (requeued, timed out, or deferred and due)."""

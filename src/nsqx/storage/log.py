@@ -151,11 +151,13 @@ class PartitionLog:
                 cut_at = base
                 continue
             cut = seg.recover(ckpt)
-            self._segments.append(seg)
+            seg.release_files()  # reopened on first use: a node of many topics starts
+            self._segments.append(seg)  # without one descriptor per file of each
             if cut:
                 cut_at = seg.next_offset
         if not self._segments:
             self._segments.append(self._new_segment(0))
+            self._segments[0].release_files()
         self._seg_bases = [s.base for s in self._segments]
         for p in self.path.iterdir():  # orphans of deleted segments, stale checkpoint temps
             if ((p.suffix in SUFFIXES[1:] and p.stem.isdigit()
@@ -423,7 +425,7 @@ class PartitionLog:
             s.sizes[0] = s.log_end
             for k, bufs in ((4, hdrs), (5, szs), (1, metas), (2, idxs), (3, tidxs)):
                 if bufs:
-                    write_all(s.fds[k], bufs)
+                    write_all(s.files()[k], bufs)
                     s.sizes[k] += sum(map(len, bufs))
         except BaseException:
             s.restore(snap)
@@ -436,7 +438,7 @@ class PartitionLog:
         for s, sizes in saved.items():
             if s in created:
                 continue
-            for fd, size in zip(s.fds, sizes, strict=True):
+            for fd, size in zip(s.files(), sizes, strict=True):
                 try:
                     os.ftruncate(fd, size)
                     os.lseek(fd, size, os.SEEK_SET)
@@ -586,6 +588,22 @@ class PartitionLog:
         blob = os.pread(seg.hdr_fd, e[10], e[9])
         return decode_headers(blob, offset - e[0])
 
+    def release_files(self) -> bool:
+        """Close every segment's descriptors while the log idles (they reopen on the next
+        read or append). Only when everything written is flushed and synced, so no sync
+        needs them; returns whether they were released."""
+        with self._lock:
+            if self._closed or self._pending or self._dirty or self._synced < self._flushed:
+                return False
+            for seg in self._segments:
+                seg.release_files()
+        return True
+
+    @property
+    def open_files(self) -> int:
+        """Descriptors this log holds now (for /stats and the tests of release_files)."""
+        return sum(len(seg.fds) for seg in self._segments)
+
     # -- durability ----------------------------------------------------------------------
     def needs_sync(self) -> bool:
         behind = self._flushed - self._synced
@@ -611,7 +629,7 @@ class PartitionLog:
             dir_dirty, self._dir_dirty = self._dir_dirty, False
             fds = []
             for s in segs:
-                if s.fds:
+                if not s.closed:
                     fds.extend(s.fsync_fds())
         return target, segs, dir_dirty, fds
 
@@ -634,7 +652,7 @@ class PartitionLog:
                 self._last_checkpoint = time.monotonic()
         except OSError as e:
             with self._lock:
-                self._dirty.update(s for s in segs if s.fds)
+                self._dirty.update(s for s in segs if not s.closed)
                 self._dir_dirty |= dir_dirty
             raise log_error("fsync", self.path, e) from e
         finally:

@@ -15,6 +15,8 @@ Metadata and indexes are kept apart from the frames so that the frame run stays 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import struct
@@ -85,16 +87,65 @@ class Segment:
         self.interval = interval
         stem = directory / seg_name(base)
         self.paths = [stem.with_suffix(s) for s in SUFFIXES]
+        # Descriptors are opened on first use and released while the log idles, so
+        # thousands of idle topics hold none (an idle topic would otherwise pin six).
         self.fds: list[int] = []
+        self.closed = False
+        self.sizes = [os.fstat(fd).st_size for fd in self.files()]
+        self._reset_memory()
+
+    # -- files ---------------------------------------------------------------------------
+    def files(self) -> list[int]:
+        """The six descriptors (log, batches, index, timeindex, headers, sizes), opened
+        again if they were released, each positioned at its end for the next append."""
+        if self.fds:
+            return self.fds
+        if self.closed:
+            raise OSError(errno.EBADF, f"segment {self.paths[0]} is closed")
+        fds: list[int] = []
         try:
             for p in self.paths:
-                self.fds.append(_open(p))
+                fds.append(_open(p))
+            if hasattr(self, "sizes"):  # reopened: writes continue where they ended
+                for fd, size in zip(fds, self.sizes, strict=True):
+                    os.lseek(fd, size, os.SEEK_SET)
         except OSError:
-            self.close()
+            for fd in fds:
+                os.close(fd)
             raise
-        self.log_fd, self.meta_fd, self.idx_fd, self.tidx_fd, self.hdr_fd, self.sizes_fd = self.fds
-        self.sizes = [os.fstat(fd).st_size for fd in self.fds]
-        self._reset_memory()
+        self.fds = fds
+        return fds
+
+    def release_files(self) -> None:
+        """Close the descriptors until the next use (nothing is lost: writes are done)."""
+        fds, self.fds = self.fds, []
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    @property
+    def log_fd(self) -> int:
+        return (self.fds or self.files())[0]
+
+    @property
+    def meta_fd(self) -> int:
+        return (self.fds or self.files())[1]
+
+    @property
+    def idx_fd(self) -> int:
+        return (self.fds or self.files())[2]
+
+    @property
+    def tidx_fd(self) -> int:
+        return (self.fds or self.files())[3]
+
+    @property
+    def hdr_fd(self) -> int:
+        return (self.fds or self.files())[4]
+
+    @property
+    def sizes_fd(self) -> int:
+        return (self.fds or self.files())[5]
 
     # -- state --------------------------------------------------------------------------
     def _reset_memory(self) -> None:
@@ -486,9 +537,9 @@ class Segment:
                 self.sizes_end]
         for i, w in enumerate(want):
             if w is not None and self.sizes[i] != w:
-                os.ftruncate(self.fds[i], w)
+                os.ftruncate(self.files()[i], w)
                 self.sizes[i] = w
-        for fd, s in zip(self.fds, self.sizes, strict=True):
+        for fd, s in zip(self.files(), self.sizes, strict=True):
             os.lseek(fd, s, os.SEEK_SET)
 
     def _rebuild_from_frames(self) -> bool:
@@ -618,7 +669,7 @@ class Segment:
         tidx = b"".join(_with_crc(TIDX_BODY.pack(*t))
                         for t in zip(self.tidx_ts, self.tidx_off, self.tidx_bidx, strict=True))
         for i, data in ((2, idx), (3, tidx)):
-            fd = self.fds[i]
+            fd = self.files()[i]
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
             self.sizes[i] = len(data)
@@ -661,12 +712,8 @@ class Segment:
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.fds = []
+        self.closed = True
+        self.release_files()
 
     def delete(self) -> None:
         self.close()

@@ -1,0 +1,78 @@
+"""Idle topics cost nothing per tick and hold no file descriptors (in-process node)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from nsqx.nsqd.channel import now_ms
+from tests.nsqd.inprocess import running_node
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_idle_topics_release_descriptors_and_reopen_on_use(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_node(tmp_path) as nsqd:
+            before = _open_fds()
+            for i in range(300):
+                nsqd.get_topic(f"t{i}").get_channel("c")
+            for i in range(0, 300, 3):  # some have data
+                await nsqd.publish(f"t{i}", [b"m%d" % i])
+            assert _open_fds() - before >= 100  # the written ones opened their files
+            for t in nsqd.topics.values():
+                t.log.sync()
+            for _ in range(2):  # idle across two passes: nothing written in between
+                for t in nsqd.topics.values():
+                    t.release_idle_files()
+            assert sum(t.log.open_files for t in nsqd.topics.values()) == 0
+            assert _open_fds() - before < 20
+            # a released topic takes a publish and serves it from disk again
+            await nsqd.publish("t3", [b"again"])
+            topic = nsqd.get_topic("t3")
+            topic.log._drop_caches()
+            got = topic.log.read(0, 1 << 16)
+            assert got.count == 2 and bytes(got.data).endswith(b"again")
+        async with running_node(tmp_path) as nsqd:  # restart: recovery opens nothing
+            assert sum(t.log.open_files for t in nsqd.topics.values()) == 0
+            assert nsqd.get_topic("t3").log.next_offset == 2
+
+    asyncio.run(main())
+
+
+def test_scanner_visits_only_channels_with_timers(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_node(tmp_path) as nsqd:
+            for i in range(200):
+                nsqd.get_topic(f"t{i}").get_channel("c")
+            await nsqd.publish("t7", [b"a", b"b"])
+            assert not nsqd.timed_channels  # nothing in flight or deferred anywhere
+            topic = nsqd.get_topic("t7")
+            ch = topic.get_channel("c")
+            ch.cursor.take(1, 1, topic.log.flushed_offset, now_ms(), 150)  # times out soon
+            assert nsqd.timed_channels == {ch}
+            await _until(lambda: ch.cursor.timeout_count == 1)
+            # back in the ready queue: still scheduled until it is delivered again
+            got = ch.cursor.take(1, 2, topic.log.flushed_offset, now_ms(), 60_000)
+            offsets = [d.offset + k for d in got for k in range(d.count)]
+            assert sorted(offsets) == [0, 1]
+            assert not ch.cursor.finish_many(1, offsets)
+            await _until(lambda: ch not in nsqd.timed_channels)
+            # a deferred publish schedules its channel; it is delivered when due
+            await nsqd.publish("t9", [b"later"], 200)
+            ch9 = nsqd.get_topic("t9").get_channel("c")
+            assert ch9 in nsqd.timed_channels
+            await _until(lambda: ch9.cursor.pending_redeliveries(now_ms()))
+
+    asyncio.run(main())
+
+
+async def _until(pred, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not pred():
+        assert loop.time() < end, "condition not reached"
+        await asyncio.sleep(0.02)
