@@ -10,13 +10,10 @@ each node's ``/nsqx/cluster/state``.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nsqx.cluster.etcd_server import EtcdServer
 from tests.admin.helpers import get_json, http, wait_for
 from tests.support.cluster import Cluster
 
@@ -112,22 +109,6 @@ def test_cluster_api_needs_admin_and_csrf(cluster) -> None:
 
 
 # ----------------------------------------------------------------------------- cluster mode
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    server = EtcdServer(tmp_path / "etcd")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop(kill=True)
-
-
-@pytest.fixture
-def real_cluster(etcd: EtcdServer, nsqd_factory, lookupd_factory) -> Cluster:  # type: ignore[no-untyped-def]
-    """etcd + nsqlookupd (coordinator) + three nsqd in cluster mode."""
-    return Cluster(etcd, nsqd_factory, lookupd_factory).start(nodes=3)
-
 
 def start_admin(admin_factory: Any, c: Cluster) -> Any:
     return admin_factory.start([f"--lookupd-http-address={c.lookupd.http_address}",
