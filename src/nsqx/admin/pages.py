@@ -864,8 +864,9 @@ def render_cluster(ctx: Ctx, stats: dict[str, Any] | None, failed: bool = False)
                               {"action": "drain", "api": api,
                                "confirm": f"Drain node {nid}? Its replicas move to other "
                                           "nodes, then it leads and holds nothing."})
+        st = "draining" if nid in draining else ("live" if n else "gone")
         rows.append(
-            f'<tr data-node="{e(nid)}" data-state="{"draining" if nid in draining else ("live" if n else "gone")}">'
+            f'<tr data-node="{e(nid)}" data-state="{st}">'
             f'<td class="name">{e(nid)}</td>'
             f'<td>{e(n["tcp_address"]) if n else "–"}</td>'
             f'<td>{e(n["http_address"]) if n else "–"}</td>'
