@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from nsqx.cluster.etcd_server import EtcdServer
 from tests.admin.helpers import AdminFactory, NotificationSink, get_json, wait_for
+from tests.support.cluster import Cluster as RealCluster
 from tests.support.lookupd_process import LookupdFactory, LookupdProcess
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess
 
@@ -85,6 +87,23 @@ def cluster(lookupd_factory: LookupdFactory, nsqd_factory: NsqdFactory,
         yield c
     finally:
         c.thaw()
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    server = EtcdServer(tmp_path / "etcd")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(kill=True)
+
+
+@pytest.fixture
+def real_cluster(etcd: EtcdServer, nsqd_factory: NsqdFactory,
+                 lookupd_factory: LookupdFactory) -> RealCluster:
+    """Cluster mode: etcd + nsqlookupd (the coordinator) + three nsqd."""
+    return RealCluster(etcd, nsqd_factory, lookupd_factory).start(nodes=3)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -396,3 +396,119 @@ def test_small_screen_layout(cluster, browser) -> None:
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 1, (path, overflow)
         browser.shot(f"mobile-{name}")
+
+
+# ----------------------------------------------------------------------------- cluster mode
+
+def _partition_rows(page: Any, scope: str) -> list[dict[str, Any]]:
+    """The partition table's rows as data: what the page shows for each partition."""
+    return page.evaluate(
+        """(scope) => Array.from(document.querySelectorAll(scope + " tr[data-partition]"))
+        .map(tr => ({partition: +tr.dataset.partition, leader: tr.dataset.leader,
+                     epoch: +tr.dataset.epoch, replicas: tr.dataset.replicas,
+                     isr: tr.dataset.isr, catchup: tr.dataset.catchup,
+                     ends: Object.fromEntries(Array.from(tr.querySelectorAll(".replica"))
+                        .map(r => [r.dataset.node, [r.dataset.logEnd, r.dataset.lag]]))}))""",
+        scope)
+
+
+def _as_shown(p: dict[str, Any]) -> dict[str, Any]:
+    """A partition of lookupd's /cluster/stats?log_ends=true as the table shows it."""
+    def s(v: Any) -> str:
+        return "" if v is None else str(v)
+    return {"partition": p["partition"], "leader": p["leader"] or "", "epoch": p["epoch"],
+            "replicas": ",".join(p["replicas"]), "isr": ",".join(p["isr"]),
+            "catchup": ",".join(p["catchup"]),
+            "ends": {r: [s(p["log_end"][r]), s(p["lag"][r])] for r in p["replicas"]}}
+
+
+def _table_matches_lookupd(browser: Browser, c: Any, url: str, scope: str, topic: str,
+                           pred: Any = None) -> list[dict[str, Any]]:
+    """Reload until the table equals lookupd's own answer (read right after the page)."""
+    from tests.admin.test_cluster_views import lookupd_stats
+
+    def check() -> Any:
+        page = browser.open(url)
+        rows = _partition_rows(page, scope)
+        want = [_as_shown(p) for p in lookupd_stats(c)["topics"][topic]["partitions"]]
+        return rows if rows == want and (pred is None or pred(rows)) else None
+    return wait_for(check, 30, interval=0.3, what=f"{scope} equal to lookupd's /cluster/stats")
+
+
+def test_cluster_page_create_partition_table_and_drain(real_cluster, admin_factory,
+                                                       browser) -> None:
+    from tests.admin.test_cluster_views import lookupd_stats, publish_to_leaders, start_admin
+
+    c = real_cluster
+    admin = start_admin(admin_factory, c)
+    page = browser.open(admin.url + "/cluster")
+    stats = lookupd_stats(c)
+    assert page.locator("#coordinator").inner_text() == stats["coordinator"]
+    ids = sorted(c.node_id(n) for n in c.nodes)
+    assert sorted(page.evaluate(
+        "Array.from(document.querySelectorAll('#cluster-nodes tr[data-state=live]'))"
+        ".map(tr => tr.dataset.node)")) == ids
+    assert page.locator("nav a.active", has_text="Cluster").count() == 1
+
+    # create a partitioned topic through the form
+    page.fill("#cluster-create-form input[name='topic']", "shop")
+    page.fill("#cluster-create-form input[name='partitions']", "3")
+    page.fill("#cluster-create-form input[name='replicas']", "2")
+    msg = browser.click_and_confirm("#cluster-create-form button[type='submit']")
+    assert msg == "Create topic shop with 3 partition(s) x 2 replicas?"
+    page.wait_for_selector("section.cluster-topic[data-topic='shop'] tr[data-partition='2']")
+    assert "created topic shop" in page.locator("#flash").inner_text()
+    t = lookupd_stats(c)["topics"]["shop"]
+    assert (t["partition_num"], t["replica"]) == (3, 2)
+    assert len({p["leader"] for p in t["partitions"]}) == 3  # spread over the nodes
+
+    # leaders, epochs, ISR, catch-up and log ends as lookupd reports them; lag 0 once synced
+    scope = "section.cluster-topic[data-topic='shop']"
+    wait_for(lambda: all(c.role_of(c.node_by_id(p["leader"]), "shop", p["partition"])
+                         == "leader" for p in c.partitions("shop")), 30, what="leaders ready")
+    sent = publish_to_leaders(c, "shop", 5)
+    rows = _table_matches_lookupd(
+        browser, c, admin.url + "/cluster", scope, "shop",
+        lambda rows: all(v[1] in ("0", "") and v[0] != "" for r in rows
+                         for v in r["ends"].values()))
+    assert sum(int(r["ends"][r["leader"]][0]) for r in rows) == sent == 15
+    for r in rows:
+        assert sorted(r["isr"].split(",")) == sorted(r["replicas"].split(",")) and not r["catchup"]
+    browser.shot("cluster")
+
+    # another shape is refused: lookupd's reason is shown
+    page.fill("#cluster-create-form input[name='topic']", "shop")
+    page.fill("#cluster-create-form input[name='partitions']", "2")
+    browser.click_and_confirm("#cluster-create-form button[type='submit']")
+    browser.wait_js("document.getElementById('flash').textContent.indexOf('E_TOPIC_EXISTS') >= 0")
+    assert page.locator("#flash").inner_text() == (
+        "create failed: E_TOPIC_EXISTS: topic shop already exists with 3 partitions x 2 "
+        "replicas")
+    assert all("400" in e for e in browser.errors), browser.errors  # the refused fetch
+    browser.errors.clear()
+    browser.shot("cluster-create-refused")
+
+    # the topic's own page shows the same partition table
+    _table_matches_lookupd(browser, c, admin.url + "/topics/shop", "table.partitions", "shop")
+    browser.shot("topic-partitions")
+
+    # drain the leader of partition 0 with its button: marked draining, replicas move away
+    victim = rows[0]["leader"]
+    page = browser.open(admin.url + "/cluster")
+    msg = browser.click_and_confirm(
+        f"#cluster-nodes tr[data-node='{victim}'] button[data-action='drain']")
+    assert msg.startswith(f"Drain node {victim}?")
+    page.wait_for_selector(f"#cluster-nodes tr[data-node='{victim}'][data-state='draining']")
+    assert victim in lookupd_stats(c)["draining"]
+    rows = _table_matches_lookupd(
+        browser, c, admin.url + "/cluster", scope, "shop",
+        lambda rows: all(victim not in r["replicas"].split(",") for r in rows))
+    page = browser.page
+    assert page.locator(f"#cluster-nodes tr[data-node='{victim}'] "
+                        "[data-metric='replicas']").inner_text() == "0"
+    assert "draining" in page.locator(f"#cluster-nodes tr[data-node='{victim}']").inner_text()
+    browser.shot("cluster-drained")
+    browser.click_and_confirm(
+        f"#cluster-nodes tr[data-node='{victim}'] button[data-action='undrain']")
+    page.wait_for_selector(f"#cluster-nodes tr[data-node='{victim}'][data-state='live']")
+    assert victim not in lookupd_stats(c)["draining"]

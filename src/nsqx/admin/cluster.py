@@ -1,5 +1,6 @@
 """What nsqadmin knows about the cluster, learned only through the public HTTP APIs of
-nsqlookupd (``/topics``, ``/channels``, ``/lookup``, ``/nodes``, ``/topic/*``) and nsqd
+nsqlookupd (``/topics``, ``/channels``, ``/lookup``, ``/nodes``, ``/topic/*``; in cluster
+mode ``/cluster/stats``, ``/topic/create`` with partitions, ``/cluster/node/remove``) and nsqd
 (``/info``, ``/stats``, ``/topic/*``, ``/channel/*``) -- upstream's ``internal/clusterinfo``.
 
 Every fan-out runs concurrently with the connect/request timeouts of the options. A node
@@ -24,7 +25,8 @@ import orjson
 
 from .options import Options
 
-__all__ = ["ClusterClient", "NodeStatus", "UpstreamError", "http_address", "parse_version"]
+__all__ = ["ClusterClient", "ClusterRefused", "NodeStatus", "UpstreamError", "http_address",
+           "parse_version"]
 
 log = logging.getLogger("nsqx.admin")
 
@@ -406,6 +408,74 @@ class ClusterClient:
 
         return list(await asyncio.gather(*(one(a) for a in self.lookupd_addrs)))
 
+    # -- cluster mode (nsqlookupd's /cluster/* API; nsqadmin never talks to etcd) -----------
+    async def _cluster_call(self, method: str, path: str) -> tuple[int, Any, list[str]]:
+        """The first lookupd that answers at all -> (status, JSON body, errors of the ones
+        before it); every lookupd unreachable -> UpstreamError."""
+        errs: list[str] = []
+        for a in self.lookupd_addrs:
+            url = self.url(a, path)
+            t0 = time.monotonic()
+            try:
+                async with self.session.request(method, url) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+            except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                err = f"{method} {url}: {e.__class__.__name__}: {e}"
+                self._mark("nsqlookupd", a, False, err)
+                errs.append(err)
+                continue
+            self._mark("nsqlookupd", a, True, latency=time.monotonic() - t0)
+            try:
+                body = orjson.loads(raw) if raw else None
+            except orjson.JSONDecodeError:
+                body = {"message": raw.decode("utf-8", "replace").strip()[:200]}
+            return status, body, errs
+        raise UpstreamError("nsqlookupd", errs)
+
+    @staticmethod
+    def _refused(status: int, body: Any) -> ClusterRefused:
+        if isinstance(body, dict):
+            text = str(body.get("message") or f"HTTP {status}")
+            if body.get("detail"):
+                text += f": {body['detail']}"
+        else:
+            text = f"HTTP {status}"
+        return ClusterRefused(status, text[:500])
+
+    async def cluster_stats(self, log_ends: bool = True
+                            ) -> tuple[dict[str, Any] | None, list[str]]:
+        """lookupd's ``/cluster/stats`` -> (stats, errors); (None, ...) when nsqadmin has no
+        lookupd or the lookupd is not in cluster mode (a standalone one answers 404)."""
+        if not self.lookupd_addrs:
+            return None, []
+        status, body, errs = await self._cluster_call(
+            "GET", "/cluster/stats" + ("?log_ends=true" if log_ends else ""))
+        if status == 404 or status == 405:
+            return None, errs
+        if status != 200 or not isinstance(body, dict):
+            raise self._refused(status, body)
+        return body, errs
+
+    async def cluster_create_topic(self, topic: str, partitions: int, replicas: int,
+                                   ordered: bool) -> dict[str, Any]:
+        qs = f"topic={_q(topic)}&partition_num={partitions}"
+        if replicas:
+            qs += f"&replicator={replicas}"
+        if ordered:
+            qs += "&orderedmulti=true"
+        status, body, _ = await self._cluster_call("POST", f"/topic/create?{qs}")
+        if status != 200 or not isinstance(body, dict):
+            raise self._refused(status, body)
+        return body
+
+    async def cluster_drain(self, node: str, undo: bool = False) -> dict[str, Any]:
+        path = f"/cluster/node/remove?remove_node={_q(node)}" + ("&undo=true" if undo else "")
+        status, body, _ = await self._cluster_call("POST", path)
+        if status != 200 or not isinstance(body, dict):
+            raise self._refused(status, body)
+        return body
+
     # -- actions --------------------------------------------------------------------------
     async def _post_all(self, kind: str, addrs: list[str], path: str) -> list[str]:
         _, errs = await self._fan_out(kind, addrs, lambda a: self.post(kind, a, path),
@@ -521,6 +591,15 @@ class ClusterClient:
         except RequestError as e:
             errs.append(str(e))
         return errs
+
+
+class ClusterRefused(Exception):
+    """nsqlookupd answered a cluster-mode request with an error (its status and text)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 class RequestError(Exception):

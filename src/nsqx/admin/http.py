@@ -20,6 +20,7 @@ import asyncio
 import ipaddress
 import logging
 import mimetypes
+import re
 import secrets
 import time
 from pathlib import Path
@@ -38,7 +39,7 @@ from nsqx.protocol.v2 import parse_start_position
 
 from . import pages
 from .aggregate import aggregate_channels, aggregate_topic, node_topic_stats, strip_omitempty
-from .cluster import ClusterClient, UpstreamError, http_address
+from .cluster import ClusterClient, ClusterRefused, UpstreamError, http_address
 from .notify import Notifier, admin_action
 from .options import _CFG_INDEX, LOG_LEVELS, Options
 from .sampler import Sampler
@@ -52,6 +53,25 @@ CSRF_HEADER = "X-CSRF-Token"
 STATIC_DIR = Path(__file__).parent / "static"
 _SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 _V1 = ("X-NSQ-Content-Type", "nsq; version=1.0")
+# a cluster node id: broadcast address:tcp port:http port by default (IPv6 in brackets)
+_NODE_ID = re.compile(r"[A-Za-z0-9._:\-\[\]]{1,255}")
+MAX_PARTITIONS = 1024  # nsqlookupd's limits (nsqx.cluster.model.TopicMeta)
+MAX_REPLICAS = 16
+
+
+def _bounded_int(body: dict[str, Any], key: str, lo: int, hi: int, default: int | None,
+                 code: str) -> int:
+    """A JSON number or decimal string in lo..hi (empty/absent -> default), else 400."""
+    v = body.get(key)
+    if v is None or v == "":
+        if default is None:
+            raise HTTPError(400, code)
+        return default
+    if isinstance(v, str) and v.isascii() and v.strip().isdigit() and len(v.strip()) <= 6:
+        v = int(v.strip())
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise HTTPError(400, code)
+    return v
 
 
 def _warn(messages: list[str]) -> str:
@@ -97,6 +117,7 @@ class AdminHTTP:
             "/nodes": self.page_nodes, "/nodes/{node}": self.page_node,
             "/counter": self.page_counter, "/lookup": self.page_lookup,
             "/messages": self.page_messages, "/trace": self.page_trace,
+            "/cluster": self.page_cluster,
         }
         for path, fn in page_routes.items():
             r.add_get(b + path, fn)
@@ -124,6 +145,9 @@ class AdminHTTP:
         r.add_get(b + "/api/health", self.api_health)
         r.add_get(b + "/api/messages", self.api_messages)
         r.add_get(b + "/api/trace", self.api_trace)
+        r.add_get(b + "/api/cluster", self.api_cluster)
+        r.add_post(b + "/api/cluster/topics", self.api_cluster_create)
+        r.add_post(b + "/api/cluster/nodes/{node}", self.api_cluster_node)
         r.add_get(b + "/config/{opt}", self.config)
         r.add_put(b + "/config/{opt}", self.config)
         return app
@@ -292,10 +316,13 @@ class AdminHTTP:
             agg, errs = await self._topic_agg(topic)
         except UpstreamError as e:
             return self._page_error(request, e)
-        cn = self._ctx(request, errs)
+        cstats, cerr = await self._cluster_stats_for_page()
+        ctopic = (cstats.get("topics") or {}).get(topic) if cstats else None
+        cn = self._ctx(request, errs + ([cerr] if cerr else []))
         rates = self.sampler.latest_topic_rates() if self.sampler.enabled else {}
         return self._html(request, cn, pages.render_topic(
-            cn[0], topic, agg, rates, bool(self.opts.nsqlookupd_http_addresses)))
+            cn[0], topic, agg, rates, bool(self.opts.nsqlookupd_http_addresses),
+            cluster_topic=ctopic, cluster=cstats))
 
     async def page_channel(self, request: web.Request) -> web.Response:
         topic, channel = request.match_info["topic"], request.match_info["channel"]
@@ -491,6 +518,92 @@ class AdminHTTP:
         return self._html(request, cn, pages.render_trace(
             cn[0], {k: q.get(k, "") for k in ("topic", "id", "trace_id", "header")},
             found, error), status=400 if error.startswith(("INVALID", "GIVE")) else 200)
+    # ================================================================== cluster mode
+    async def _cluster_stats_for_page(self) -> tuple[dict[str, Any] | None, str]:
+        """lookupd's /cluster/stats, or None when not in cluster mode; a failure is a
+        warning on the page (the rest of the page is still shown)."""
+        try:
+            stats, _ = await self.cluster.cluster_stats()
+        except UpstreamError as e:
+            return None, f"cluster stats: UPSTREAM_ERROR: {e}"
+        except ClusterRefused as e:
+            return None, f"cluster stats: {e.message}"
+        return stats, ""
+
+    async def page_cluster(self, request: web.Request) -> web.Response:
+        stats, err = await self._cluster_stats_for_page()
+        cn = self._ctx(request, [err] if err else [])
+        return self._html(request, cn, pages.render_cluster(cn[0], stats, failed=bool(err)))
+
+    async def _require_cluster_mode(self) -> dict[str, Any]:
+        try:
+            stats, _ = await self.cluster.cluster_stats(log_ends=False)
+        except UpstreamError as e:
+            raise _upstream(e) from None
+        except ClusterRefused as e:
+            raise HTTPError(502, f"UPSTREAM_ERROR: {e.message}") from None
+        if stats is None:
+            raise HTTPError(404, "CLUSTER_MODE_OFF")
+        return stats
+
+    async def api_cluster(self, request: web.Request) -> web.Response:
+        """nsqx: lookupd's ``/cluster/stats?log_ends=true`` as is (404 ``CLUSTER_MODE_OFF``
+        when the lookupd is standalone)."""
+        try:
+            stats, errs = await self.cluster.cluster_stats()
+        except UpstreamError as e:
+            raise _upstream(e) from None
+        except ClusterRefused as e:
+            raise HTTPError(502, f"UPSTREAM_ERROR: {e.message}") from None
+        if stats is None:
+            raise HTTPError(404, "CLUSTER_MODE_OFF")
+        return v1_json({**stats, "message": _warn(errs)})
+
+    async def api_cluster_create(self, request: web.Request) -> web.Response:
+        """nsqx: ``{"topic", "partitions", "replicas"?, "ordered"?}`` -> lookupd's
+        ``/topic/create?partition_num&replicator&orderedmulti``; lookupd's refusal (e.g.
+        ``E_TOPIC_EXISTS`` with another shape) comes back as 400 with its text."""
+        self._require_admin(request)
+        body = await self._json_body(request, "INVALID_BODY")
+        topic = body.get("topic")
+        if (not isinstance(topic, str) or not valid_topic_name(topic)
+                or topic.endswith("#ephemeral")):
+            raise HTTPError(400, "INVALID_TOPIC")
+        partitions = _bounded_int(body, "partitions", 1, MAX_PARTITIONS, 1, "INVALID_PARTITIONS")
+        replicas = _bounded_int(body, "replicas", 0, MAX_REPLICAS, 0, "INVALID_REPLICAS")
+        ordered = body.get("ordered", False)
+        if not isinstance(ordered, bool):
+            raise HTTPError(400, "INVALID_ORDERED")
+        await self._require_cluster_mode()
+        try:
+            placed = await self.cluster.cluster_create_topic(topic, partitions, replicas, ordered)
+        except UpstreamError as e:
+            raise _upstream(e) from None
+        except ClusterRefused as e:
+            raise HTTPError(400 if e.status == 400 else 502, e.message) from None
+        self._notify("create_topic", topic, "", "", request)
+        return v1_json({"message": "", "topic": topic,
+                        "partitions": placed.get("partitions") or []})
+
+    async def api_cluster_node(self, request: web.Request) -> web.Response:
+        """nsqx: ``{"action": "drain"|"undrain"}`` -> lookupd's ``/cluster/node/remove``."""
+        self._require_admin(request)
+        node = request.match_info["node"]
+        if not _NODE_ID.fullmatch(node):
+            raise HTTPError(400, "INVALID_NODE")
+        body = await self._json_body(request, "INVALID_BODY")
+        action = body.get("action")
+        if action not in ("drain", "undrain"):
+            raise HTTPError(400, "INVALID_ACTION")
+        await self._require_cluster_mode()
+        try:
+            await self.cluster.cluster_drain(node, undo=action == "undrain")
+        except UpstreamError as e:
+            raise _upstream(e) from None
+        except ClusterRefused as e:
+            raise HTTPError(e.status if e.status in (400, 404) else 502, e.message) from None
+        self._notify(f"{action}_node", "", "", node, request)
+        return v1_json({"message": "", "node": node, "draining": action == "drain"})
 
     # ================================================================== misc
     async def ping(self, request: web.Request) -> web.Response:

@@ -12,8 +12,9 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-__all__ = ["Ctx", "render_channel", "render_counter", "render_error", "render_lookup",
-           "render_messages", "render_trace", "render_node", "render_nodes", "render_topic", "render_topics"]
+__all__ = ["Ctx", "render_channel", "render_cluster", "render_counter", "render_error",
+           "render_lookup", "render_messages", "render_node", "render_nodes", "render_topic",
+           "render_topics", "render_trace"]
 
 
 def e(v: Any) -> str:
@@ -88,7 +89,8 @@ class Ctx:
 def _nav(ctx: Ctx, active: str) -> str:
     items = [("streams", "/", "Streams"), ("nodes", "/nodes", "Nodes"),
              ("counter", "/counter", "Counter"), ("lookup", "/lookup", "Lookup"),
-             ("messages", "/messages", "Messages"), ("trace", "/trace", "Trace")]
+             ("messages", "/messages", "Messages"), ("trace", "/trace", "Trace"),
+             ("cluster", "/cluster", "Cluster")]
     links = "".join(
         f'<a class="nav-link{" active" if k == active else ""}" href="{ctx.url(p)}">{t}</a>'
         for k, p, t in items)
@@ -268,7 +270,8 @@ def render_topics(ctx: Ctx, rows: list[dict[str, Any]], rates: dict[str, float],
 # ------------------------------------------------------------------------- topic
 
 def render_topic(ctx: Ctx, topic: str, agg: dict[str, Any], rates: dict[str, float],
-                 lookupd_mode: bool) -> str:
+                 lookupd_mode: bool, *, cluster_topic: dict[str, Any] | None = None,
+                 cluster: dict[str, Any] | None = None) -> str:
     body = [_breadcrumb(ctx, [("Streams", "/"), (topic, None)])]
     body.append(f'<div class="page-head"><h2>Topic <strong>{e(topic)}</strong>'
                 f'{_paused(agg.get("paused"))}</h2>'
@@ -325,6 +328,11 @@ def render_topic(ctx: Ctx, topic: str, agg: dict[str, Any], rates: dict[str, flo
             '<th class="num">Memory + Disk</th><th class="num">Messages</th>'
             f'<th class="num">Channels</th>{e2e_h}<th></th></tr></thead><tbody>'
             + "".join(trs) + "</tbody></table></div>")
+    if cluster_topic is not None:
+        body.append(f'<h3>Partitions <span class="count">{len(cluster_topic["partitions"])}'
+                    f'</span> <span class="muted">{e(_shape(cluster_topic))} — from '
+                    f'<a href="{ctx.url("/cluster")}">the cluster</a></span></h3>')
+        body.append(_partition_table(ctx, topic, cluster_topic, cluster or {}))
     body.append(_chart_row(ctx, f"/api/graphs/topics/{q(topic)}", [
         ("rate", "Messages / s"), ("depth", "Depth")]))
     if ctx.graphite.get("enabled"):
@@ -805,6 +813,175 @@ def render_lookup(ctx: Ctx, topics: dict[str, list[str]], inactive: set[str]) ->
                     + "</tbody></table></div>")
         body.append(_create_form(ctx))
     return layout(ctx, "Lookup", "lookup", "".join(body), page="lookup")
+
+
+# ------------------------------------------------------------------------- cluster mode
+
+def _shape(t: dict[str, Any]) -> str:
+    n = t.get("partition_num", len(t.get("partitions") or ()))
+    return (f"{n} partition{'s' if n != 1 else ''} x {t.get('replica')} replicas, "
+            f"min ISR {t.get('min_isr')}{', ordered' if t.get('ordered') else ''}")
+
+
+def _ids(ids: Iterable[str], cls: str = "") -> str:
+    out = " ".join(f'<span class="badge{cls}">{e(i)}</span>' for i in ids)
+    return out or '<span class="muted">–</span>'
+
+
+_NO_LEADER = '<span class="badge badge-down">none</span>'
+
+
+def _partition_table(ctx: Ctx, topic: str, t: dict[str, Any], stats: dict[str, Any]) -> str:
+    """One row per partition: leader, epoch, replicas, ISR, catch-up set, and each replica's
+    log end and lag behind the leader (when lookupd reported them)."""
+    live = {n["id"] for n in stats.get("nodes") or ()}
+    trs = []
+    for p in t.get("partitions") or ():
+        leader = p.get("leader")
+        ends = p.get("log_end") or {}
+        lags = p.get("lag") or {}
+        reps = []
+        for r in p.get("replicas") or ():
+            end, lag = ends.get(r), lags.get(r)
+            cls = "replica" + ("" if r in p.get("isr", ()) else " out-of-sync") + \
+                ("" if r in live else " not-live")
+            reps.append(
+                f'<div class="{cls}" data-node="{e(r)}" '
+                f'data-log-end="{"" if end is None else int(end)}" '
+                f'data-lag="{"" if lag is None else int(lag)}">'
+                f'<span class="node-id">{e(r)}</span> '
+                f'<span class="num">{"?" if end is None else num(end)}</span>'
+                + ("" if r == leader else
+                   f' <span class="lag{" lag-behind" if lag else ""}">lag '
+                   f'{"?" if lag is None else num(lag)}</span>')
+                + ("" if r in live else ' <span class="badge badge-down">not live</span>')
+                + "</div>")
+        trs.append(
+            f'<tr data-partition="{int(p["partition"])}" data-leader="{e(leader or "")}" '
+            f'data-epoch="{int(p["epoch"])}" data-replicas="{e(",".join(p.get("replicas", ())))}" '
+            f'data-isr="{e(",".join(p.get("isr", ())))}" '
+            f'data-catchup="{e(",".join(p.get("catchup", ())))}">'
+            f'<td class="num">{int(p["partition"])}</td>'
+            f'<td>{e(leader) if leader else _NO_LEADER}</td>'
+            f'<td class="num">{int(p["epoch"])}</td>'
+            f'<td class="ids">{_ids(p.get("isr", ()), " badge-ok")}</td>'
+            f'<td class="ids">{_ids(p.get("catchup", ()), " badge-warn")}</td>'
+            f'<td class="replicas">{"".join(reps)}</td></tr>')
+    return (f'<div class="table-wrap"><table class="table partitions" '
+            f'data-topic="{e(topic)}"><thead><tr>'
+            '<th class="num">Partition</th><th>Leader</th><th class="num">Epoch</th>'
+            '<th>ISR</th><th>Catch-up</th>'
+            '<th title="each replica: its log end as its node reports it, and how far it is '
+            'behind the leader\'s log end">Replicas: log end, lag</th>'
+            '</tr></thead><tbody>' + "".join(trs) + "</tbody></table></div>")
+
+
+def _cluster_create_form(ctx: Ctx) -> str:
+    if not ctx.is_admin:
+        return ""
+    return (
+        '<form class="create-form card" id="cluster-create-form" '
+        'data-api="/api/cluster/topics"><h4>Create a partitioned topic</h4>'
+        '<div class="form-row">'
+        '<input name="topic" placeholder="topic name" required '
+        'pattern="[.a-zA-Z0-9_\\-]+" maxlength="64" aria-label="topic">'
+        '<input name="partitions" type="number" min="1" max="1024" step="1" value="1" '
+        'required aria-label="partitions" title="partitions">'
+        '<input name="replicas" type="number" min="1" max="16" step="1" '
+        'placeholder="replicas" aria-label="replicas" '
+        'title="replicas (empty: min(3, live nodes))">'
+        '<label class="check"><input name="ordered" type="checkbox"> ordered</label>'
+        '<button type="submit" class="btn btn-primary">Create</button></div>'
+        '<p class="muted">Created through nsqlookupd (<code>/topic/create</code>); creating '
+        'it again with the same shape is harmless, another shape is refused.</p></form>')
+
+
+def render_cluster(ctx: Ctx, stats: dict[str, Any] | None, failed: bool = False) -> str:
+    """The cluster as lookupd's /cluster/stats shows it: coordinator, nodes (drain buttons),
+    and every topic's partitions. ``stats`` None: no cluster mode (or no answer)."""
+    body = ['<div class="page-head"><h2>Cluster</h2></div>']
+    if stats is None:
+        if failed:
+            body.append('<div class="alert alert-danger" id="cluster-failed">nsqlookupd did '
+                        'not answer <code>/cluster/stats</code>; see the warning above.</div>')
+        elif not ctx.lookupd:
+            body.append('<div class="alert alert-info" id="cluster-off">Cluster mode is off: '
+                        'nsqadmin was started with --nsqd-http-address (no nsqlookupd).</div>')
+        else:
+            body.append('<div class="alert alert-info" id="cluster-off">Cluster mode is off: '
+                        f'nsqlookupd ({e(", ".join(ctx.lookupd))}) runs standalone (no '
+                        '<code>--cluster-leadership-addresses</code>).</div>')
+        return layout(ctx, "Cluster", "cluster", "".join(body), page="cluster")
+    draining = set(stats.get("draining") or ())
+    nodes = stats.get("nodes") or []
+    body.append(
+        '<div class="summary card"><dl>'
+        f'<dt>Cluster id</dt><dd id="cluster-id">{e(stats.get("cluster_id", ""))}</dd>'
+        f'<dt>Coordinator</dt><dd id="coordinator">'
+        f'{e(stats.get("coordinator") or "none elected")}</dd>'
+        f'<dt>Nodes</dt><dd>{len(nodes)} live'
+        f'{f", {len(draining)} draining" if draining else ""}</dd>'
+        f'<dt>Topics</dt><dd>{len(stats.get("topics") or {})}</dd></dl></div>')
+    # replicas held per node (a drained node ends with none)
+    held: dict[str, int] = {}
+    led: dict[str, int] = {}
+    for t in (stats.get("topics") or {}).values():
+        for p in t.get("partitions") or ():
+            for r in p.get("replicas") or ():
+                held[r] = held.get(r, 0) + 1
+            if p.get("leader"):
+                led[p["leader"]] = led.get(p["leader"], 0) + 1
+    rows = []
+    ids = [n["id"] for n in nodes] + sorted(draining - {n["id"] for n in nodes})
+    by_id = {n["id"]: n for n in nodes}
+    for nid in ids:
+        n = by_id.get(nid)
+        state = ('<span class="badge badge-ok">live</span>' if n else
+                 '<span class="badge badge-down">not live</span>')
+        if nid in draining:
+            state += ' <span class="badge badge-warn">draining</span>'
+        action = ""
+        if ctx.is_admin:
+            api = f"/api/cluster/nodes/{q(nid)}"
+            if nid in draining:
+                action = _btn("Stop draining", "btn-xs btn-success",
+                              {"action": "undrain", "api": api,
+                               "confirm": f"Stop draining node {nid}? Replicas already moved "
+                                          "stay where they are."})
+            elif n:
+                action = _btn("Drain", "btn-xs btn-warning",
+                              {"action": "drain", "api": api,
+                               "confirm": f"Drain node {nid}? Its replicas move to other "
+                                          "nodes, then it leads and holds nothing."})
+        st = "draining" if nid in draining else ("live" if n else "gone")
+        rows.append(
+            f'<tr data-node="{e(nid)}" data-state="{st}">'
+            f'<td class="name">{e(nid)}</td>'
+            f'<td>{e(n["tcp_address"]) if n else "–"}</td>'
+            f'<td>{e(n["http_address"]) if n else "–"}</td>'
+            f'<td>{e(n.get("version", "")) if n else ""}</td><td>{state}</td>'
+            f'<td class="num" data-metric="replicas">{held.get(nid, 0)}</td>'
+            f'<td class="num" data-metric="leaders">{led.get(nid, 0)}</td>'
+            f'<td>{action}</td></tr>')
+    body.append(
+        f'<h3>Nodes <span class="count">{len(ids)}</span></h3>'
+        '<div class="table-wrap"><table class="table" id="cluster-nodes"><thead><tr>'
+        '<th>Node id</th><th>TCP</th><th>HTTP</th><th>Version</th><th>State</th>'
+        '<th class="num">Replicas</th><th class="num">Leads</th><th></th></tr></thead><tbody>'
+        + "".join(rows) + "</tbody></table></div>")
+    topics = stats.get("topics") or {}
+    body.append(f'<h3>Topics <span class="count">{len(topics)}</span></h3>')
+    if not topics:
+        body.append('<div class="alert alert-info">No topic has been created in the cluster '
+                    'yet.</div>')
+    for name, t in sorted(topics.items()):
+        body.append(
+            f'<section class="cluster-topic" data-topic="{e(name)}"><h4>'
+            f'<a href="{ctx.url("/topics/" + q(name))}">{e(name)}</a> '
+            f'<span class="muted">{e(_shape(t))}</span></h4>'
+            + _partition_table(ctx, name, t, stats) + "</section>")
+    body.append(_cluster_create_form(ctx))
+    return layout(ctx, "Cluster", "cluster", "".join(body), page="cluster")
 
 
 def render_error(ctx: Ctx, status: int, message: str) -> str:

@@ -12,15 +12,20 @@ campaigns; the elected one reconciles. Any of them answers (reads come from etcd
   creates the topic in the cluster (1 partition, min(3, live nodes) replicas by default);
   the same shape again is a no-op, another shape is refused (400 ``E_TOPIC_EXISTS``).
 - ``POST /cluster/node/remove?remove_node=ID`` drains a node; ``&undo=true`` stops it.
-- ``GET /cluster/stats``: coordinator, live nodes, and every partition's leader, epoch,
-  ISR and catch-up set.
+- ``GET /cluster/stats[?log_ends=true]``: coordinator, live nodes, and every partition's
+  leader, epoch, ISR and catch-up set; with ``log_ends`` also each replica's log end as its
+  node reports it (``/nsqx/cluster/state``, asked concurrently, 2 s timeout; null when a
+  node does not answer or does not hold the partition) and its lag behind the leader's end
+  (for nsqadmin's cluster page).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 
@@ -73,6 +78,7 @@ class ClusterLookupd:
         self.cluster_id = cluster_id
         self.coordinator: Coordinator | None = None
         self._upstream_lookup: Any = None
+        self._session: aiohttp.ClientSession | None = None
         lookupd.plugins.append(self)
         for path, fn in (("/lookup", self.h_lookup), ("/cluster/stats", self.h_stats)):
             lookupd.http_routes.append(("GET", path, fn))
@@ -95,6 +101,8 @@ class ClusterLookupd:
     async def stop(self) -> None:
         if self.coordinator is not None:
             await self.coordinator.close()
+        if self._session is not None:
+            await self._session.close()
         await self.etcd.close()
 
     # -- handlers ---------------------------------------------------------------------------
@@ -181,6 +189,8 @@ class ClusterLookupd:
             return _err(503, "E_CLUSTER_UNAVAILABLE", str(e))
         c = self.coordinator
         assert c is not None
+        ends = (await self._log_ends(list(nodes.values()))
+                if request.query.get("log_ends") == "true" else None)
         return _json(200, {
             "cluster_id": self.cluster_id,
             "coordinator": c.leader, "is_coordinator": c.is_leader,
@@ -193,7 +203,42 @@ class ClusterLookupd:
                          "partitions": [
                              {"partition": v.meta.partition, "leader": v.meta.leader,
                               "epoch": v.meta.epoch, "replicas": list(v.meta.replicas),
-                              "isr": list(v.meta.isr), "catchup": list(v.meta.catchup)}
+                              "isr": list(v.meta.isr), "catchup": list(v.meta.catchup),
+                              **_replica_ends(v.meta, ends)}
                              for (tn, _), v in sorted(parts.items()) if tn == t.name]}
                 for t in topics.values()},
         })
+
+    async def _log_ends(self, nodes: list[NodeInfo]) -> dict[str, dict[tuple[str, int], int]]:
+        """{node id: {(topic, partition): log end}} from every live node that answers."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+
+        async def one(n: NodeInfo) -> dict[tuple[str, int], int]:
+            async with self._session.get(  # type: ignore[union-attr]
+                    f"http://{n.http_address}/nsqx/cluster/state") as r:
+                body = orjson.loads(await r.read()) if r.status == 200 else {}
+            return {(p["topic"], int(p["partition"])): int(p["log_end"])
+                    for p in body.get("partitions") or () if p.get("log_end") is not None}
+
+        got = await asyncio.gather(*(one(n) for n in nodes), return_exceptions=True)
+        out: dict[str, dict[tuple[str, int], int]] = {}
+        for n, r in zip(nodes, got, strict=True):
+            if isinstance(r, dict):
+                out[n.id] = r
+            else:
+                log.warning("CLUSTER: /cluster/stats: no log ends from %s: %r", n.id, r)
+        return out
+
+
+def _replica_ends(pm: Any, ends: dict[str, dict[tuple[str, int], int]] | None
+                  ) -> dict[str, Any]:
+    """``log_end`` and ``lag`` (leader's end minus the replica's) per replica, or nothing."""
+    if ends is None:
+        return {}
+    k = (pm.topic, pm.partition)
+    log_end = {r: ends.get(r, {}).get(k) for r in pm.replicas}
+    lead = log_end.get(pm.leader) if pm.leader else None
+    lag = {r: (lead - e if lead is not None and e is not None else None)
+           for r, e in log_end.items()}
+    return {"log_end": log_end, "lag": lag}

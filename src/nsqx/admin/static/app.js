@@ -85,6 +85,35 @@
     });
   }
 
+  /* ---------------------------------------------------------------- cluster: create */
+  var ccreate = document.getElementById("cluster-create-form");
+  if (ccreate) {
+    ccreate.addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      var f = ccreate.elements;
+      /* sent as typed: nsqadmin validates (400 INVALID_...) and lookupd decides */
+      var payload = { topic: f.topic.value.trim(), partitions: f.partitions.value.trim(),
+        replicas: f.replicas.value.trim(), ordered: f.ordered.checked };
+      var what = "topic " + payload.topic + " with " + payload.partitions + " partition(s)" +
+        (payload.replicas ? " x " + payload.replicas + " replicas" : "") +
+        (payload.ordered ? ", ordered" : "");
+      if (!window.confirm("Create " + what + "?")) return;
+      var btn = ccreate.querySelector("button[type=submit]");
+      btn.disabled = true;
+      api("POST", ccreate.dataset.api, payload).then(function (data) {
+        var leaders = (data.partitions || []).map(function (p) {
+          return p.partition + "->" + p.leader;
+        });
+        sessionStorage.setItem("nsqadmin-flash", "created " + what + " - leaders " +
+          leaders.join(", "));
+        window.location.reload();
+      }).catch(function (err) {
+        btn.disabled = false;
+        flash("create failed: " + err.message);
+      });
+    });
+  }
+
   /* ---------------------------------------------------------------- reset offset */
   var reset = document.getElementById("reset-form");
   if (reset) {
