@@ -98,6 +98,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--window", type=int, default=8,
+                    help="MPUBs in flight per writer, the same for both runs (default 8)")
     ap.add_argument("--sync-every", type=int, default=0, help="nsqd --sync-every (0: default)")
     ap.add_argument("--profile", metavar="DIR", help="py-spy record the leader and a follower "
                     "during the replicated run into DIR (needs py-spy)")
@@ -111,7 +113,8 @@ def main() -> None:
         procs.append(p)
         scenarios.http_post(http_addr, "/topic/create?topic=bench")
         s0 = cpu_split(p.proc.pid)
-        r = scenarios.ingest(tcp, "bench", seconds=args.seconds, pid=p.proc.pid)
+        r = scenarios.ingest(tcp, "bench", seconds=args.seconds, pid=p.proc.pid,
+                             window=args.window)
         su, ss = (a - b for a, b in zip(cpu_split(p.proc.pid), s0, strict=True))
         out["standalone"] = r
         p.stop()
@@ -157,7 +160,8 @@ def main() -> None:
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         followers = [n for n in nodes if n is not leader]
         before = [cpu_split(n[0].proc.pid) for n in (leader, *followers)]
-        r = scenarios.ingest(leader[1], "bench", seconds=args.seconds, pid=leader[0].proc.pid)
+        r = scenarios.ingest(leader[1], "bench", seconds=args.seconds,
+                             pid=leader[0].proc.pid, window=args.window)
         split = [tuple(a - b for a, b in zip(cpu_split(n[0].proc.pid), b0, strict=True))
                  for n, b0 in zip((leader, *followers), before, strict=True)]
         out["replicated"] = r
