@@ -86,10 +86,20 @@ def nsqd(tmp: Path, name: str, extra: list[str]) -> tuple[Proc, str, str]:
     return p, f"127.0.0.1:{tcp}", f"127.0.0.1:{http_}"
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process: replication's cost is mostly the kernel's."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--window", type=int, default=8,
+                    help="MPUBs in flight per writer, the same for both runs (default 8)")
     ap.add_argument("--sync-every", type=int, default=0, help="nsqd --sync-every (0: default)")
     ap.add_argument("--profile", metavar="DIR", help="py-spy record the leader and a follower "
                     "during the replicated run into DIR (needs py-spy)")
@@ -102,11 +112,15 @@ def main() -> None:
         p, tcp, http_addr = nsqd(tmp, "standalone", extra)
         procs.append(p)
         scenarios.http_post(http_addr, "/topic/create?topic=bench")
-        r = scenarios.ingest(tcp, "bench", seconds=args.seconds, pid=p.proc.pid)
+        s0 = cpu_split(p.proc.pid)
+        r = scenarios.ingest(tcp, "bench", seconds=args.seconds, pid=p.proc.pid,
+                             window=args.window)
+        su, ss = (a - b for a, b in zip(cpu_split(p.proc.pid), s0, strict=True))
         out["standalone"] = r
         p.stop()
         print(f"standalone  {r['msgs_per_s']:>12,.0f} msgs/s  "
-              f"{r.get('server_us_per_msg', 0):.2f} us CPU/msg")
+              f"{r.get('server_us_per_msg', 0):.2f} us CPU/msg "
+              f"(user {su / r['messages'] * 1e6:.2f} + system {ss / r['messages'] * 1e6:.2f})")
 
         etcd = EtcdServer(tmp / "etcd")
         etcd.start()
@@ -144,7 +158,12 @@ def main() -> None:
                     ["py-spy", "record", "-p", str(n[0].proc.pid), "-d", str(int(args.seconds)),
                      "-f", "speedscope", "-o", f"{args.profile}/{who}.json", "--nonblocking"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        r = scenarios.ingest(leader[1], "bench", seconds=args.seconds, pid=leader[0].proc.pid)
+        followers = [n for n in nodes if n is not leader]
+        before = [cpu_split(n[0].proc.pid) for n in (leader, *followers)]
+        r = scenarios.ingest(leader[1], "bench", seconds=args.seconds,
+                             pid=leader[0].proc.pid, window=args.window)
+        split = [tuple(a - b for a, b in zip(cpu_split(n[0].proc.pid), b0, strict=True))
+                 for n, b0 in zip((leader, *followers), before, strict=True)]
         out["replicated"] = r
         for spy in spies:
             spy.wait(30)
@@ -152,6 +171,11 @@ def main() -> None:
         print(f"replicated  {r['msgs_per_s']:>12,.0f} msgs/s  "
               f"{r.get('server_us_per_msg', 0):.2f} us CPU/msg (leader)  "
               f"ratio {ratio:.2f}x (target >= 0.5x), {args.replicas} replicas, ISR ack")
+        if r["messages"]:
+            m = r["messages"] / 1e6
+            print("            CPU/msg user+system: " + ", ".join(
+                f"{who} {u / m:.2f}+{s_ / m:.2f} us" for who, (u, s_) in
+                zip(("leader", "follower", "follower"), split, strict=False)))
         if r.get("errors"):
             print("  errors:", r["errors"])
 

@@ -50,12 +50,13 @@ def _sum(results: list[loadgen.Result], seconds: float) -> dict[str, Any]:
 
 def ingest(addr: str, topic: str, *, size: int = 200, batch: int = 200, seconds: float = 10.0,
            writers: int = 2, mixed: tuple[int, int] | None = None, pid: int | None = None,
-           tls: bool = False) -> dict[str, Any]:
-    """MPUB ingest from `writers` processes (bench_writer's scenario)."""
+           tls: bool = False, window: int = 8) -> dict[str, Any]:
+    """MPUB ingest from `writers` processes (bench_writer's scenario), `window` MPUBs in
+    flight on each."""
     def go() -> dict[str, Any]:
         with _pool(writers) as pool:
             res = pool.starmap(loadgen.run_writer,
-                               [(addr, topic, size, batch, seconds, mixed, 8, tls)] * writers)
+                               [(addr, topic, size, batch, seconds, mixed, window, tls)] * writers)
         return _sum(res, seconds)
     return _with_server(pid, go)
 
