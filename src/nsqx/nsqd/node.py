@@ -38,7 +38,7 @@ TAIL_SHARE_MAX = 8 << 20
 SCAN_INTERVAL = 0.1  # in-flight timeouts and due deferrals (upstream QueueScanInterval)
 META_COALESCE_FROM = 0.005  # nsqd.dat writes slower than this are coalesced...
 META_COALESCE_MAX = 0.5  # ...for at most this long
-SWEEP_TICKS = 50  # every 5 s: check that every channel with timers is scheduled
+SWEEP_TICKS = 600  # every 60 s: check that every channel with timers is scheduled
 PERSIST_INTERVAL = 1.0  # cursor state to disk
 RETENTION_INTERVAL = 30.0
 RELEASE_INTERVAL = 15.0  # logs idle since the last pass close their files
@@ -60,6 +60,7 @@ class NSQD:
         self.start_time = int(time.time())
         self.topics: dict[str, Topic] = {}
         self.timed_channels: set[Channel] = set()  # cursors with timers (see _scan_loop)
+        self.dirty_channels: set[Channel] = set()  # cursors to persist (see _persist_loop)
         self._clients: dict[int, ClientV2] = {}
         self.exiting = False
         self.tcp_port = 0
@@ -433,9 +434,7 @@ class NSQD:
         while True:
             await asyncio.sleep(PERSIST_INTERVAL)
             try:
-                for topic in list(self.topics.values()):
-                    for part in topic.partitions:
-                        part.persist_cursors()
+                self._persist_dirty()
                 if time.monotonic() - last_release > RELEASE_INTERVAL:
                     last_release = time.monotonic()
                     for topic in list(self.topics.values()):
@@ -448,6 +447,23 @@ class NSQD:
                             part.apply_retention()
             except OSError as exc:
                 self.set_health(f"failed to persist channel state - {exc}")
+
+    def _persist_dirty(self) -> None:
+        """Persist the cursors that changed; on a failed write the channel stays dirty (it
+        is retried next pass) and the rest of the pass still runs."""
+        dirty, self.dirty_channels = self.dirty_channels, set()
+        failed: OSError | None = None
+        for ch in dirty:
+            if ch.dirty and not ch.ephemeral and not ch.exiting:
+                try:
+                    ch.cursor.persist()
+                except OSError as exc:
+                    failed = exc
+                    self.dirty_channels.add(ch)
+                    continue
+                ch.dirty = False
+        if failed is not None:
+            raise failed
 
     async def stop(self) -> None:
         """Upstream order: stop accepting, close clients, flush + fsync topics, write metadata."""
