@@ -99,7 +99,7 @@ class Channel:
         self.exiting = False
         self._pump_scheduled = False
         self._rr = 0
-        self.dirty = False  # cursor changed since it was last persisted
+        self._dirty = False  # cursor changed since it was last persisted (see .dirty)
         # server-side give-up (0: never, upstream's behaviour); per channel, default the flag
         self.max_attempts: int = topic.nsqd.opts.max_attempts
         self.max_attempts_set = False  # set on this channel (persisted), not the default
@@ -120,6 +120,19 @@ class Channel:
         if cursor.has_timers():  # deferrals or redeliveries recovered from disk
             cursor.armed = True
             self._on_armed()
+
+    @property
+    def dirty(self) -> bool:
+        return self._dirty
+
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        """A dirty channel joins the node's set, so the persist pass visits only those."""
+        if value and not self._dirty:
+            dirty = getattr(self.topic.nsqd, "dirty_channels", None)
+            if dirty is not None:
+                dirty.add(self)
+        self._dirty = value
 
     def _on_armed(self) -> None:
         timed = getattr(self.topic.nsqd, "timed_channels", None)

@@ -36,7 +36,9 @@ TAIL_SHARE_MIN = 16 << 10  # a topic's memory tail, whatever the topic count
 TAIL_SHARE_MAX = 8 << 20
 
 SCAN_INTERVAL = 0.1  # in-flight timeouts and due deferrals (upstream QueueScanInterval)
-SWEEP_TICKS = 50  # every 5 s: check that every channel with timers is scheduled
+META_COALESCE_FROM = 0.005  # nsqd.dat writes slower than this are coalesced...
+META_COALESCE_MAX = 0.5  # ...for at most this long
+SWEEP_TICKS = 600  # every 60 s: check that every channel with timers is scheduled
 PERSIST_INTERVAL = 1.0  # cursor state to disk
 RETENTION_INTERVAL = 30.0
 RELEASE_INTERVAL = 15.0  # logs idle since the last pass close their files
@@ -58,6 +60,7 @@ class NSQD:
         self.start_time = int(time.time())
         self.topics: dict[str, Topic] = {}
         self.timed_channels: set[Channel] = set()  # cursors with timers (see _scan_loop)
+        self.dirty_channels: set[Channel] = set()  # cursors to persist (see _persist_loop)
         self._clients: dict[int, ClientV2] = {}
         self.exiting = False
         self.tcp_port = 0
@@ -68,6 +71,7 @@ class NSQD:
         self._tasks: list[asyncio.Task[Any]] = []
         self._meta_dirty = False
         self._meta_scheduled = False
+        self._meta_write_s = 0.0  # how long the last nsqd.dat write took
         self._lock_fd: int | None = None
         self._error: str | None = None
         self.tls_context = self._make_tls_context()
@@ -217,11 +221,18 @@ class NSQD:
 
     # -- metadata (nsqd.dat) -------------------------------------------------------------
     def metadata_changed(self) -> None:
-        """Write nsqd.dat soon (once per loop turn): clients SIGKILL servers."""
+        """Write nsqd.dat soon: once per loop turn (clients SIGKILL servers), or, when a
+        write has become slow (thousands of topics: each rewrites them all, as upstream),
+        after twice its duration, so a burst of creations shares one write instead of
+        each waiting for the whole file (upstream persists asynchronously too)."""
         self._meta_dirty = True
         if not self._meta_scheduled and not self.exiting:
             self._meta_scheduled = True
-            self.loop.call_soon(self._write_metadata_soon)
+            took = self._meta_write_s
+            if took > META_COALESCE_FROM:
+                self.loop.call_later(min(META_COALESCE_MAX, 2 * took), self._write_metadata_soon)
+            else:
+                self.loop.call_soon(self._write_metadata_soon)
 
     def _write_metadata_soon(self) -> None:
         self._meta_scheduled = False
@@ -230,6 +241,7 @@ class NSQD:
 
     def persist_metadata(self) -> None:
         self._meta_dirty = False
+        t0 = time.monotonic()
         data = {
             "topics": [t.metadata() for t in self.topics.values() if not t.ephemeral],
             "version": NSQ_VERSION,
@@ -243,6 +255,7 @@ class NSQD:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
             _fsync_dir(self.data_path)
+            self._meta_write_s = time.monotonic() - t0
         except OSError as exc:
             self.set_health(f"failed to persist metadata - {exc}")
             log.error("failed to persist metadata to %s: %s", path, exc)
@@ -421,9 +434,7 @@ class NSQD:
         while True:
             await asyncio.sleep(PERSIST_INTERVAL)
             try:
-                for topic in list(self.topics.values()):
-                    for part in topic.partitions:
-                        part.persist_cursors()
+                self._persist_dirty()
                 if time.monotonic() - last_release > RELEASE_INTERVAL:
                     last_release = time.monotonic()
                     for topic in list(self.topics.values()):
@@ -436,6 +447,23 @@ class NSQD:
                             part.apply_retention()
             except OSError as exc:
                 self.set_health(f"failed to persist channel state - {exc}")
+
+    def _persist_dirty(self) -> None:
+        """Persist the cursors that changed; on a failed write the channel stays dirty (it
+        is retried next pass) and the rest of the pass still runs."""
+        dirty, self.dirty_channels = self.dirty_channels, set()
+        failed: OSError | None = None
+        for ch in dirty:
+            if ch.dirty and not ch.ephemeral and not ch.exiting:
+                try:
+                    ch.cursor.persist()
+                except OSError as exc:
+                    failed = exc
+                    self.dirty_channels.add(ch)
+                    continue
+                ch.dirty = False
+        if failed is not None:
+            raise failed
 
     async def stop(self) -> None:
         """Upstream order: stop accepting, close clients, flush + fsync topics, write metadata."""

@@ -646,6 +646,7 @@ class Segment:
         first_t = (self.tidx_bidx[-1] + 1) if self.tidx_bidx else 0
         # one entry per commit at most: the commit of the last kept entry is complete
         first_c = (self.commit_of(self.idx_off[-1]) + 1) if self.idx_off else 0
+        kept = (len(self.idx_off), len(self.tidx_bidx))
         for c in range(min(first_c, first_t), len(self.bases)):
             base, pos, flen = self.bases[c], self.poss[c], self.flens[c]
             count = (self.bases[c + 1] if c + 1 < len(self.bases) else self.next_offset) - base
@@ -664,6 +665,9 @@ class Segment:
                 self.tidx_off.append(base)
                 self.tidx_bidx.append(c)
                 self._next_tidx_pos = pos + self.interval
+        if (kept == (len(self.idx_off), len(self.tidx_bidx))
+                and self.sizes[2] == kept[0] * IDX_SIZE and self.sizes[3] == kept[1] * TIDX_SIZE):
+            return  # the files hold exactly these entries (a clean restart): no rewrite
         idx = b"".join(_with_crc(IDX_BODY.pack(o, p))
                        for o, p in zip(self.idx_off, self.idx_pos, strict=True))
         tidx = b"".join(_with_crc(TIDX_BODY.pack(*t))
