@@ -13,11 +13,9 @@ CI runs NSQX_CHAOS_CYCLES=2 (default); run longer with e.g.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,25 +23,12 @@ from pathlib import Path
 import pytest
 
 from nsqx.cluster.etcd_server import EtcdServer
+from tests.cluster.chaos_check import read_events, start_script
 from tests.support.cluster import Cluster, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
-SCRIPT = Path(__file__).with_name("pynsq_chaos.py")
 CYCLES = int(os.environ.get("NSQX_CHAOS_CYCLES", "2"))
-
-
-def start_script(*args: str, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=out.open("wb"),
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def read_events(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            out.append(json.loads(line))
-    return out
 
 
 @pytest.mark.parametrize(("fault", "target"), [("kill", "any"), ("stop", "leader")])

@@ -11,7 +11,7 @@ from nsqx.cluster.coordinator import Coordinator, reconcile_partition
 from nsqx.cluster.etcd import EtcdClient
 from nsqx.cluster.etcd_server import EtcdServer
 from nsqx.cluster.metadata import ClusterMetadata
-from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
+from nsqx.cluster.model import MetaError, MoveRequest, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import expand_isr
 from tests.client.helpers import run
 
@@ -197,6 +197,46 @@ def test_drain_moves_every_replica_off_a_node(etcd_server: EtcdServer) -> None:
                                and p.leader in p.isr for p in ps)
 
                 await eventually(drained)
+            finally:
+                await coord.close()
+                await coord.meta.etcd.close()
+
+    run(body())
+
+
+def test_a_requested_move_is_carried_out_and_cleared(etcd_server: EtcdServer) -> None:
+    async def body() -> None:
+        async with EtcdClient([etcd_server.endpoint]) as etcd:
+            meta = ClusterMetadata(etcd, CID)
+            nodes = Nodes(meta)
+            for n in ("n1", "n2", "n3", "n4"):
+                await nodes.up(n)
+            await meta.create_topic(TopicMeta("t", 1, 3), ["n1", "n2", "n3"])
+            coord = Coordinator(EtcdClient([etcd_server.endpoint]), CID, "l", ttl=2)
+            coord.start()
+            try:
+                await eventually(lambda: _true(coord.passes > 0))
+                leader = (await meta.partitions("t"))[0].meta.leader
+                assert await coord.request_move(MoveRequest("t", 0, leader, "n4"))
+                assert not await coord.request_move(MoveRequest("t", 0, leader, "n4"))
+
+                async def catching_up() -> bool:
+                    return (await meta.partitions("t"))[0].meta.catchup == ("n4",)
+
+                await eventually(catching_up)
+                assert (await coord.moves())  # pending until n4 is in sync
+                v = (await meta.partitions("t"))[0]
+                assert await meta.update_partition(
+                    v, lambda pm: expand_isr(pm, "n4", pm.epoch)) is not None
+
+                async def moved() -> bool:
+                    p = (await meta.partitions("t"))[0].meta
+                    return p.leader == "n4" and leader not in p.replicas and \
+                        not await coord.moves()
+
+                await eventually(moved)
+                p = (await meta.partitions("t"))[0].meta
+                assert p.epoch == 2 and len(p.replicas) == 3 and len(p.isr) == 3
             finally:
                 await coord.close()
                 await coord.meta.etcd.close()

@@ -5,14 +5,26 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from nsqx.cluster.model import ClusterKeys, MetaError, NodeInfo, PartitionMeta, TopicMeta
+from nsqx.cluster.coordinator import reconcile_partition
+from nsqx.cluster.model import (
+    ClusterKeys,
+    MetaError,
+    MoveRequest,
+    NodeInfo,
+    PartitionMeta,
+    TopicMeta,
+)
 from nsqx.cluster.placement import (
     add_replica,
     elect_leader,
     expand_isr,
+    move_outcome,
     node_lost,
     place,
+    plan_move,
     preferred_leader_move,
     remove_replica,
     shrink_isr,
@@ -166,3 +178,162 @@ def test_leader_progress_acks_and_laggards() -> None:
     lp.isr = {"a", "b"}
     lp.on_fetch("c", 12, 12, now=10)
     assert lp.ready_to_join("c", 12) and not lp.ready_to_join("b", 12)
+
+
+# -- operator moves: plan_move (the API's checks), move_step / reconcile_partition --------------
+LIVE = {"a", "b", "c", "d"}
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    (dict(move_leader=False, source="b", target="b"), "are the same node"),
+    (dict(move_leader=False, source="b", target="zz"), "zz is not a live node"),
+    (dict(move_leader=False, source="x", target="d"), "move_from x holds no replica of t/0"),
+    (dict(move_leader=False, source="b", target="c"), "move_to c already holds a replica"),
+    (dict(move_leader=False, source="a", target="d"), "a leads t/0: add move_leader=true"),
+    (dict(move_leader=False, source=None, target="d"), "move_from is required"),
+    (dict(move_leader=True, source="b", target="d"), "move_from b is not the leader"),
+    (dict(move_leader=True, source=None, target="a"), "a already leads"),
+    (dict(move_leader=False, source="b", target=""), "move_to is required"),
+])
+def test_plan_move_refuses_bad_requests(kw, match) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(MetaError, match=match):
+        plan_move(pm(), live=LIVE, **kw)
+
+
+def test_plan_move_refusals_that_depend_on_state() -> None:
+    with pytest.raises(MetaError, match="d is being drained"):
+        plan_move(pm(), move_leader=False, source="b", target="d", live=LIVE, draining={"d"})
+    with pytest.raises(MetaError, match="has no leader now"):
+        plan_move(pm(leader=None), move_leader=False, source="b", target="d", live=LIVE)
+    catching_up = pm(isr=("a", "b"))  # c is a replica outside the ISR
+    with pytest.raises(MetaError, match="c is still catching up"):
+        plan_move(catching_up, move_leader=True, source=None, target="c", live=LIVE)
+
+
+def test_plan_move_says_what_it_will_do() -> None:
+    assert plan_move(pm(), move_leader=False, source="b", target="d", live=LIVE) == \
+        MoveRequest("t", 0, "b", "d", leader_only=False)
+    # the leader's replica, with its leadership (move_from defaults to the leader)
+    assert plan_move(pm(), move_leader=True, source=None, target="d", live=LIVE) == \
+        MoveRequest("t", 0, "a", "d", leader_only=False)
+    # a target already in sync: only leadership moves
+    assert plan_move(pm(), move_leader=True, source="a", target="c", live=LIVE) == \
+        MoveRequest("t", 0, "a", "c", leader_only=True)
+    # a dead source's replica may be moved (it is rebuilt from the leader)
+    assert plan_move(pm(isr=("a", "c")), move_leader=False, source="b", target="d",
+                     live={"a", "c", "d"}).source == "b"
+
+
+def _admit_catchup(p: PartitionMeta) -> PartitionMeta:
+    """What the partition's nsqd leader does once a catch-up replica reached its log end."""
+    for n in p.catchup:
+        p = expand_isr(p, n, p.epoch)
+    return p
+
+
+def test_reconcile_carries_out_a_replica_move_of_the_leader() -> None:
+    req = MoveRequest("t", 0, "a", "d")
+    p0 = pm()
+    p1 = reconcile_partition(p0, LIVE, set(), Counter(), 3, move=req)
+    assert p1.replicas == ("a", "b", "c", "d") and p1.catchup == ("d",) and p1.leader == "a"
+    assert move_outcome(p1, req, LIVE) is None
+    # not in sync yet: nothing else happens, however often the coordinator passes
+    assert reconcile_partition(p1, LIVE, set(), Counter(), 3, move=req) == p1
+    p2 = reconcile_partition(_admit_catchup(p1), LIVE, set(), Counter(), 3, move=req)
+    assert p2.leader == "d" and p2.epoch == p0.epoch + 1  # leadership to the target, fenced
+    assert p2.replicas == ("d", "b", "c") and set(p2.isr) == {"b", "c", "d"}
+    p2.check()
+    assert move_outcome(p2, req, LIVE) == "done"
+    # after the request is cleared, rebalancing keeps d: it took a's place as preferred replica
+    assert reconcile_partition(p2, LIVE, set(), Counter(), 3) == p2
+
+
+def test_reconcile_moves_a_follower_replica_without_a_new_epoch() -> None:
+    req = MoveRequest("t", 0, "c", "d")
+    p = reconcile_partition(pm(), LIVE, set(), Counter(), 3, move=req)
+    p = reconcile_partition(_admit_catchup(p), LIVE, set(), Counter(), 3, move=req)
+    assert p.replicas == ("a", "b", "d") and p.leader == "a" and p.epoch == 3
+    assert move_outcome(p, req, LIVE) == "done"
+
+
+def test_reconcile_leader_only_move_and_no_rebalance_back() -> None:
+    req = MoveRequest("t", 0, "a", "c", leader_only=True)
+    p = reconcile_partition(pm(), LIVE, set(), Counter(), 3, move=req)
+    assert p.leader == "c" and p.epoch == 4 and p.replicas[0] == "c"
+    assert set(p.replicas) == {"a", "b", "c"} and set(p.isr) == {"a", "b", "c"}
+    assert move_outcome(p, req, LIVE) == "done"
+    assert reconcile_partition(p, LIVE, set(), Counter(), 3) == p  # c is now preferred
+
+
+def test_a_move_whose_target_dies_before_it_is_in_sync_is_undone() -> None:
+    req = MoveRequest("t", 0, "b", "d")
+    p = reconcile_partition(pm(), LIVE, set(), Counter(), 3, move=req)
+    assert "d" in p.catchup
+    p = reconcile_partition(p, LIVE - {"d"}, set(), Counter(), 3, move=req)
+    assert p.replicas == ("a", "b", "c") and p.isr == ("a", "b", "c")
+    assert move_outcome(p, req, LIVE - {"d"}) == "abandoned: d is no longer live"
+
+
+def test_a_leader_lost_during_a_move_is_replaced_and_the_move_goes_on() -> None:
+    req = MoveRequest("t", 0, "a", "d")
+    p = reconcile_partition(pm(), LIVE, set(), Counter(), 3, move=req)
+    live = LIVE - {"a"}
+    p = reconcile_partition(p, live, set(), Counter(), 3, move=req)
+    assert p.leader in ("b", "c") and "a" not in p.isr
+    p = reconcile_partition(_admit_catchup(p), live, set(), Counter(), 3, move=req)
+    assert "a" not in p.replicas and "d" in p.isr and move_outcome(p, req, live) == "done"
+
+
+@settings(max_examples=300, deadline=None)
+@given(leader_only=st.booleans(), source=st.sampled_from(["a", "b", "c"]),
+       target=st.sampled_from(["b", "c", "d", "e"]),
+       events=st.lists(st.tuples(st.sampled_from(["pass", "admit", "die", "revive", "lag"]),
+                                 st.sampled_from(["a", "b", "c", "d", "e"])), max_size=25))
+def test_moves_never_weaken_the_isr(leader_only: bool, source: str, target: str,
+                                    events: list[tuple[str, str]]) -> None:
+    """Whatever happens during a move: the metadata stays valid, epochs only grow, a live
+    node leaves the ISR only as the move's source and only with the target in sync; with
+    everybody alive the move finishes as asked."""
+    nodes = {"a", "b", "c", "d", "e"}
+    p = pm()
+    try:
+        req = plan_move(p, move_leader=leader_only or source == "a", source=source,
+                        target=target, live=nodes)
+    except MetaError:
+        return
+    live = set(nodes)
+    for ev, node in [*events, ("revive", "*"), ("pass", ""), ("admit", ""), ("pass", ""),
+                     ("admit", ""), ("pass", "")]:
+        if ev == "die":
+            live.discard(node)
+            continue
+        if ev == "revive":
+            live = set(nodes) if node == "*" else live | {node}
+            continue
+        before = p
+        if ev == "admit" and p.leader is not None:
+            p = _admit_catchup(p)
+        elif ev == "lag" and node in p.isr and node != p.leader and p.leader is not None:
+            p = shrink_isr(p, node, p.epoch)
+        else:
+            p = reconcile_partition(p, live, set(), Counter(), 3, move=req)
+            p.check()
+            assert p.epoch >= before.epoch
+            for gone in set(before.isr) - set(p.isr):
+                assert gone not in live or (gone == req.source and req.target in p.isr), \
+                    (before, p)
+            outcome = move_outcome(p, req, live)
+            if outcome is not None and outcome.startswith("abandoned"):
+                # only because the target died; it is then no longer an extra replica
+                assert req.target not in live, (outcome, p, req)
+                assert req.leader_only or req.target not in p.replicas \
+                    or req.source not in p.replicas
+                return
+            if outcome == "done":
+                break
+    # everybody back and every catch-up admitted: done, as asked
+    assert move_outcome(p, req, nodes) == "done", (p, req)
+    if req.leader_only:
+        assert p.leader == req.target and set(p.replicas) == {"a", "b", "c"}
+    else:
+        assert set(p.replicas) == {"a", "b", "c"} - {req.source} | {req.target}

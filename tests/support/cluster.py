@@ -74,13 +74,18 @@ class Cluster:
         wait_until(lambda: len(self.stats()["nodes"]) == nodes, what=f"{nodes} nodes registered")
         return self
 
-    def add_node(self, args: list[str] | None = None) -> NsqdProcess:
-        tcp, http_ = free_port(), free_port()
+    def add_node(self, args: list[str] | None = None, *, ports: tuple[int, int] | None = None,
+                 etcd_endpoint: str | None = None) -> NsqdProcess:
+        """Start an nsqd in the cluster (on ``ports`` (tcp, http) if given, reaching etcd at
+        ``etcd_endpoint`` if given: how tests put fault proxies in its way)."""
+        tcp, http_ = ports or (free_port(), free_port())
+        flags = self.flags if etcd_endpoint is None else [
+            f"--cluster-leadership-addresses={etcd_endpoint}", f"--cluster-id={self.cluster_id}"]
         proc = self.nsqd_factory.start([
             f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http_}",
             "--broadcast-address=127.0.0.1",
             *[f"--lookupd-tcp-address={lk.tcp_address}" for lk in self.lookupds],
-            *self.flags, *(args or [])])
+            *flags, *(args or [])])
         self.nodes.append(proc)
         return proc
 

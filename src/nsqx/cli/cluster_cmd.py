@@ -147,6 +147,9 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
         for p in t["partitions"]:
             print(f"  {p['partition']:>3}  leader {p['leader']}  epoch {p['epoch']}  "
                   f"ISR {','.join(p['isr'])}  catch-up {','.join(p['catchup']) or '-'}")
+    for m in body.get("moves") or ():
+        what = "leadership" if m["leader_only"] else "replica"
+        print(f"moving {m['topic']}/{m['partition']}: {what} {m['move_from']} -> {m['move_to']}")
     return 0
 
 

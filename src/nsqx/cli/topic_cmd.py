@@ -1,8 +1,9 @@
-"""``nsqx topic create|describe``: partitioned and ordered topics, on one nsqd or a cluster.
+"""``nsqx topic create|describe|move``: partitioned and ordered topics, on one nsqd or a cluster.
 
     nsqx topic create orders --partitions 8 --ordered --nsqd-http-address 127.0.0.1:4151
     nsqx topic create orders --partitions 8 --replicas 3 --lookupd-http-address 127.0.0.1:4161
     nsqx topic describe orders --nsqd-http-address 127.0.0.1:4151
+    nsqx topic move orders 0 --from NODE --to NODE --lookupd-http-address 127.0.0.1:4161
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -132,8 +134,58 @@ def cmd_topic_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_topic_move(args: argparse.Namespace) -> int:
+    prog = "nsqx topic move"
+    addr = args.lookupd_http_address
+    if not args.source and not args.leader:
+        args.parser.error("give --from NODE (move a replica) or --leader (move leadership only)")
+    try:
+        move_leader = args.leader
+        if args.source and not move_leader:
+            # Youzan's API wants move_leader=true when the source leads: say it for the user
+            status, body = _call("GET", addr, "/cluster/stats", {})
+            if status != 200:
+                return _fail(prog, "nsqlookupd", status, body)
+            parts = ((body.get("topics") or {}).get(args.topic) or {}).get("partitions") or []
+            move_leader = any(p["partition"] == args.partition and p["leader"] == args.source
+                              for p in parts)
+        params = {"topic": args.topic, "partition": str(args.partition), "move_to": args.target}
+        if args.source:
+            params["move_from"] = args.source
+        if move_leader:
+            params["move_leader"] = "true"
+        status, body = _call("POST", addr, "/topic/partition/move", params)
+        if status != 200:
+            return _fail(prog, "nsqlookupd", status, body)
+        what = (f"leadership {body['move_from']} -> {body['move_to']}" if body["leader_only"]
+                else f"replica {body['move_from']} -> {body['move_to']}"
+                + (" (with its leadership)" if move_leader else ""))
+        print(f"topic {args.topic} partition {args.partition}: moving {what}", flush=True)
+        if not args.wait:
+            return 0
+        deadline = time.monotonic() + args.wait
+        while time.monotonic() < deadline:
+            status, body = _call("GET", addr, "/cluster/stats", {})
+            if status == 200 and not any(m["topic"] == args.topic
+                                         and m["partition"] == args.partition
+                                         for m in body.get("moves") or ()):
+                t = (body.get("topics") or {}).get(args.topic) or {}
+                for p in t.get("partitions") or ():
+                    if p["partition"] == args.partition:
+                        print(f"  done: leader {p['leader']}  epoch {p['epoch']}  "
+                              f"replicas {','.join(p['replicas'])}  ISR {','.join(p['isr'])}")
+                return 0
+            time.sleep(0.2)
+        print(f"{prog}: still under way after {args.wait:g} s (see `nsqx cluster status`)",
+              file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"{prog}: cannot reach nsqlookupd at {addr}: {e}", file=sys.stderr)
+        return 1
+
+
 def add_topic_commands(sub: Any) -> None:
-    t = sub.add_parser("topic", help="create and describe partitioned/ordered topics")
+    t = sub.add_parser("topic", help="create, describe and move partitioned/ordered topics")
     tsub = t.add_subparsers(dest="topic_command", metavar="COMMAND")
     p = tsub.add_parser(
         "create", help="create a topic with partitions (ordered, replicated in a cluster)",
@@ -160,3 +212,21 @@ def add_topic_commands(sub: Any) -> None:
     p.add_argument("--lookupd-http-address")
     p.add_argument("--json", action="store_true", help="print the JSON answer")
     p.set_defaults(func=cmd_topic_describe, parser=p)
+    p = tsub.add_parser(
+        "move", help="move a partition's replica (or only its leadership) to another node",
+        description="Cluster mode (nsqlookupd's /topic/partition/move). With --from and --to: "
+        "the --to node becomes a replica, catches up outside the ISR, joins it, then the "
+        "--from replica leaves (if it led, leadership moves to --to); no acknowledged "
+        "message is lost. With --leader and --to naming an in-sync replica: only "
+        "leadership moves. NODE ids are those of `nsqx cluster status`.")
+    p.add_argument("topic")
+    p.add_argument("partition", type=int)
+    p.add_argument("--from", dest="source", metavar="NODE", help="node giving up its replica")
+    p.add_argument("--to", dest="target", metavar="NODE", required=True,
+                   help="node taking the replica (or the leadership)")
+    p.add_argument("--leader", action="store_true",
+                   help="move leadership (alone if --to is already in sync)")
+    p.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                   help="wait up to SECONDS for the move to finish")
+    p.add_argument("--lookupd-http-address", default="127.0.0.1:4161")
+    p.set_defaults(func=cmd_topic_move, parser=p)

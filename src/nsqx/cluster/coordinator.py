@@ -6,7 +6,10 @@ node lease ended gets a new leader from its live ISR with a higher epoch; a dead
 leaves the ISR; a leaderless partition is led again as soon as an ISR member returns; a
 preferred replica that is back in sync gets its leadership back (spreading leaders when a
 node joins); a node being drained has its replicas moved (a new replica is added outside
-the ISR, the partition's leader admits it once caught up, then the drained one leaves).
+the ISR, the partition's leader admits it once caught up, then the drained one leaves);
+an operator's move of one partition (``moves/<topic>/<p>``, from ``/topic/partition/move``)
+is carried out the same way, restricted to that partition, and its request is cleared when
+it is done (or abandoned because its target died before it was in sync).
 
 Every write is a compare-and-swap on what the pass read, so a coordinator that lost its
 lease mid-pass cannot overwrite its successor's decisions.
@@ -20,13 +23,15 @@ import logging
 from collections import Counter
 
 from nsqx.cluster.election import Election
-from nsqx.cluster.etcd import EtcdClient, EtcdError
+from nsqx.cluster.etcd import Compare, EtcdClient, EtcdError, Op
 from nsqx.cluster.metadata import ClusterMetadata, Versioned
-from nsqx.cluster.model import MetaError, PartitionMeta
+from nsqx.cluster.model import MetaError, MoveRequest, PartitionMeta
 from nsqx.cluster.placement import (
     add_replica,
     elect_leader,
     load_of,
+    move_outcome,
+    move_step,
     node_lost,
     preferred_leader_move,
     remove_replica,
@@ -39,17 +44,22 @@ __all__ = ["Coordinator", "reconcile_partition"]
 
 def reconcile_partition(pm: PartitionMeta, live: set[str], draining: set[str],
                         replica_load: Counter[str], want: int, *,
-                        rebalance: bool = True) -> PartitionMeta:
+                        rebalance: bool = True, move: MoveRequest | None = None) -> PartitionMeta:
     """One partition's next state given who is alive and who is being drained (pure).
 
     ``want`` is the topic's replica count: a drained node's replica is replaced first and
-    leaves only once every other replica is in sync.
+    leaves only once every other replica is in sync. ``move`` is the operator's pending
+    move of this partition, if any (:func:`~nsqx.cluster.placement.move_step`); while it
+    is pending leadership is not rebalanced.
     """
     for node in list(pm.replicas):
         if node not in live and (node in pm.isr or pm.leader == node):
             pm = node_lost(pm, node, live, {})
     if pm.leader is None and any(n in live for n in pm.isr):
         pm = elect_leader(pm, live, {})
+    if move is not None:
+        with contextlib.suppress(MetaError):
+            pm = move_step(pm, move, live)
     for node in sorted(draining & set(pm.replicas)):
         healthy = [n for n in pm.replicas if n not in draining]
         if len(healthy) < want:
@@ -61,7 +71,7 @@ def reconcile_partition(pm: PartitionMeta, live: set[str], draining: set[str],
         elif all(n in pm.isr for n in healthy):
             with contextlib.suppress(MetaError):
                 pm = remove_replica(pm, node)
-    if rebalance and not draining & set(pm.replicas):
+    if rebalance and move is None and not draining & set(pm.replicas):
         moved = preferred_leader_move(pm)
         if moved is not None and moved.leader in live:
             pm = moved
@@ -131,27 +141,58 @@ class Coordinator:
         drain_kvs, rev = await self.meta.etcd.get_prefix(self.meta.keys.root + b"drain/")
         draining = {kv.key.rsplit(b"/", 1)[-1].decode() for kv in drain_kvs}
         live = set(nodes)
+        moves = await self.moves()
         parts = await self.meta.all_partitions()
         topics = await self.meta.topics()
         replica_load, _ = load_of(v.meta for v in parts.values())
         for v in parts.values():
             t = topics.get(v.meta.topic)
             want = t.replicas if t else len(v.meta.replicas)
-            await self._apply(v, live, draining, replica_load, want)
+            await self._apply(v, live, draining, replica_load, want,
+                              moves.get((v.meta.topic, v.meta.partition)))
+        for (topic, p), (_req, mod) in moves.items():
+            if (topic, p) not in parts:  # the topic was deleted under the request
+                await self._clear_move(topic, p, mod, "abandoned: no such partition")
         self.passes += 1
         return max(rev, max((v.mod_revision for v in parts.values()), default=0))
 
+    async def moves(self) -> dict[tuple[str, int], tuple[MoveRequest, int]]:
+        """Pending operator moves: (request, mod revision of its key) per partition."""
+        kvs, _ = await self.meta.etcd.get_prefix(self.meta.keys.moves)
+        out = {}
+        for kv in kvs:
+            try:
+                req = MoveRequest.from_json(kv.value)
+            except (ValueError, KeyError, TypeError):
+                log.warning("ignoring malformed move request %r", kv.key)
+                continue
+            out[(req.topic, req.partition)] = (req, kv.mod_revision)
+        return out
+
+    async def _clear_move(self, topic: str, p: int, mod: int, why: str) -> None:
+        key = self.meta.keys.move(topic, p)
+        won, _ = await self.meta.etcd.txn([Compare.mod_revision(key, mod)], [Op.delete(key)])
+        if won:
+            log.info("TOPIC(%s) PARTITION(%d): move %s", topic, p, why)
+
     async def _apply(self, v: Versioned, live: set[str], draining: set[str],
-                     replica_load: Counter[str], want: int) -> None:
+                     replica_load: Counter[str], want: int,
+                     pending: tuple[MoveRequest, int] | None = None) -> None:
+        move = pending[0] if pending else None
         for _ in range(3):
             try:
                 new = await self.meta.update_partition(
                     v, lambda pm: reconcile_partition(pm, live, draining, replica_load, want,
-                                                      rebalance=self.rebalance))
+                                                      rebalance=self.rebalance, move=move))
             except MetaError as e:
                 log.error("TOPIC(%s) PARTITION(%d): %s", v.meta.topic, v.meta.partition, e)
                 return
             if new is not None:
+                if pending is not None:
+                    outcome = move_outcome(new.meta, pending[0], live)
+                    if outcome is not None:
+                        await self._clear_move(v.meta.topic, v.meta.partition, pending[1],
+                                               outcome)
                 return
             fresh = (await self.meta.partitions(v.meta.topic)).get(v.meta.partition)
             if fresh is None:
@@ -164,3 +205,9 @@ class Coordinator:
 
     async def undrain(self, node: str) -> None:
         await self.meta.etcd.delete(self.drain_key(node))
+
+    async def request_move(self, req: MoveRequest) -> bool:
+        """Record a move for the reconcile passes; False if one is already pending there."""
+        key = self.meta.keys.move(req.topic, req.partition)
+        won, _ = await self.meta.etcd.txn([Compare.absent(key)], [Op.put(key, req.to_json())])
+        return won

@@ -12,6 +12,13 @@ campaigns; the elected one reconciles. Any of them answers (reads come from etcd
   creates the topic in the cluster (1 partition, min(3, live nodes) replicas by default);
   the same shape again is a no-op, another shape is refused (400 ``E_TOPIC_EXISTS``).
 - ``POST /cluster/node/remove?remove_node=ID`` drains a node; ``&undo=true`` stops it.
+- ``POST /topic/partition/move?topic=T&partition=P&move_from=A&move_to=B[&move_leader=true]``
+  (Youzan's parameters): moves partition P's replica from node A to node B (B catches up
+  outside the ISR, then A leaves; ``move_leader=true`` is needed when A leads, and then
+  leadership goes to B). With ``move_leader=true`` and B already in the ISR only
+  leadership moves (``move_from`` optional, A stays a follower). The request is checked
+  against the partition (400 with the reason), recorded in etcd and carried out by the
+  coordinator's reconcile passes; it shows under ``moves`` in ``/cluster/stats`` until done.
 - ``GET /cluster/stats[?log_ends=true]``: coordinator, live nodes, and every partition's
   leader, epoch, ISR and catch-up set; with ``log_ends`` also each replica's log end as its
   node reports it (``/nsqx/cluster/state``, asked concurrently, 2 s timeout; null when a
@@ -32,6 +39,7 @@ from aiohttp import web
 from nsqx.cluster.coordinator import Coordinator
 from nsqx.cluster.etcd import EtcdClient, EtcdError
 from nsqx.cluster.model import MetaError, NodeInfo, TopicMeta
+from nsqx.cluster.placement import plan_move
 
 log = logging.getLogger("nsqx.cluster.lookupd")
 
@@ -83,6 +91,7 @@ class ClusterLookupd:
         for path, fn in (("/lookup", self.h_lookup), ("/cluster/stats", self.h_stats)):
             lookupd.http_routes.append(("GET", path, fn))
         for path, fn in (("/topic/create", self.h_topic_create),
+                         ("/topic/partition/move", self.h_partition_move),
                          ("/cluster/node/remove", self.h_node_remove)):
             lookupd.http_routes.append(("POST", path, fn))
 
@@ -179,16 +188,61 @@ class ClusterLookupd:
             return _err(503, "E_CLUSTER_UNAVAILABLE", str(e))
         return _json(200, {"node": node, "draining": request.query.get("undo") != "true"})
 
+    async def h_partition_move(self, request: web.Request) -> web.Response:
+        q = request.query
+        name = q.get("topic", "")
+        if not name:
+            return _err(400, "MISSING_ARG_TOPIC")
+        if q.get("partition", "") == "":
+            return _err(400, "MISSING_ARG_TOPIC_PARTITION")
+        target = q.get("move_to", "")
+        if not target:
+            return _err(400, "MISSING_ARG_MOVE_TO", "move_to: the node id to move to")
+        move_leader = q.get("move_leader", "false").lower()
+        if move_leader not in ("true", "false"):
+            return _err(400, "E_INVALID", f"move_leader must be true or false, got {move_leader!r}")
+        c = self.coordinator
+        assert c is not None
+        try:
+            p = _int(q, "partition", 0, 0, 1 << 20)
+            tm = await self.meta.topic(name)
+            if tm is None:
+                return _err(400, "E_TOPIC_NOT_EXIST", f"no topic {name} in the cluster")
+            v = (await self.meta.partitions(name)).get(p)
+            if v is None:
+                return _err(400, "INVALID_ARG_TOPIC_PARTITION",
+                            f"topic {name} has partitions 0..{tm.partitions - 1}, not {p}")
+            nodes = await self.meta.nodes()
+            drain_kvs, _ = await self.etcd.get_prefix(self.meta.keys.root + b"drain/")
+            req = plan_move(v.meta, move_leader=move_leader == "true",
+                            source=q.get("move_from") or None, target=target, live=set(nodes),
+                            draining={kv.key.rsplit(b"/", 1)[-1].decode() for kv in drain_kvs})
+            if not await c.request_move(req):
+                pending = (await c.moves()).get((name, p))
+                what = (f" ({pending[0].source} -> {pending[0].target})" if pending else "")
+                return _err(400, "E_MOVE_IN_PROGRESS",
+                            f"a move of {name}/{p} is already under way{what}")
+        except MetaError as e:
+            return _err(400, "E_INVALID", str(e))
+        except EtcdError as e:
+            return _err(503, "E_CLUSTER_UNAVAILABLE", str(e))
+        log.info("CLUSTER: TOPIC(%s) PARTITION(%d): move requested: %s", name, p,
+                 f"leadership {req.source} -> {req.target}" if req.leader_only
+                 else f"replica {req.source} -> {req.target}")
+        return _json(200, {"topic": name, "partition": p, "move_from": req.source,
+                           "move_to": req.target, "leader_only": req.leader_only})
+
     async def h_stats(self, request: web.Request) -> web.Response:
+        c = self.coordinator
+        assert c is not None
         try:
             nodes = await self.meta.nodes()
             topics = await self.meta.topics()
             parts = await self.meta.all_partitions()
             drain_kvs, _ = await self.etcd.get_prefix(self.meta.keys.root + b"drain/")
+            moves = await c.moves()
         except EtcdError as e:
             return _err(503, "E_CLUSTER_UNAVAILABLE", str(e))
-        c = self.coordinator
-        assert c is not None
         ends = (await self._log_ends(list(nodes.values()))
                 if request.query.get("log_ends") == "true" else None)
         return _json(200, {
@@ -197,6 +251,9 @@ class ClusterLookupd:
             "nodes": [{"id": n.id, "tcp_address": n.tcp_address, "http_address": n.http_address,
                        "version": n.version} for n in nodes.values()],
             "draining": [kv.key.rsplit(b"/", 1)[-1].decode() for kv in drain_kvs],
+            "moves": [{"topic": r.topic, "partition": r.partition, "move_from": r.source,
+                       "move_to": r.target, "leader_only": r.leader_only}
+                      for r, _mod in moves.values()],
             "topics": {
                 t.name: {"partition_num": t.partitions, "replica": t.replicas,
                          "ordered": t.ordered, "min_isr": t.effective_min_isr,

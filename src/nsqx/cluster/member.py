@@ -512,6 +512,9 @@ class NodeMember:
         gate = self.gates.pop(k, None)
         if isinstance(gate, LeaderGate):
             gate.deposed("no longer a replica")
+            for ch in list(gate.topic.channels.values()):  # moved away: they follow lookupd
+                for client in list(ch.clients.values()):
+                    client.close()
 
     # -- follower ---------------------------------------------------------------------------
     async def _follow(self, topic: Any, pm: PartitionMeta) -> None:

@@ -9,6 +9,8 @@ and the tests agree on one layout. Keys (all under ``/nsqx/<cluster-id>/``):
 | ``coordinator`` | id of the elected nsqlookupd (under its lease) | election |
 | ``topics/<topic>`` | :class:`TopicMeta` | coordinator (create is a put-if-absent) |
 | ``partitions/<topic>/<p>`` | :class:`PartitionMeta` (leader, epoch, ISR, catch-up) | coordinator, CAS on mod revision |
+| ``drain/<node-id>`` | ``1`` while the node is being drained | lookupd (operator), cleared by the operator |
+| ``moves/<topic>/<p>`` | :class:`MoveRequest` (one pending move per partition) | lookupd (put-if-absent), cleared by the coordinator |
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import orjson
 
 from nsqx.protocol.names import valid_name
 
-__all__ = ["ClusterKeys", "MetaError", "NodeInfo", "PartitionMeta", "TopicMeta"]
+__all__ = ["ClusterKeys", "MetaError", "MoveRequest", "NodeInfo", "PartitionMeta", "TopicMeta"]
 
 
 class MetaError(ValueError):
@@ -131,6 +133,32 @@ class PartitionMeta:
                    d.get("leader"), int(d["epoch"]), tuple(d["isr"]), tuple(d.get("catchup", ())))
 
 
+@dataclass(frozen=True, slots=True)
+class MoveRequest:
+    """An operator's ``/topic/partition/move`` waiting for the coordinator to carry it out.
+
+    A replica move (``leader_only`` false) adds ``target`` as a catch-up replica and, once it
+    is in the ISR, removes ``source`` (handing leadership to ``target`` if ``source`` led).
+    A leader-only move hands leadership to ``target``, already in the ISR; nothing moves.
+    """
+
+    topic: str
+    partition: int
+    source: str | None
+    target: str
+    leader_only: bool = False
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> MoveRequest:
+        d = orjson.loads(raw)
+        src = d.get("source")
+        return cls(str(d["topic"]), int(d["partition"]), None if src is None else str(src),
+                   str(d["target"]), bool(d.get("leader_only", False)))
+
+
 class ClusterKeys:
     """etcd key names for one cluster id."""
 
@@ -166,3 +194,10 @@ class ClusterKeys:
 
     def partition(self, name: str, p: int) -> bytes:
         return self.topic_partitions(name) + str(p).encode()
+
+    @property
+    def moves(self) -> bytes:
+        return self.root + b"moves/"
+
+    def move(self, name: str, p: int) -> bytes:
+        return self.moves + name.encode() + b"/" + str(p).encode()

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from nsqx.cluster.model import MetaError, PartitionMeta
+from nsqx.cluster.model import MetaError, MoveRequest, PartitionMeta
 
 __all__ = [
     "add_replica",
@@ -19,8 +19,11 @@ __all__ = [
     "expand_isr",
     "load_of",
     "move_leader",
+    "move_outcome",
+    "move_step",
     "node_lost",
     "place",
+    "plan_move",
     "preferred_leader_move",
     "remove_replica",
     "shrink_isr",
@@ -140,3 +143,101 @@ def remove_replica(pm: PartitionMeta, node: str) -> PartitionMeta:
         pm = move_leader(pm, rest_isr[0])
     replicas = tuple(n for n in pm.replicas if n != node)
     return replace(pm, replicas=replicas).with_isr(rest_isr)
+
+
+# -- operator moves (/topic/partition/move) ------------------------------------------------------
+def plan_move(pm: PartitionMeta, *, move_leader: bool, source: str | None, target: str,
+              live: Iterable[str], draining: Iterable[str] = ()) -> MoveRequest:
+    """Check an operator's move against the partition as it is, and say what it will do.
+
+    Youzan's parameters: ``move_from`` (source), ``move_to`` (target), ``move_leader``
+    (needed when the source leads). With ``move_leader`` and a target already in the ISR
+    only leadership moves (the source stays a follower); otherwise the target becomes a
+    new replica and the source leaves once the target is in sync. Refusals raise
+    :class:`MetaError` with a sentence for the operator.
+    """
+    name = f"{pm.topic}/{pm.partition}"
+    alive = set(live)
+    if not target:
+        raise MetaError("move_to is required")
+    if source == target:
+        raise MetaError("move_from and move_to are the same node")
+    if target not in alive:
+        raise MetaError(f"move_to {target} is not a live node of the cluster")
+    if target in set(draining):
+        raise MetaError(f"move_to {target} is being drained")
+    if pm.leader is None:
+        raise MetaError(f"{name} has no leader now; move it once it is led again")
+    if source is not None and source not in pm.replicas:
+        raise MetaError(f"move_from {source} holds no replica of {name} "
+                        f"(replicas: {', '.join(pm.replicas)})")
+    if move_leader:
+        if source is not None and source != pm.leader:
+            raise MetaError(f"move_from {source} is not the leader of {name} "
+                            f"(leader: {pm.leader})")
+        if target == pm.leader:
+            raise MetaError(f"move_to {target} already leads {name}")
+        if target in pm.isr:
+            return MoveRequest(pm.topic, pm.partition, pm.leader, target, leader_only=True)
+        if target in pm.replicas:
+            raise MetaError(f"move_to {target} is still catching up on {name}; it can lead "
+                            "once it is in the ISR")
+        return MoveRequest(pm.topic, pm.partition, pm.leader, target)
+    if source is None:
+        raise MetaError("move_from is required (or move_leader=true to move only leadership "
+                        "to an in-sync replica)")
+    if source == pm.leader:
+        raise MetaError(f"move_from {source} leads {name}: add move_leader=true to move its "
+                        "replica and its leadership")
+    if target in pm.replicas:
+        raise MetaError(f"move_to {target} already holds a replica of {name}")
+    return MoveRequest(pm.topic, pm.partition, source, target)
+
+
+def move_step(pm: PartitionMeta, req: MoveRequest, live: Iterable[str]) -> PartitionMeta:
+    """The next step of a pending move (pure; the coordinator applies it on every pass).
+
+    Replica move: add the target outside the ISR; once its leader admitted it to the ISR,
+    hand over leadership if the source leads and take the source out (the target takes its
+    place in the replica order, so preferred leadership follows). Leader-only move: the
+    target leads (with a new epoch) and becomes the preferred replica. A target that died
+    before it was in sync is taken back out (the move is then abandoned).
+    """
+    alive = set(live)
+    target, source = req.target, req.source
+    if req.leader_only:
+        if (target in alive and target in pm.isr and pm.leader is not None
+                and pm.leader != target):
+            pm = move_leader(pm, target)
+            pm = replace(pm, replicas=(target,) + tuple(n for n in pm.replicas if n != target))
+            pm = pm.with_isr(pm.isr)
+        return pm
+    if target not in alive:
+        if target in pm.replicas and target not in pm.isr:
+            pm = remove_replica(pm, target)
+        return pm
+    if source is None or source not in pm.replicas:
+        return pm  # the source left some other way (a drain): nothing more to do
+    if target not in pm.replicas:
+        return add_replica(pm, target)
+    if target not in pm.isr:
+        return pm  # catching up; its leader admits it to the ISR
+    if pm.leader == source:
+        pm = move_leader(pm, target)
+    replicas = tuple(target if n == source else n for n in pm.replicas if n != target)
+    return replace(pm, replicas=replicas).with_isr(tuple(n for n in pm.isr if n != source))
+
+
+def move_outcome(pm: PartitionMeta, req: MoveRequest, live: Iterable[str]) -> str | None:
+    """None while a move is under way; else why its request can be cleared."""
+    if req.leader_only:
+        if pm.leader == req.target:
+            return "done"
+    elif req.target in pm.isr and (req.source is None or req.source not in pm.replicas):
+        return "done"
+    if req.target not in set(live):
+        return f"abandoned: {req.target} is no longer live"
+    if req.target not in pm.replicas and (req.leader_only or req.source not in pm.replicas):
+        return f"abandoned: {req.source if not req.leader_only else req.target} no longer " \
+               "holds a replica"
+    return None
