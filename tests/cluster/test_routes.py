@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from nsqx.client import key_partition
+from nsqx.cluster.model import ClusterKeys
 from nsqx.cluster.routes import (
     Change,
     Route,
@@ -17,6 +18,7 @@ from nsqx.cluster.routes import (
     command_body,
     logical_partition,
     parse_command,
+    routes_key,
 )
 
 
@@ -256,3 +258,10 @@ def test_command_message_body_round_trip_and_refusals() -> None:
                                                      "retired": [0], "created": [1, 2]}})):
         with pytest.raises(RouteError, match="not a route command message"):
             parse_command(body)
+
+
+def test_routes_key_sits_beside_the_other_cluster_keys() -> None:
+    keys = ClusterKeys("c1")
+    assert routes_key(keys.root, "orders") == b"/nsqx/c1/routes/orders"
+    with pytest.raises(RouteError, match="invalid topic name"):
+        routes_key(keys.root, "a/b")

@@ -45,6 +45,7 @@ __all__ = [
     "command_body",
     "logical_partition",
     "parse_command",
+    "routes_key",
 ]
 
 DEFAULT_LOGICAL = 1024
@@ -444,6 +445,14 @@ def _ver(v: object) -> RouteVersion:
                             _str(r[3], "node")))
     return RouteVersion(_int(v.get("version"), "version"), tuple(routes),
                         _int(v.get("committed_ms", 0), "committed_ms"))
+
+
+def routes_key(root: bytes, topic: str) -> bytes:
+    """etcd key of a topic's route history: ``<root>routes/<topic>`` (``root`` is
+    ``ClusterKeys.root``); written with a CAS on its mod revision, like partitions."""
+    if not valid_name(topic):
+        raise RouteError(f"invalid topic name {topic!r}")
+    return root + b"routes/" + topic.encode()
 
 
 def command_body(topic: str, change: Change) -> bytes:
