@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -192,7 +193,7 @@ def _doc() -> dict:
     return orjson.loads(two().split(0, 4).commit(1).to_json())
 
 
-def _bad(mutate, match: str) -> None:  # type: ignore[no-untyped-def]
+def _bad(mutate: Callable[[dict], object], match: str) -> None:
     d = _doc()
     mutate(d)
     with pytest.raises(RouteError, match=match):
