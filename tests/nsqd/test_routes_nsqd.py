@@ -189,7 +189,8 @@ def test_one_change_at_a_time_and_roll_forward(tmp_path: Path) -> None:
 def test_keyed_order_across_split_merge_move(nsqd: NsqdProcess) -> None:
     """Two producers publish keyed, numbered messages (one key's publishes one after another)
     while splits, merges and moves run; ordered consumers on two channels (b restarted half
-    way) must see every acknowledged message and each key's numbers in order, no gap."""
+    way), then a third created late and reset to the start, must see every acknowledged
+    message and each key's numbers in order, no gap."""
     from nsqx.client import Consumer, Producer
 
     a = nsqd.http_address
@@ -258,6 +259,22 @@ def test_keyed_order_across_split_merge_move(nsqd: NsqdProcess) -> None:
         await asyncio.sleep(0.3)
         await ca.close()
         await cb.close()
+        # a channel created now starts on the newest version; reset to the start, it walks
+        # every version again in order
+        assert http_api.post(a, "/channel/create", topic="orders", channel="r").status == 200
+        assert route(nsqd, "orders")["channels"]["r"]["version"] == 7
+        r = http_api.post(a, "/channel/setoffset", topic="orders", channel="r", to="offset:0")
+        assert r.status == 400 and "not to a partition's offset" in r.json()["message"]
+        r = http_api.post(a, "/channel/setoffset", topic="orders", channel="r", to="earliest")
+        assert r.status == 200 and r.json()["route_version"] == 0, r.body
+        seen["r"] = {}
+        cr = consumer("r")
+        await cr.start()
+        for _ in range(600):
+            if sum(len(v) for v in seen["r"].values()) >= len(acked):
+                break
+            await asyncio.sleep(0.1)
+        await cr.close()
         return {"seen": seen, "acked": acked, "retries": retries}
 
     out = asyncio.run(main())
@@ -273,5 +290,5 @@ def test_keyed_order_across_split_merge_move(nsqd: NsqdProcess) -> None:
                 prev = s
     h = route(nsqd, "orders")
     assert len(h["versions"]) == 8
-    assert {c: s["version"] for c, s in h["channels"].items()} == {"a": 7, "b": 7}
+    assert {c: s["version"] for c, s in h["channels"].items()} == {"a": 7, "b": 7, "r": 7}
     assert 0 < out["retries"] <= keys * 7  # at most one retry per key and change

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
     from nsqx.nsqd.node import NSQD
     from nsqx.nsqd.topic import Topic
+    from nsqx.protocol.v2 import StartPosition
 
 log = logging.getLogger("nsqx.nsqd.routing")
 
@@ -390,6 +391,34 @@ class TopicRoutes:
                      "(route version %d)", self.topic.name, name, p, self.states[name].version)
             return -1
         return min(end, off)
+
+    def reset_channel(self, name: str, pos: StartPosition, who: str = "") -> ChannelRoute:
+        """Move the channel in every partition to a time (``earliest``, ``latest`` or
+        ``timestamp``) and walk the versions again from the one current then: version 0 for
+        earliest (no partition is deleted yet), the newest for latest, ``version_at(T)``.
+        A per-partition offset has no meaning across partitions: RouteError."""
+        h = self.history
+        if pos.kind == "earliest":
+            version = 0
+        elif pos.kind == "latest":
+            version = h.newest.version
+        elif pos.kind == "timestamp":
+            version = h.version_at(pos.value * 1000)
+        else:
+            raise RouteError(f"topic {h.topic} is route-managed: reset a channel to earliest, "
+                             f"latest or a timestamp, not to a partition's {pos.kind}")
+        for part in self.topic.partitions:
+            ch = part.channels.get(name)
+            if ch is not None:
+                ch.seek(pos, who)
+        state = start(h, version)
+        self.states[name] = state
+        self._set_state(name, self._past_commands(name, state), force=True)
+        for part in self.topic.partitions:
+            ch = part.channels.get(name)
+            if ch is not None:
+                ch.wake()
+        return self.states[name]
 
     # -- views -----------------------------------------------------------------------------
     def to_dict(self) -> dict:
