@@ -30,6 +30,7 @@ from nsqx.protocol.names import valid_topic_name
 
 from .conn import ConnConfig, Connection, make_config
 from .errors import ClosedError, ConnectionClosedError, NoConnectionsError, NSQError
+from .routing import HttpRouteSource, RouteCache, refused_version
 
 __all__ = ["Producer", "key_partition"]
 
@@ -59,6 +60,9 @@ def _pick(partition: int | None, key: bytes | str | None, partitions: int | None
 
 log = logging.getLogger("nsqx.client")
 
+# a keyed publish refused by a sealed partition is retried once per route change it meets
+MAX_ROUTE_RETRIES = 4
+
 
 class Producer:
     """``async with Producer(["127.0.0.1:4150"]) as p: await p.publish("topic", b"body")``.
@@ -77,6 +81,8 @@ class Producer:
         wait_timeout: float = 5.0,
         reconnect_interval: float = 15.0,
         config: ConnConfig | None = None,
+        nsqd_http_addresses: str | Sequence[str] | None = None,
+        route_source: Any = None,
         **options: Any,
     ) -> None:
         if isinstance(nsqd_tcp_addresses, str):
@@ -98,6 +104,12 @@ class Producer:
         self._closing = False
         self._inflight: set[asyncio.Future[bytes]] = set()
         self._last_error: dict[str, Exception] = {}  # per address, cleared on connect
+        # route-managed topics: a key is routed by the newest route (nsqx.client.routing)
+        if route_source is None and nsqd_http_addresses:
+            route_source = HttpRouteSource(nsqd_http_addresses)
+        self.route_source = route_source
+        self._routes = RouteCache(route_source, wait_timeout) if route_source else None
+        self.route_retries = 0  # publishes sent again after E_BAD_PARTITION route version N
 
     # -- lifecycle -------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -153,6 +165,9 @@ class Producer:
             await c.wait_closed()
         if self._changed is not None:
             self._changed.set()  # wake waiters: they see _closed
+        close = getattr(self.route_source, "close", None)
+        if close is not None:
+            await close()
 
     async def _supervise(self, addr: str) -> None:
         delay = min(0.25, self.reconnect_interval)
@@ -222,9 +237,38 @@ class Producer:
         ``partition`` sends Youzan's ``PUB <topic> <partition>``; ``key`` with the topic's
         ``partitions`` count picks it with :func:`key_partition` instead, so every message
         of one key lands in one partition, in order (ordered topics need one of the two).
+
+        A ``key`` without ``partitions`` on a producer with a route source
+        (``nsqd_http_addresses=`` or ``route_source=``) routes by the topic's newest route
+        (route-managed topics); refused with ``E_BAD_PARTITION route version N`` (the
+        partition was sealed by a split, merge or move), it waits for version N, routes again
+        and retries once. Per-key order holds for a key's publishes made one after another
+        (each awaited before the next), as always with NSQ.
         """
         _check_topic(topic)
+        if key is not None and partitions is None and partition is None and self._routes:
+            await self._routed(topic, key, lambda p, v: v2.pub(topic, _bytes(body), p, v))
+            return
         await self._send(v2.pub(topic, _bytes(body), _pick(partition, key, partitions)))
+
+    async def _routed(self, topic: str, key: bytes | str, build: Any) -> None:
+        assert self._routes is not None
+        h = await self._routes.get(topic)
+        if h is None:
+            raise ValueError(f"topic {topic} is not route-managed: a key needs partitions=")
+        for _ in range(MAX_ROUTE_RETRIES):
+            try:
+                await self._send(build(h.route(key).partition, h.newest.version))
+                return
+            except NSQError as e:
+                need = refused_version(e.text) if e.code == "E_BAD_PARTITION" else None
+                if need is None:
+                    raise
+                self.route_retries += 1
+                # one retry per change: the refusal names the version that sealed it
+                h = await self._routes.get(topic, max(need, h.newest.version + 1))
+                assert h is not None
+        await self._send(build(h.route(key).partition, h.newest.version))
 
     async def mpublish(self, topic: str, bodies: Iterable[bytes], *,
                        partition: int | None = None, key: bytes | str | None = None,
@@ -234,6 +278,9 @@ class Producer:
         bodies = [_bytes(b) for b in bodies]
         if not bodies:
             raise ValueError("mpublish needs at least one message")
+        if key is not None and partitions is None and partition is None and self._routes:
+            await self._routed(topic, key, lambda p, v: v2.mpub(topic, bodies, p, v))
+            return
         await self._send(v2.mpub(topic, bodies, _pick(partition, key, partitions)))
 
     async def dpublish(self, topic: str, delay: float, body: bytes) -> None:

@@ -263,6 +263,12 @@ class Channel:
         self._pump_scheduled = False
         if self.cursor.paused or self.exiting or not self.clients:
             return
+        end = self._end_offset()
+        routes = self.topic.routes
+        if routes is not None:  # route-managed: the barrier, and never the command message
+            end = routes.gate(self, end)
+            if end < 0:
+                return
         if self.tags is not None:  # tag dispatch (tags.py): only while tagged consumers are here
             more = self.tags.pump(self, now_ms(), MAX_BATCH_PER_TURN)
             if not self.tags.held:
@@ -274,7 +280,6 @@ class Channel:
         n = len(clients)
         start = self._rr % n
         self._rr += 1
-        end = self._end_offset()
         t = now_ms()
         more = False
         for i in range(n):

@@ -23,6 +23,7 @@ import orjson
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
 from nsqx.nsqd.channel import NotLeader, SeekError, now_ms, resolve_position
+from nsqx.nsqd.routing import SealedPartition
 from nsqx.nsqd.topic import BadPartition
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
@@ -116,6 +117,7 @@ class ClientV2(asyncio.Protocol):
         # every channel this client is subscribed to: one per partition it reads (a plain
         # SUB to a partitioned topic reads them all); `channel` is the first of them
         self.subs: list[Channel] = []
+        self.sub_all = False
         self.message_count = 0
         self.finish_count = 0
         self.requeue_count = 0
@@ -687,10 +689,11 @@ class ClientV2(asyncio.Protocol):
             raise Fatal("E_BAD_PARTITION", f"{what} partition {partition} is not valid")
         topic = existing or nsqd.get_topic(topic_name)
         assert topic is not None
-        if topic.ordered and not ordered:
+        routed = topic.routes is not None  # route-managed: a plain SUB reads every partition
+        if topic.ordered and not ordered and not (routed and partition is None):
             raise Fatal("E_SUB_ORDER_IS_MUST", f"{what} topic {topic_name} is ordered: "
                         "subscribe to a partition with SUB_ORDERED")
-        if ordered and self.sample_rate:
+        if (ordered or routed) and self.sample_rate:
             raise Fatal("E_INVALID", f"{what} cannot be used with sample_rate")
         parts = topic.partitions if partition is None else [topic.partitions[partition]]
         if partition is None and len(parts) > 1:
@@ -722,6 +725,7 @@ class ClientV2(asyncio.Protocol):
             channel.add_client(self)
         self.channel = channels[0]
         self.subs = channels
+        self.sub_all = partition is None  # gets the partitions a route change creates
         self.state = STATE_SUBSCRIBED
         self._respond(frames.OK_FRAME)
 
@@ -881,7 +885,7 @@ class ClientV2(asyncio.Protocol):
 
     def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int, code: str, what: str,
                  partition: int | None = None, headers: list[dict[str, bytes] | None] | None = None,
-                 traced: int | None = None) -> None:
+                 traced: int | None = None, route_version: int | None = None) -> None:
         """Append and answer once durable; ``traced`` (a trace id) answers with Youzan's
         30-byte traced response instead of OK."""
         nsqd = self.nsqd
@@ -897,6 +901,10 @@ class ClientV2(asyncio.Protocol):
         assert topic is not None
         try:
             part = topic.route(partition)
+            if route_version is not None and topic.routes is not None:
+                topic.routes.check_publish(part.partition, route_version)
+        except SealedPartition as exc:  # E_BAD_PARTITION route version N: refresh, retry
+            raise ProtocolError("E_BAD_PARTITION", str(exc), fatal=False) from None
         except BadPartition as exc:
             raise ProtocolError("E_BAD_PARTITION", f"{what} {exc}", fatal=False) from None
         ok_from = None
@@ -913,20 +921,24 @@ class ClientV2(asyncio.Protocol):
         topic = self._pub_topic(cmd, "PUB")
         body = cmd.body or b""
         part = _partition_param(cmd.params, 1, "PUB")
+        rv = _route_version_param(cmd.params, 2, "PUB")
         pending = self._check_auth(topic, None, "publish", "PUB")
         if pending is not None:
-            return self._after(pending, lambda: self._publish(topic, [body], 0, "E_PUB_FAILED", "PUB", part))
-        self._publish(topic, [body], 0, "E_PUB_FAILED", "PUB", part)
+            return self._after(pending, lambda: self._publish(topic, [body], 0, "E_PUB_FAILED", "PUB", part,
+                                                              route_version=rv))
+        self._publish(topic, [body], 0, "E_PUB_FAILED", "PUB", part, route_version=rv)
         return None
 
     def _cmd_mpub(self, cmd: Command) -> Any:
         topic = self._pub_topic(cmd, "MPUB")
         bodies = cmd.bodies or []
         part = _partition_param(cmd.params, 1, "MPUB")
+        rv = _route_version_param(cmd.params, 2, "MPUB")
         pending = self._check_auth(topic, None, "publish", "MPUB")
         if pending is not None:
-            return self._after(pending, lambda: self._publish(topic, bodies, 0, "E_MPUB_FAILED", "MPUB", part))
-        self._publish(topic, bodies, 0, "E_MPUB_FAILED", "MPUB", part)
+            return self._after(pending, lambda: self._publish(topic, bodies, 0, "E_MPUB_FAILED", "MPUB", part,
+                                                              route_version=rv))
+        self._publish(topic, bodies, 0, "E_MPUB_FAILED", "MPUB", part, route_version=rv)
         return None
 
     def _cmd_dpub(self, cmd: Command) -> Any:
@@ -1056,6 +1068,18 @@ def _partition_param(params: list[bytes], index: int, what: str) -> int | None:
     if not raw.isdigit() or len(raw) > 5 or int(raw) > 65535:
         raise ProtocolError("E_BAD_PARTITION", f"{what} partition {raw.decode('latin-1')!r} is "
                             "not valid", fatal=what.startswith("SUB"))
+    return int(raw)
+
+
+def _route_version_param(params: list[bytes], index: int, what: str) -> int | None:
+    """nsqx's optional route version after the partition (``PUB <topic> <partition>
+    <route version>``): the newest route the producer knew; E_BAD_PARTITION if malformed."""
+    if len(params) <= index:
+        return None
+    raw = params[index]
+    if not raw.isdigit() or len(raw) > 9:
+        raise ProtocolError("E_BAD_PARTITION", f"{what} route version "
+                            f"{raw.decode('latin-1')!r} is not valid", fatal=False)
     return int(raw)
 
 

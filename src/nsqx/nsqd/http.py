@@ -43,6 +43,7 @@ from nsqx.nsqd.http_publish import (
     partition_arg,
     publish,
     read_capped,
+    route_version_arg,
     split_text_mpub,
     topic_for_publish,
 )
@@ -145,7 +146,7 @@ class _Handlers:
             if defer_ms < 0 or defer_ms >= 2**63 or defer_ms > self.opts.max_delay_ms:
                 raise HTTPError(400, "INVALID_DEFER")
         await publish(self.nsqd, name, [body], defer_ms, partition_arg(params),
-                      producer=request.remote or "")
+                      producer=request.remote or "", route_version=route_version_arg(params))
         return _ok_text()
 
     async def mpub(self, request: web.Request) -> web.Response:
@@ -165,7 +166,8 @@ class _Handlers:
             msgs = parse_mpub_binary(body, o.max_msg_size, o.max_body_size)
         else:
             msgs = split_text_mpub(body, o.max_msg_size, o.max_body_size)
-        await publish(self.nsqd, name, msgs, 0, partition_arg(params), producer=request.remote or "")
+        await publish(self.nsqd, name, msgs, 0, partition_arg(params), producer=request.remote or "",
+                      route_version=route_version_arg(params))
         return _ok_text()
 
     # -- topics ------------------------------------------------------------------------
@@ -203,6 +205,11 @@ class _Handlers:
                     for part in topic.partitions:
                         part.ext = False
                     self._persist_metadata()
+        if _first(params, "logical") is not None:  # a route-managed ordered topic
+            from nsqx.nsqd.routes_api import create_routed
+
+            await create_routed(self.nsqd, name, params)
+            return _empty()
         if raw is None and not ordered:
             self.nsqd.get_topic(name)
             return _empty()
@@ -480,10 +487,11 @@ def make_app(nsqd: Any, *, tls_listener: bool = False) -> web.Application:
     r.add_post("/debug/freememory", h.free_memory)
     app.on_response_prepare.append(_add_v1_header)
     # here: these modules import this one
-    from nsqx.nsqd import config_api, fetch_api, replay_api, trace_api
+    from nsqx.nsqd import config_api, fetch_api, replay_api, routes_api, trace_api
 
     fetch = fetch_api.add_routes(app, nsqd)
     config_api.add_routes(app, nsqd)
+    routes_api.add_routes(app, nsqd)
     trace_api.add_routes(app, nsqd)
     replay_api.add_routes(app, nsqd, fetch._authorize)
     for hook in getattr(nsqd, "http_route_hooks", ()):

@@ -17,11 +17,12 @@ from aiohttp import web
 
 from nsqx.httpapi import HTTPError
 from nsqx.httpapi import first as _first
+from nsqx.nsqd.routing import SealedPartition
 from nsqx.nsqd.topic import BadPartition, PublishRefused
 from nsqx.protocol.names import valid_topic_name
 
-__all__ = ["parse_mpub_binary", "partition_arg", "publish", "read_capped", "split_text_mpub",
-           "topic_for_publish"]
+__all__ = ["parse_mpub_binary", "partition_arg", "publish", "read_capped", "route_version_arg",
+           "split_text_mpub", "topic_for_publish"]
 
 log = logging.getLogger("nsqx.nsqd.http")
 
@@ -93,6 +94,17 @@ def partition_arg(params: dict[str, list[str]]) -> int | None:
     return int(raw)
 
 
+def route_version_arg(params: dict[str, list[str]]) -> int | None:
+    """nsqx's optional ``route_version`` (the newest route the producer knew), 400
+    ``E_BAD_PARTITION`` when malformed; a sealed partition refuses whatever it says."""
+    raw = _first(params, "route_version")
+    if raw is None or raw == "":
+        return None
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 9:
+        raise HTTPError(400, "E_BAD_PARTITION")
+    return int(raw)
+
+
 def topic_for_publish(params: dict[str, list[str]]) -> str:
     name = _first(params, "topic")
     if name is None:
@@ -105,17 +117,26 @@ def topic_for_publish(params: dict[str, list[str]]) -> str:
 async def publish(nsqd: Any, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
                   partition: int | None = None, *,
                   headers: list[dict[str, bytes] | None] | None = None,
-                  producer: str = "") -> tuple[int, int]:
-    """Publish, durable when this returns: (partition, base offset); HTTPError if not."""
-    if nsqd.get_topic(topic_name) is None:  # None only while exiting
+                  producer: str = "", route_version: int | None = None) -> tuple[int, int]:
+    """Publish, durable when this returns: (partition, base offset); HTTPError if not.
+
+    A route-managed topic's sealed partition answers 400 ``E_BAD_PARTITION route version
+    N (...)``: the producer refreshes its route to version N and retries."""
+    topic = nsqd.get_topic(topic_name)
+    if topic is None:  # None only while exiting
         raise HTTPError(503, "EXITING")
     if not bodies:
         return 0, -1
     try:
+        routes = getattr(topic, "routes", None)
+        if routes is not None and partition is not None and route_version is not None:
+            routes.check_publish(partition, route_version)
         return await nsqd.publish(topic_name, bodies, defer_ms, partition,
                                   headers=headers, producer=producer)
     except asyncio.CancelledError:
         raise
+    except SealedPartition as exc:
+        raise HTTPError(400, f"E_BAD_PARTITION {exc}") from None
     except BadPartition:
         raise HTTPError(400, "E_BAD_PARTITION") from None
     except PublishRefused as exc:  # cluster mode: not the leader, too few in-sync replicas

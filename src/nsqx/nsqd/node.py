@@ -21,6 +21,7 @@ from nsqx.nsqd.channel import Channel, now_ms
 from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
+from nsqx.nsqd.routing import TopicRoutes, has_routes
 from nsqx.nsqd.topic import Topic
 from nsqx.nsqd.trace import TRACE_TOPIC, TraceRecorder
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
@@ -304,6 +305,8 @@ class NSQD:
                         if ch is not None and "max_attempts" in c:
                             ch.max_attempts, ch.max_attempts_set = int(c["max_attempts"]), True
                     part.msg_ttl_ns, part.msg_ttl_set = topic.msg_ttl_ns, topic.msg_ttl_set
+            if has_routes(topic.dir):
+                TopicRoutes.load(self, topic)
         self.share_memory()
         log.info("loaded %d topics from %s", len(self.topics), path)
 
@@ -342,6 +345,9 @@ class NSQD:
 
         self._lock_data_path()
         self._load_metadata()
+        for topic in list(self.topics.values()):
+            if topic.routes is not None:
+                await topic.routes.recover()  # commit a change a stop interrupted
         o = self.opts
         host, port = split_hostport(o.tcp_address)
         server = await self.loop.create_server(

@@ -69,6 +69,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from nsqx.cluster.routes import RouteError
 from nsqx.httpapi import HTTPError, topic_channel_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
@@ -184,7 +185,10 @@ class _ReplayAPI:
         if len(body) > MAX_POSITION_BODY:
             raise HTTPError(413, "BODY_TOO_BIG")
         pos = split_position_arg(body, params)
-        part = partition_of(self._topic(tname), _first(params, "partition"))
+        topic = self._topic(tname)
+        if topic.routes is not None:  # route-managed: every partition, versions walked again
+            return self._set_route_offset(topic, tname, cname, pos, request, params)
+        part = partition_of(topic, _first(params, "partition"))
         channel = part.get_channel(cname, create=False)
         if channel is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
@@ -199,6 +203,22 @@ class _ReplayAPI:
         return _json({"topic": tname, "channel": cname, "partition": part.partition,
                       "offset": res.offset, "earliest": res.earliest, "latest": res.latest,
                       "clamped": res.clamped, "persisted": res.persisted})
+
+    def _set_route_offset(self, topic: Any, tname: str, cname: str, pos: Any,
+                          request: web.Request, params: dict[str, list[str]]) -> web.Response:
+        if _first(params, "partition"):
+            raise HTTPError(400, "E_BAD_PARTITION")  # the barrier moves all partitions at once
+        if topic.get_channel(cname, create=False) is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        try:
+            state = topic.routes.reset_channel(cname, pos, f"HTTP client {request.remote}")
+        except RouteError as exc:
+            raise HTTPError(400, str(exc)) from None
+        except NotLeader:
+            raise HTTPError(400, "E_FAILED_ON_NOT_LEADER") from None
+        return _json({"topic": tname, "channel": cname, "route_version": state.version,
+                      "partitions": {str(p.partition): p.channels[cname].cursor.next_read
+                                     for p in topic.partitions if cname in p.channels}})
 
     # -- GET /message/get ----------------------------------------------------------------
     async def message_get(self, request: web.Request) -> web.Response:

@@ -21,6 +21,7 @@ from nsqx.storage.log import LogConfig, MemoryLog, PartitionLog
 
 if TYPE_CHECKING:
     from nsqx.nsqd.node import NSQD
+    from nsqx.nsqd.routing import TopicRoutes
     from nsqx.nsqd.trace import TraceRecorder
 
 log = logging.getLogger("nsqx.nsqd.topic")
@@ -45,6 +46,9 @@ class Topic:
         self.partition = partition
         self.partitions: list[Topic] = [self]
         self.ordered = False  # SUB_ORDERED only; PUBs name their partition
+        # route-managed ordered topics (nsqx.nsqd.routing): one object shared by every
+        # partition; physical partition k of the route history is partitions[k]
+        self.routes: TopicRoutes | None = None
         self._rr = 0  # round-robin over partitions for PUBs that name none
         # Cluster mode (set by nsqx.cluster, None standalone): who may publish here and when
         # an append counts as acknowledged; `epoch` is the leader epoch stamped on commits.
@@ -102,6 +106,15 @@ class Topic:
         or for an ordered topic's publish that names none (order needs a chosen partition).
         """
         parts = self.partitions
+        routes = self.routes
+        if routes is not None:  # route-managed: only the open partitions take publishes
+            if partition is None:
+                partition = routes.pick_open()
+            elif not 0 <= partition < len(parts):
+                raise BadPartition(f"partition {partition} of topic {self.name} does not "
+                                   f"exist")
+            routes.check_publish(partition)
+            return parts[partition]
         if partition is None:
             if len(parts) == 1:
                 return parts[0]
@@ -138,6 +151,11 @@ class Topic:
                 outer = self.nsqd.loop.create_future()
                 done = settle(outer)
             done = self.tracer.wrap_publish(self, headers, len(bodies), producer, done)
+        if self.routes is not None and self.partition not in self.routes.open:
+            try:  # a sealed partition: nothing may land behind its command message
+                self.routes.check_publish(self.partition)
+            except BadPartition as exc:
+                return _refuse(self.nsqd.loop, done, exc)
         if self.gate is not None:  # cluster mode: leader only, acked once the ISR has it
             refusal = self.gate.refuse(self, len(bodies))
             if refusal is not None:
@@ -184,10 +202,14 @@ class Topic:
         ch = self.channels.get(name)
         if ch is not None or not create:
             return ch
+        first = not any(p.channels for p in self.partitions)
         for part in self.partitions:
             if part is not self:
                 part._get_channel_here(name)
-        return self._get_channel_here(name)
+        ch = self._get_channel_here(name)
+        if self.routes is not None and ch is not None:
+            self.routes.channel_created(name, first=first)
+        return ch
 
     def _get_channel_here(self, name: str) -> Channel | None:
         ch = self.channels.get(name)
@@ -230,6 +252,8 @@ class Topic:
         for part in self.partitions:
             if part is not self and name in part.channels:
                 await part._delete_channel_here(name)
+        if self.routes is not None:
+            self.routes.channel_deleted(name)
         await self._delete_channel_here(name)
 
     async def _delete_channel_here(self, name: str) -> None:

@@ -1176,10 +1176,22 @@ def nop() -> bytes:
     return b"NOP\n"
 
 
-def pub(topic: str | bytes, body: bytes, partition: int | None = None) -> bytes:
-    """PUB; with ``partition``, Youzan's ``PUB <topic> <partition>``."""
-    head = b"PUB " + _b(topic) if partition is None else b"PUB %s %d" % (_b(topic), partition)
-    return head + b"\n" + _U32.pack(len(body)) + body
+def _route_head(cmd: bytes, topic: str | bytes, partition: int | None,
+                route_version: int | None) -> bytes:
+    if partition is None:
+        if route_version is not None:
+            raise ValueError("a route version needs a partition")
+        return cmd + b" " + _b(topic)
+    if route_version is None:
+        return b"%s %s %d" % (cmd, _b(topic), partition)
+    return b"%s %s %d %d" % (cmd, _b(topic), partition, route_version)
+
+
+def pub(topic: str | bytes, body: bytes, partition: int | None = None,
+        route_version: int | None = None) -> bytes:
+    """PUB; with ``partition``, Youzan's ``PUB <topic> <partition>``; nsqx's route-managed
+    topics also take the producer's route version: ``PUB <topic> <partition> <version>``."""
+    return _route_head(b"PUB", topic, partition, route_version) + b"\n" + _U32.pack(len(body)) + body
 
 
 def dpub(topic: str | bytes, delay_ms: int, body: bytes) -> bytes:
@@ -1199,11 +1211,12 @@ def mpub_body(bodies: Iterable[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def mpub(topic: str | bytes, bodies: Iterable[bytes], partition: int | None = None) -> bytes:
-    """MPUB; with ``partition``, Youzan's ``MPUB <topic> <partition>``."""
+def mpub(topic: str | bytes, bodies: Iterable[bytes], partition: int | None = None,
+         route_version: int | None = None) -> bytes:
+    """MPUB; with ``partition``, Youzan's ``MPUB <topic> <partition>`` (and the route version,
+    as :func:`pub`)."""
     body = mpub_body(bodies)
-    head = b"MPUB " + _b(topic) if partition is None else b"MPUB %s %d" % (_b(topic), partition)
-    return head + b"\n" + _U32.pack(len(body)) + body
+    return _route_head(b"MPUB", topic, partition, route_version) + b"\n" + _U32.pack(len(body)) + body
 
 
 def _ext_part(headers: Mapping[str, bytes | str] | bytes | None, body: bytes) -> bytes:

@@ -1,0 +1,124 @@
+"""Where a producer learns route-managed topics' routes (:mod:`nsqx.cluster.routes`).
+
+:class:`RouteSource` is what :class:`~nsqx.client.Producer` asks; :class:`HttpRouteSource`
+reads nsqd's ``GET /topic/route?topic=T`` (a standalone nsqd). A cluster source (lookupd or
+an etcd watch) can implement the same call later.
+
+The history's module is imported lazily: ``nsqx.cluster.routes`` itself imports
+``nsqx.client.producer`` for the key hash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aiohttp
+
+if TYPE_CHECKING:
+    from nsqx.cluster.routes import RouteHistory
+
+__all__ = ["HttpRouteSource", "RouteSource", "refused_version"]
+
+_REFUSED = re.compile(r"\broute version (\d+)\b")
+
+
+def refused_version(text: str) -> int | None:
+    """The N of an ``E_BAD_PARTITION route version N ...`` refusal (None if not one)."""
+    m = _REFUSED.search(text)
+    return int(m.group(1)) if m else None
+
+
+class RouteSource(Protocol):
+    async def fetch(self, topic: str) -> RouteHistory | None:
+        """The topic's route history, None if the topic is not route-managed (or unknown)."""
+
+
+class HttpRouteSource:
+    """``GET http://<nsqd http>/topic/route?topic=T`` on one of the given addresses."""
+
+    def __init__(self, http_addresses: str | Sequence[str], *, timeout: float = 5.0) -> None:
+        if isinstance(http_addresses, str):
+            http_addresses = [http_addresses]
+        if not http_addresses:
+            raise ValueError("at least one nsqd HTTP address is needed")
+        self.addresses = list(http_addresses)
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def fetch(self, topic: str) -> RouteHistory | None:
+        from nsqx.cluster.routes import RouteHistory
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout))
+        errors: list[str] = []
+        for addr in random.sample(self.addresses, len(self.addresses)):
+            url = (addr if "://" in addr else "http://" + addr) + "/topic/route"
+            try:
+                async with self._session.get(url, params={"topic": topic}) as r:
+                    body = await r.read()
+                    if r.status in (400, 404):
+                        return None
+                    if r.status != 200:
+                        errors.append(f"{addr}: HTTP {r.status}")
+                        continue
+                    return RouteHistory.from_json(body)
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                errors.append(f"{addr}: {exc!r}")
+        raise ConnectionError(f"no route for topic {topic}: {'; '.join(errors)}")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class RouteCache:
+    """A producer's newest known routes, refreshed (one fetch at a time per topic) when nsqd
+    refuses a publish with ``route version N``."""
+
+    def __init__(self, source: Any, wait_timeout: float) -> None:
+        self.source = source
+        self.wait_timeout = wait_timeout
+        self._routes: dict[str, RouteHistory | None] = {}
+        self._fetching: dict[str, asyncio.Future[RouteHistory | None]] = {}
+
+    async def get(self, topic: str, min_version: int = -1) -> RouteHistory | None:
+        """The cached route, fetched if missing or older than ``min_version`` (polling until
+        nsqd committed that version, up to ``wait_timeout``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_timeout
+        while True:
+            if topic in self._routes and _enough(self._routes[topic], min_version):
+                return self._routes[topic]
+            fut = self._fetching.get(topic)
+            if fut is None:
+                fut = loop.create_future()
+                self._fetching[topic] = fut
+                try:
+                    h = await self.source.fetch(topic)
+                    old = self._routes.get(topic)
+                    if h is None or old is None or h.newest.version >= old.newest.version:
+                        self._routes[topic] = h
+                    fut.set_result(h)
+                except BaseException as exc:
+                    fut.set_exception(exc)
+                    fut.exception()  # retrieved: waiters re-raise it themselves
+                    raise
+                finally:
+                    del self._fetching[topic]
+            else:
+                await asyncio.shield(fut)
+            if _enough(self._routes.get(topic), min_version):
+                return self._routes.get(topic)
+            if loop.time() >= deadline:
+                raise TimeoutError(f"topic {topic}: route version {min_version} not committed "
+                                   f"within {self.wait_timeout}s")
+            await asyncio.sleep(0.02)
+
+
+def _enough(h: RouteHistory | None, min_version: int) -> bool:
+    return min_version < 0 if h is None else h.newest.version >= min_version

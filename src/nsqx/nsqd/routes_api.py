@@ -1,0 +1,155 @@
+"""Route-managed ordered topics over HTTP (nsqx additions; see :mod:`nsqx.nsqd.routing`).
+
+``POST /topic/create?topic=T&partition_num=P&logical=L`` (or ``POST /topic/route`` with the
+same parameters)
+    A route-managed ordered topic: P physical partitions (default 1) over L logical ones
+    (default 1024; ``orderedmulti`` is implied). Idempotent for the same shape; 400
+    ``TOPIC_EXISTS`` if T exists otherwise.
+``GET /topic/route?topic=T``
+    The route history (``RouteHistory.to_json``) plus this node's ``sealed`` partitions
+    (command message offsets) and each channel's barrier state.
+``POST /topic/split?topic=T&partition=P&at=A``
+    Split P's logical range at A into two new partitions.
+``POST /topic/merge?topic=T&a=P1&b=P2``
+    Merge two partitions with adjacent ranges into one new partition.
+``POST /topic/move?topic=T&partition=P&node=N``
+    Move P's range to a new partition labelled with node N (a standalone nsqd creates it
+    locally whatever N says; placement on other nodes is the coordinator's, not done yet).
+
+Each change answers 200 with the new history once it is committed; a change the rules
+refuse answers 400 with the RouteError text as ``message`` (bad boundary, non-adjacent
+merge, a change while another is pending, unknown or retired partition); 404
+``TOPIC_NOT_FOUND``; 400 ``TOPIC_NOT_ROUTE_MANAGED`` for a topic without routes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from nsqx.cluster.routes import DEFAULT_LOGICAL, RouteError
+from nsqx.httpapi import HTTPError
+from nsqx.httpapi import first as _first
+from nsqx.httpapi import query as _query
+from nsqx.nsqd.routing import TopicRoutes
+from nsqx.protocol.names import valid_topic_name
+
+log = logging.getLogger("nsqx.nsqd.http")
+
+__all__ = ["add_routes", "create_routed"]
+
+
+def _json(obj: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), content_type="application/json")
+
+
+def _int(params: dict[str, list[str]], name: str, *, default: int | None = None) -> int:
+    raw = _first(params, name)
+    if raw is None or raw == "":
+        if default is None:
+            raise HTTPError(400, f"MISSING_ARG_{name.upper()}")
+        return default
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 9:
+        raise HTTPError(400, f"INVALID_{name.upper()}")
+    return int(raw)
+
+
+def node_label(nsqd: Any) -> str:
+    return f"{nsqd.opts.broadcast_address}:{nsqd.tcp_port or 0}"
+
+
+async def create_routed(nsqd: Any, name: str, params: dict[str, list[str]]) -> TopicRoutes:
+    """Create (or find, same shape) the route-managed topic ``name``; HTTPError if not."""
+    if name.endswith("#ephemeral"):
+        raise HTTPError(400, "INVALID_PARTITION_NUM")
+    count = _int(params, "partition_num", default=1)
+    if not 1 <= count <= 1024:
+        raise HTTPError(400, "INVALID_PARTITION_NUM")
+    logical = _int(params, "logical", default=DEFAULT_LOGICAL)
+    existing = nsqd.topics.get(name)
+    if existing is not None:
+        r = existing.routes
+        if r is None or r.history.logical != logical or (
+                _first(params, "partition_num") and len(r.history.versions) == 1
+                and len(r.history.newest.routes) != count):
+            raise HTTPError(400, "TOPIC_EXISTS")
+        return r
+    try:
+        return await TopicRoutes.create(nsqd, name, count, logical, node_label(nsqd))
+    except RouteError as exc:
+        raise HTTPError(400, str(exc)) from None
+
+
+class _RoutesAPI:
+    def __init__(self, nsqd: Any) -> None:
+        self.nsqd = nsqd
+
+    def _routes(self, request: web.Request) -> tuple[dict[str, list[str]], TopicRoutes]:
+        params = _query(request)
+        name = _first(params, "topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not valid_topic_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        topic = self.nsqd.topics.get(name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        if topic.routes is None:
+            raise HTTPError(400, "TOPIC_NOT_ROUTE_MANAGED")
+        return params, topic.routes
+
+    async def route_get(self, request: web.Request) -> web.Response:
+        _, routes = self._routes(request)
+        return _json(routes.to_dict())
+
+    async def route_post(self, request: web.Request) -> web.Response:
+        params = _query(request)
+        name = _first(params, "topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not valid_topic_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        routes = await create_routed(self.nsqd, name, params)
+        return _json(routes.to_dict())
+
+    async def _change(self, routes: TopicRoutes, op: Any, what: str,
+                      request: web.Request) -> web.Response:
+        try:
+            await routes.change(op)
+        except RouteError as exc:
+            log.info("TOPIC(%s): %s refused - %s", routes.topic.name, what, exc)
+            raise HTTPError(400, str(exc)) from None
+        log.info("TOPIC(%s): %s by HTTP client %s", routes.topic.name, what, request.remote)
+        return _json(routes.to_dict())
+
+    async def split(self, request: web.Request) -> web.Response:
+        params, routes = self._routes(request)
+        p, at = _int(params, "partition"), _int(params, "at")
+        return await self._change(routes, lambda h: h.split(p, at), f"split {p} at {at}",
+                                  request)
+
+    async def merge(self, request: web.Request) -> web.Response:
+        params, routes = self._routes(request)
+        a, b = _int(params, "a"), _int(params, "b")
+        return await self._change(routes, lambda h: h.merge(a, b), f"merge {a}+{b}", request)
+
+    async def move(self, request: web.Request) -> web.Response:
+        params, routes = self._routes(request)
+        p = _int(params, "partition")
+        node = _first(params, "node")
+        if not node:
+            raise HTTPError(400, "MISSING_ARG_NODE")
+        return await self._change(routes, lambda h: h.move(p, node), f"move {p} to {node}",
+                                  request)
+
+
+def add_routes(app: web.Application, nsqd: Any) -> None:
+    api = _RoutesAPI(nsqd)
+    app.router.add_get("/topic/route", api.route_get, allow_head=False)
+    app.router.add_post("/topic/route", api.route_post)
+    app.router.add_post("/topic/split", api.split)
+    app.router.add_post("/topic/merge", api.merge)
+    app.router.add_post("/topic/move", api.move)

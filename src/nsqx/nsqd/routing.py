@@ -1,0 +1,430 @@
+"""Route-managed ordered topics on one nsqd: the pure core (:mod:`nsqx.cluster.routes`,
+:mod:`nsqx.cluster.barrier`) wired into topics, publishes and channels.
+
+* A route-managed topic is an ordered topic whose physical partitions are the topic's
+  ``Topic`` partition objects: physical id ``k`` is ``topic.partitions[k]`` (ids are never
+  reused and only grow, so the list stays contiguous; retired partitions stay in it).
+* The history is kept by a :class:`RouteStore`: here :class:`FileRouteStore`, the topic
+  directory's ``routes.json`` written atomically (tmp + fsync + rename + dir fsync) with a
+  compare-and-swap on the history it replaces, so the cluster coordinator can later provide
+  the same two calls over etcd (``routes/<topic>`` with a CAS on its mod revision).
+* A change (split, merge, move) is: pending (stored) -> the retired partitions refuse every
+  publish -> the command message is appended to each of them -> commit (stored) -> channels
+  advance. A node restarted with a pending change rolls it forward (appending a command
+  that is missing) before it serves anything.
+* The command message is an ordinary log record whose body is
+  :func:`~nsqx.cluster.routes.command_body`; it is recognised by its *position*, not by a
+  flag: a retired partition refuses every publish once it is pending, so its command is its
+  last record (``sealed[p]`` = its offset, found again at load by reading the last record).
+  Delivery never reads it: a channel's fresh reads in a sealed partition stop before it; when
+  everything before it is finished the channel moves its cursor past it itself (the server's
+  FIN) and tells the barrier.
+* Per channel a :class:`~nsqx.cluster.barrier.ChannelRoute` lives in
+  ``channels/c-<name>.route`` beside the cursor files; a partition delivers to the channel
+  only while it is in :func:`~nsqx.cluster.barrier.readable_partitions`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from nsqx.cluster.barrier import (
+    ChannelRoute,
+    StaleRoute,
+    advance,
+    check_publish_version,
+    on_command_fin,
+    readable_partitions,
+    start,
+)
+from nsqx.cluster.routes import RouteError, RouteHistory, command_body, parse_command
+from nsqx.nsqd.topic import BadPartition
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.channel import Channel
+    from nsqx.nsqd.node import NSQD
+    from nsqx.nsqd.topic import Topic
+    from nsqx.protocol.v2 import StartPosition
+
+log = logging.getLogger("nsqx.nsqd.routing")
+
+ROUTES_FILE = "routes.json"
+
+
+class RouteConflict(RouteError):
+    """The stored history is not the one a change was computed from (a lost CAS)."""
+
+
+class RouteStore(Protocol):
+    """Where a topic's route history lives: a file on a standalone nsqd, etcd in a cluster."""
+
+    def load(self) -> RouteHistory | None:
+        """The stored history (None if the topic has none)."""
+
+    async def replace(self, old: RouteHistory | None, new: RouteHistory) -> None:
+        """Store ``new`` if the stored history is still ``old`` (RouteConflict if not)."""
+
+
+class FileRouteStore:
+    """``<topic dir>/routes.json``, replaced atomically; the CAS compares with what this store
+    last read or wrote (one nsqd owns its topic directory: the data path is locked)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / ROUTES_FILE
+        self._current: RouteHistory | None = None
+
+    def load(self) -> RouteHistory | None:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        self._current = RouteHistory.from_json(raw)
+        return self._current
+
+    async def replace(self, old: RouteHistory | None, new: RouteHistory) -> None:
+        if self._current != old:
+            raise RouteConflict(f"topic {new.topic}: the stored route history changed meanwhile")
+        write_atomic(self.path, new.to_json())
+        self._current = new
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def has_routes(topic_dir: Path) -> bool:
+    return (topic_dir / ROUTES_FILE).exists()
+
+
+class SealedPartition(BadPartition):
+    """A publish to a partition the route no longer (or not yet) sends keys to: the producer
+    refreshes its route to at least ``version`` and retries (``E_BAD_PARTITION route version
+    N``)."""
+
+    def __init__(self, stale: StaleRoute, topic: str) -> None:
+        self.partition = stale.partition
+        self.version = stale.version
+        super().__init__(f"route version {stale.version} (partition {stale.partition} of "
+                         f"topic {topic} takes no publishes)")
+
+
+class TopicRoutes:
+    """The route history of one topic on this node and every channel's place in it."""
+
+    def __init__(self, nsqd: NSQD, topic: Topic, store: RouteStore, history: RouteHistory) -> None:
+        self.nsqd = nsqd
+        self.topic = topic  # partition 0: holds the shared `partitions` list
+        self.store = store
+        self.history = history
+        self.sealed: dict[int, int] = {}  # retired partition -> offset of its command message
+        self.states: dict[str, ChannelRoute] = {}
+        self.readable: dict[str, frozenset[int]] = {}
+        self.open: frozenset[int] = frozenset()
+        self._rr = 0
+        self._lock = asyncio.Lock()
+        self._set_history(history)
+
+    # -- creation / load -------------------------------------------------------------------
+    @classmethod
+    async def create(cls, nsqd: NSQD, name: str, partitions: int, logical: int,
+                     node: str) -> TopicRoutes:
+        """A new route-managed topic of ``partitions`` physical partitions (RouteError if the
+        arguments break a rule; ValueError if the topic exists with another shape)."""
+        history = RouteHistory.initial(name, [node] * partitions, logical,
+                                       now_ms=time.time_ns() // 1_000_000)
+        existing = nsqd.topics.get(name)
+        if existing is not None:
+            if existing.routes is not None:
+                return existing.routes
+            raise ValueError("TOPIC_EXISTS")
+        topic = nsqd.ensure_partitions(name, partitions, ordered=True)
+        store = FileRouteStore(topic.dir)
+        await store.replace(None, history)
+        routes = cls(nsqd, topic, store, history)
+        routes.attach()
+        log.info("TOPIC(%s): route-managed, %d logical partitions over %d", name, logical,
+                 partitions)
+        return routes
+
+    @classmethod
+    def load(cls, nsqd: NSQD, topic: Topic) -> TopicRoutes:
+        """Attach the stored history to a topic loaded from nsqd.dat (rolls forward a pending
+        change's command messages; the commit itself happens in :meth:`recover`)."""
+        store = FileRouteStore(topic.dir)
+        history = store.load()
+        assert history is not None
+        nsqd.ensure_partitions(topic.name, history.next_partition, ordered=True)
+        routes = cls(nsqd, topic, store, history)
+        for p in range(len(topic.partitions)):
+            if history.retired_in(p) is not None:
+                routes._find_or_append_command(p)
+        routes.attach()
+        for cname in list(topic.channels):
+            routes.channel_created(cname, first=False)
+        return routes
+
+    async def recover(self) -> None:
+        """Commit a change found pending at load (its commands are in)."""
+        pending = self.history.pending
+        if pending is not None:
+            async with self._lock:
+                await self._commit(pending.version)
+
+    def attach(self) -> None:
+        for part in self.topic.partitions:
+            part.routes = self
+        self.nsqd.metadata_changed()
+
+    def _set_history(self, history: RouteHistory) -> None:
+        self.history = history
+        self.open = frozenset(history.open_partitions())
+
+    # -- publishing ------------------------------------------------------------------------
+    def check_publish(self, partition: int, route_version: int | None = None) -> None:
+        """Raise SealedPartition unless ``partition`` takes publishes now."""
+        if partition in self.open:
+            check_publish_version(partition, None, route_version)
+            return
+        h = self.history
+        version = h.retired_in(partition)
+        if version is None:  # created by the pending change: usable once it commits
+            version = h.pending.version if h.pending is not None else h.newest.version
+        try:
+            check_publish_version(partition, version, route_version)
+        except StaleRoute as exc:
+            raise SealedPartition(exc, h.topic) from None
+
+    def pick_open(self) -> int:
+        """A partition for a publish that names none (no key: no order to keep)."""
+        parts = sorted(self.open)
+        if not parts:  # only while a change is pending on a one-partition topic
+            self.check_publish(self.history.newest.partitions[0])
+        self._rr += 1
+        return parts[self._rr % len(parts)]
+
+    # -- changes ---------------------------------------------------------------------------
+    async def change(self, op: Callable[[RouteHistory], RouteHistory]) -> RouteHistory:
+        """Run one change (``op`` proposes it on the current history): pending, seal with the
+        command messages, commit, advance the channels. RouteError if refused."""
+        old = self.history
+        new = op(old)  # refuses a second change while one is pending (RouteHistory._base)
+        self._set_history(new)  # the retired partitions refuse publishes from here on
+        try:
+            await self.store.replace(old, new)
+        except BaseException:
+            self._set_history(old)
+            raise
+        async with self._lock:
+            ch = new.pending_change
+            assert ch is not None and new.pending is not None
+            self.nsqd.ensure_partitions(self.topic.name, new.next_partition, ordered=True)
+            self.attach()
+            self._subscribe_new(ch.created)
+            futs = [self._append_command(p) for p in ch.retired]
+            await asyncio.gather(*futs)
+            await self._commit(new.pending.version)
+        log.info("TOPIC(%s): route version %d committed (%s: %s -> %s)", self.topic.name,
+                 ch.version, ch.kind, list(ch.retired), list(ch.created))
+        return self.history
+
+    async def _commit(self, version: int) -> None:
+        old = self.history
+        new = old.commit(version, time.time_ns() // 1_000_000)
+        await self.store.replace(old, new)
+        self._set_history(new)
+        for name in list(self.states):
+            self._set_state(name, advance(self.states[name], new))
+
+    def _append_command(self, p: int) -> asyncio.Future[int]:
+        part = self.topic.partitions[p]
+        ch = self.history.change(self.history.retired_in(p) or 0)
+        self.sealed[p] = part.log.next_offset  # appended synchronously below: its offset
+        return part.committer.append([command_body(self.topic.name, ch)])
+
+    def _find_or_append_command(self, p: int) -> None:
+        """At load: the command is the partition's last record; append it if the change was
+        interrupted before it was written (a roll-forward)."""
+        part = self.topic.partitions[p]
+        end = part.log.next_offset
+        version = self.history.retired_in(p)
+        if end > part.log.start_offset:
+            try:
+                _, ch = parse_command(part.log.read_frame(end - 1)[34:])
+            except (RouteError, KeyError, ValueError):
+                ch = None
+            if ch is not None and ch.version == version:
+                self.sealed[p] = end - 1
+                return
+        log.warning("TOPIC(%s) PARTITION(%d): command message of route version %s missing: "
+                    "appending it (roll-forward)", self.topic.name, p, version)
+        self._append_command(p)
+
+    def _subscribe_new(self, created: tuple[int, ...]) -> None:
+        """Clients that read every partition (plain SUB) read the new ones too."""
+        for name, ch0 in self.topic.channels.items():
+            clients = {}
+            for sib in ch0.siblings():
+                for c in sib.clients.values():
+                    if getattr(c, "sub_all", False):
+                        clients[c.id] = c
+            for p in created:
+                ch = self.topic.partitions[p].channels.get(name)
+                if ch is None:
+                    continue
+                ch.set_ordered()
+                for c in clients.values():
+                    if ch not in c.subs:
+                        c.subs.append(ch)
+                        ch.add_client(c)
+                ch.wake()
+
+    # -- channels --------------------------------------------------------------------------
+    def _state_path(self, name: str) -> Path | None:
+        if name.endswith("#ephemeral"):
+            return None
+        return self.topic.dir / "channels" / f"c-{name}.route"
+
+    def channel_created(self, name: str, *, first: bool) -> None:
+        """A channel now exists in every partition: load its barrier state, or start it (the
+        topic's first channel reads from version 0, as it gets what was published before it;
+        a later one from the newest version), counting commands its cursors are past."""
+        path = self._state_path(name)
+        if path is not None and path.exists():
+            try:
+                self.states[name] = ChannelRoute.from_json(path.read_bytes())
+                self._set_state(name, advance(self.states[name], self.history), persist=False)
+                self._refresh(name)
+                return
+            except (OSError, RouteError) as exc:
+                log.error("TOPIC(%s) CHANNEL(%s): bad route state (%s): starting again",
+                          self.topic.name, name, exc)
+        state = start(self.history, 0 if first else None)
+        self.states[name] = state
+        self._set_state(name, self._past_commands(name, state), force=True)
+
+    def _past_commands(self, name: str, state: ChannelRoute) -> ChannelRoute:
+        """Count the commands the channel's cursors already passed (creation, reset)."""
+        while True:
+            before = state
+            for p in readable_partitions(state, self.history):
+                off = self.sealed.get(p)
+                ch = self.topic.partitions[p].channels.get(name)
+                if off is not None and ch is not None and ch.cursor.confirmed > off:
+                    state = on_command_fin(state, self.history, p)
+            if state == before:
+                return state
+
+    def channel_deleted(self, name: str) -> None:
+        self.states.pop(name, None)
+        self.readable.pop(name, None)
+        path = self._state_path(name)
+        if path is not None:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
+    def _set_state(self, name: str, state: ChannelRoute, *, persist: bool = True,
+                   force: bool = False) -> None:
+        old = self.states.get(name)
+        self.states[name] = state
+        if state == old and not force:
+            return
+        if persist:
+            path = self._state_path(name)
+            if path is not None:
+                write_atomic(path, state.to_json())
+        self._refresh(name)
+
+    def _refresh(self, name: str) -> None:
+        before = self.readable.get(name)
+        now = frozenset(readable_partitions(self.states[name], self.history))
+        self.readable[name] = now
+        if before != now:
+            for p in now - (before or frozenset()):
+                ch = self.topic.partitions[p].channels.get(name)
+                if ch is not None:
+                    ch.wake()
+
+    def gate(self, channel: Channel, end: int) -> int:
+        """Called by the channel's pump: the end offset it may read to (-1: nothing now).
+
+        A partition outside the channel's readable set delivers nothing. In a sealed partition
+        the reads stop before the command message; once everything before it is finished the
+        channel passes it (moves its cursor over it, the server's own FIN) and the barrier may
+        open the next version's partitions."""
+        name = channel.name
+        readable = self.readable.get(name)
+        if readable is None:
+            self.channel_created(name, first=False)
+            readable = self.readable[name]
+        p = channel.topic.partition
+        if p not in readable:
+            return -1
+        off = self.sealed.get(p)
+        if off is None:
+            return end
+        cur = channel.cursor
+        if cur.confirmed >= off and cur.in_flight_count == 0:
+            if cur.confirmed == off:
+                cur.skip_to(off + 1)
+                channel.dirty = True
+            self._set_state(name, on_command_fin(self.states[name], self.history, p))
+            log.info("TOPIC(%s) CHANNEL(%s): passed the command message of partition %d "
+                     "(route version %d)", self.topic.name, name, p, self.states[name].version)
+            return -1
+        return min(end, off)
+
+    def reset_channel(self, name: str, pos: StartPosition, who: str = "") -> ChannelRoute:
+        """Move the channel in every partition to a time (``earliest``, ``latest`` or
+        ``timestamp``) and walk the versions again from the one current then: version 0 for
+        earliest (no partition is deleted yet), the newest for latest, ``version_at(T)``.
+        A per-partition offset has no meaning across partitions: RouteError."""
+        h = self.history
+        if pos.kind == "earliest":
+            version = 0
+        elif pos.kind == "latest":
+            version = h.newest.version
+        elif pos.kind == "timestamp":
+            version = h.version_at(pos.value * 1000)
+        else:
+            raise RouteError(f"topic {h.topic} is route-managed: reset a channel to earliest, "
+                             f"latest or a timestamp, not to a partition's {pos.kind}")
+        for part in self.topic.partitions:
+            ch = part.channels.get(name)
+            if ch is not None:
+                ch.seek(pos, who)
+        state = start(h, version)
+        self.states[name] = state
+        self._set_state(name, self._past_commands(name, state), force=True)
+        for part in self.topic.partitions:
+            ch = part.channels.get(name)
+            if ch is not None:
+                ch.wake()
+        return self.states[name]
+
+    # -- views -----------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = self.history.to_dict()
+        d["sealed"] = {str(p): off for p, off in sorted(self.sealed.items())}
+        d["channels"] = {n: {"version": s.version, "passed": sorted(s.passed),
+                             "readable": sorted(self.readable.get(n, ()))}
+                         for n, s in sorted(self.states.items())}
+        return d
