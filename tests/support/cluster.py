@@ -63,12 +63,12 @@ class Cluster:
         return [f"--cluster-leadership-addresses={self.etcd.endpoint}",
                 f"--cluster-id={self.cluster_id}"]
 
-    def start(self, nodes: int = 3, lookupds: int = 1, nsqd_args: list[str] | None = None
-              ) -> Cluster:
+    def start(self, nodes: int = 3, lookupds: int = 1, nsqd_args: list[str] | None = None,
+              lookupd_args: list[str] | None = None) -> Cluster:
         for _ in range(lookupds):
             self.lookupds.append(self.lookupd_factory.start(
                 ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-                 "--broadcast-address=127.0.0.1", *self.flags]))
+                 "--broadcast-address=127.0.0.1", *self.flags, *(lookupd_args or [])]))
         for _ in range(nodes):
             self.add_node(nsqd_args)
         wait_until(lambda: len(self.stats()["nodes"]) == nodes, what=f"{nodes} nodes registered")
