@@ -106,6 +106,12 @@ class Cluster:
         wait_until(lambda: all(self.role_of(self.node_by_id(p["leader"]), name, p["partition"])
                                == "leader" for p in self.partitions(name)),
                    what=f"leaders of {name} ready")
+        # and every replica knows its role (a test that stops etcd next must not race the
+        # followers' first watch event)
+        wait_until(lambda: all(self.role_of(self.node_by_id(r), name, p["partition"])
+                               in ("leader", "follower")
+                               for p in self.partitions(name) for r in p["replicas"]),
+                   what=f"replicas of {name} ready")
         return body
 
     def partitions(self, topic: str) -> list[dict[str, Any]]:
