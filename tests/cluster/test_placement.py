@@ -25,6 +25,7 @@ from nsqx.cluster.placement import (
     node_lost,
     place,
     plan_move,
+    plan_rebalance,
     preferred_leader_move,
     remove_replica,
     shrink_isr,
@@ -337,3 +338,119 @@ def test_moves_never_weaken_the_isr(leader_only: bool, source: str, target: str,
         assert p.leader == req.target and set(p.replicas) == {"a", "b", "c"}
     else:
         assert set(p.replicas) == {"a", "b", "c"} - {req.source} | {req.target}
+
+
+# -- rebalancing onto a node that joined ------------------------------------------------------------
+def _carry_out(parts: dict[int, PartitionMeta], req: MoveRequest, live: set[str]) -> int:
+    """Run the coordinator's passes on one move until done (the leader admits the caught-up
+    target in between); checks that no live in-sync replica is lost on the way."""
+    p = parts[req.partition]
+    want = len(p.replicas)
+    for step in range(10):
+        before = p
+        p = reconcile_partition(p, live, set(), Counter(), want, move=req)
+        p.check()
+        assert len(p.isr) >= want, (before, p)  # never below the replica count in sync
+        for gone in set(before.isr) - set(p.isr):
+            assert gone == req.source and req.target in p.isr, (before, p)
+        if move_outcome(p, req, live) == "done":
+            parts[req.partition] = p
+            return step
+        p = _admit_catchup(p)
+    raise AssertionError(f"move {req} not done: {p}")
+
+
+def _loads(parts: dict[int, PartitionMeta], nodes: set[str]) -> tuple[Counter[str], Counter[str]]:
+    rep: Counter[str] = Counter({n: 0 for n in nodes})
+    pref: Counter[str] = Counter({n: 0 for n in nodes})
+    for p in parts.values():
+        rep.update(p.replicas)
+        pref[p.replicas[0]] += 1
+    return rep, pref
+
+
+def test_rebalance_moves_replicas_and_leadership_onto_a_node_that_joined() -> None:
+    parts = {p.partition: p for p in place("t", 6, 2, ["a", "b", "c"])}
+    live = {"a", "b", "c", "d"}
+    assert _loads(parts, live)[0] == Counter({"a": 4, "b": 4, "c": 4, "d": 0})
+    reqs = []
+    while (req := plan_rebalance(parts.values(), live)) is not None:
+        assert req.target == "d" and not req.leader_only
+        reqs.append(req)
+        _carry_out(parts, req, live)
+        # leadership follows the preferred replica once the request is cleared
+        parts = {k: reconcile_partition(p, live, set(), Counter(), 2) for k, p in parts.items()}
+        assert len(reqs) <= 6
+    rep, pref = _loads(parts, live)
+    assert rep == Counter({"a": 3, "b": 3, "c": 3, "d": 3}), rep
+    assert max(pref.values()) - min(pref.values()) <= 1 and pref["d"] >= 1, pref
+    assert sum(1 for p in parts.values() if p.leader == "d") == pref["d"]
+
+
+def test_rebalance_waits_for_drains_pending_moves_and_unsynced_partitions() -> None:
+    parts = place("t", 6, 2, ["a", "b", "c"])
+    live = {"a", "b", "c", "d"}
+    assert plan_rebalance(parts, live) is not None
+    assert plan_rebalance(parts, live, moves_pending=True) is None
+    assert plan_rebalance(parts, live, draining={"b"}) is None
+    assert plan_rebalance(parts, {"a", "b", "c"}) is None  # balanced without d
+    # only partitions fully in sync, with every replica live, are moved
+    lagging = [p.with_isr((p.leader,)) if p.leader == "a" else p for p in parts]
+    req = plan_rebalance(lagging, live)
+    assert req is not None
+    chosen = lagging[req.partition]
+    assert chosen.leader != "a" and set(chosen.isr) == set(chosen.replicas)
+    assert plan_rebalance([p.with_isr((p.leader,)) for p in parts], live) is None
+    # a node below the average by less than one replica is left alone
+    assert plan_rebalance(place("t", 7, 1, ["a", "b", "c"]), live) is not None  # 3,2,2,0
+    assert plan_rebalance(place("t", 3, 1, ["a", "b", "c"]), live) is None  # 1,1,1,0
+
+
+def test_rebalance_takes_the_preferred_slot_when_leadership_is_uneven() -> None:
+    parts = place("t", 2, 2, ["a", "b"])  # (a, b), (b, a): a and b lead one each
+    assert plan_rebalance(parts, {"a", "b"}) is None
+    # c is 1.33 below the average: a's follower replica of partition 1 moves (c then holds
+    # one replica; taking a's leadership would leave a leading nothing)
+    assert plan_rebalance(parts, {"a", "b", "c"}) == MoveRequest("t", 1, "a", "c")
+    parts = place("t", 4, 1, ["a"])  # a leads four
+    assert plan_rebalance(parts, {"a", "b"}) == MoveRequest("t", 0, "a", "b")
+
+
+@settings(max_examples=200, deadline=None)
+@given(topics=st.lists(st.tuples(st.integers(1, 8), st.integers(1, 3)), min_size=1, max_size=4),
+       first=st.integers(1, 4), joined=st.integers(1, 3))
+def test_rebalance_passes_converge_to_an_even_spread(topics: list[tuple[int, int]], first: int,
+                                                      joined: int) -> None:
+    """Topics placed on ``first`` nodes, then ``joined`` nodes join: repeated passes (one
+    move at a time, each carried out by move_step) end with no node a whole replica below
+    the average, never lose an in-sync replica, and the number of moves is bounded."""
+    old = [f"n{i}" for i in range(first)]
+    live = set(old) | {f"j{i}" for i in range(joined)}
+    metas: list[PartitionMeta] = []
+    for i, (nparts, reps) in enumerate(topics):
+        if reps > first:
+            continue
+        metas += place(f"t{i}", nparts, reps, old, metas)
+    if not metas:
+        return
+    keyed = {(p.topic, p.partition): p for p in metas}
+    total = sum(len(p.replicas) for p in metas)
+    moves = 0
+    while (req := plan_rebalance(keyed.values(), live)) is not None:
+        moves += 1
+        assert moves <= total, "passes do not converge"
+        rep_before = _loads({i: p for i, p in enumerate(keyed.values())}, live)[0]
+        one = {req.partition: keyed[(req.topic, req.partition)]}
+        _carry_out(one, req, live)
+        keyed[(req.topic, req.partition)] = reconcile_partition(
+            one[req.partition], live, set(), Counter(), len(one[req.partition].replicas))
+        rep_after = _loads({i: p for i, p in enumerate(keyed.values())}, live)[0]
+        assert rep_after[req.target] == rep_before[req.target] + 1
+        assert rep_after[req.source] == rep_before[req.source] - 1
+        assert rep_before[req.source] - rep_before[req.target] >= 2  # narrows the spread
+    rep, _ = _loads({i: p for i, p in enumerate(keyed.values())}, live)
+    avg = total / len(live)
+    assert min(rep.values()) > avg - 1, rep
+    for p in keyed.values():
+        p.check()
+        assert set(p.isr) == set(p.replicas) and p.leader == p.replicas[0]

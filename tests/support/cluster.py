@@ -63,12 +63,12 @@ class Cluster:
         return [f"--cluster-leadership-addresses={self.etcd.endpoint}",
                 f"--cluster-id={self.cluster_id}"]
 
-    def start(self, nodes: int = 3, lookupds: int = 1, nsqd_args: list[str] | None = None
-              ) -> Cluster:
+    def start(self, nodes: int = 3, lookupds: int = 1, nsqd_args: list[str] | None = None,
+              lookupd_args: list[str] | None = None) -> Cluster:
         for _ in range(lookupds):
             self.lookupds.append(self.lookupd_factory.start(
                 ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-                 "--broadcast-address=127.0.0.1", *self.flags]))
+                 "--broadcast-address=127.0.0.1", *self.flags, *(lookupd_args or [])]))
         for _ in range(nodes):
             self.add_node(nsqd_args)
         wait_until(lambda: len(self.stats()["nodes"]) == nodes, what=f"{nodes} nodes registered")
@@ -106,6 +106,12 @@ class Cluster:
         wait_until(lambda: all(self.role_of(self.node_by_id(p["leader"]), name, p["partition"])
                                == "leader" for p in self.partitions(name)),
                    what=f"leaders of {name} ready")
+        # and every replica knows its role (a test that stops etcd next must not race the
+        # followers' first watch event)
+        wait_until(lambda: all(self.role_of(self.node_by_id(r), name, p["partition"])
+                               in ("leader", "follower")
+                               for p in self.partitions(name) for r in p["replicas"]),
+                   what=f"replicas of {name} ready")
         return body
 
     def partitions(self, topic: str) -> list[dict[str, Any]]:

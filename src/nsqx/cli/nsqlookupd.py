@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> None:
             from nsqx.cluster.lookupd_api import ClusterLookupd
 
             endpoints = [u for a in opts.cluster_leadership_addresses for u in a.split(",") if u]
-            ClusterLookupd(node, endpoints, opts.cluster_id)
+            ClusterLookupd(node, endpoints, opts.cluster_id, rebalance=opts.cluster_rebalance)
         return node
 
     run_daemon(opts, make, "nsqx.lookupd")

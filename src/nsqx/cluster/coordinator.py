@@ -9,7 +9,10 @@ node joins); a node being drained has its replicas moved (a new replica is added
 the ISR, the partition's leader admits it once caught up, then the drained one leaves);
 an operator's move of one partition (``moves/<topic>/<p>``, from ``/topic/partition/move``)
 is carried out the same way, restricted to that partition, and its request is cleared when
-it is done (or abandoned because its target died before it was in sync).
+it is done (or abandoned because its target died before it was in sync). A live node that
+holds clearly fewer replicas than the average (one that joined) gets replicas the same way:
+the pass records one move from the most loaded node (:func:`plan_rebalance`) when no move is
+pending and no node is draining, and the next passes carry it out.
 
 Every write is a compare-and-swap on what the pass read, so a coordinator that lost its
 lease mid-pass cannot overwrite its successor's decisions.
@@ -33,6 +36,7 @@ from nsqx.cluster.placement import (
     move_outcome,
     move_step,
     node_lost,
+    plan_rebalance,
     preferred_leader_move,
     remove_replica,
 )
@@ -90,6 +94,7 @@ class Coordinator:
                                  on_change=self._on_leader_change)
         self._lead_task: asyncio.Task[None] | None = None
         self.passes = 0  # reconciling passes made while leading (for /cluster/stats and tests)
+        self.rebalance_moves = 0  # replica moves this coordinator started to spread the load
 
     @property
     def is_leader(self) -> bool:
@@ -145,14 +150,24 @@ class Coordinator:
         parts = await self.meta.all_partitions()
         topics = await self.meta.topics()
         replica_load, _ = load_of(v.meta for v in parts.values())
+        now: list[PartitionMeta] = []
         for v in parts.values():
             t = topics.get(v.meta.topic)
             want = t.replicas if t else len(v.meta.replicas)
-            await self._apply(v, live, draining, replica_load, want,
-                              moves.get((v.meta.topic, v.meta.partition)))
+            pm = await self._apply(v, live, draining, replica_load, want,
+                                   moves.get((v.meta.topic, v.meta.partition)))
+            if pm is not None:
+                now.append(pm)
         for (topic, p), (_req, mod) in moves.items():
             if (topic, p) not in parts:  # the topic was deleted under the request
                 await self._clear_move(topic, p, mod, "abandoned: no such partition")
+        if self.rebalance and len(now) == len(parts):
+            req = plan_rebalance(now, live, draining=draining, moves_pending=bool(moves))
+            if req is not None and await self.request_move(req):
+                self.rebalance_moves += 1
+                log.info("TOPIC(%s) PARTITION(%d): rebalancing: moving the replica of %s to "
+                         "%s (it holds fewer replicas than the average)", req.topic,
+                         req.partition, req.source, req.target)
         self.passes += 1
         return max(rev, max((v.mod_revision for v in parts.values()), default=0))
 
@@ -177,7 +192,8 @@ class Coordinator:
 
     async def _apply(self, v: Versioned, live: set[str], draining: set[str],
                      replica_load: Counter[str], want: int,
-                     pending: tuple[MoveRequest, int] | None = None) -> None:
+                     pending: tuple[MoveRequest, int] | None = None) -> PartitionMeta | None:
+        """Reconcile one partition; its state after the pass (None: unknown, e.g. refused)."""
         move = pending[0] if pending else None
         for _ in range(3):
             try:
@@ -186,18 +202,19 @@ class Coordinator:
                                                       rebalance=self.rebalance, move=move))
             except MetaError as e:
                 log.error("TOPIC(%s) PARTITION(%d): %s", v.meta.topic, v.meta.partition, e)
-                return
+                return None
             if new is not None:
                 if pending is not None:
                     outcome = move_outcome(new.meta, pending[0], live)
                     if outcome is not None:
                         await self._clear_move(v.meta.topic, v.meta.partition, pending[1],
                                                outcome)
-                return
+                return new.meta
             fresh = (await self.meta.partitions(v.meta.topic)).get(v.meta.partition)
             if fresh is None:
-                return
+                return None
             v = fresh
+        return None
 
     # -- operator requests (lookupd's HTTP API and `nsqx node drain`) ---------------------------
     async def drain(self, node: str) -> None:

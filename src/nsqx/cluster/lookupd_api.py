@@ -80,8 +80,10 @@ def _int(q: Any, name: str, default: int, lo: int, hi: int) -> int:
 class ClusterLookupd:
     """The cluster side of one nsqlookupd (plugin + routes)."""
 
-    def __init__(self, lookupd: Any, endpoints: list[str], cluster_id: str) -> None:
+    def __init__(self, lookupd: Any, endpoints: list[str], cluster_id: str, *,
+                 rebalance: bool = True) -> None:
         self.lookupd = lookupd
+        self.rebalance = rebalance
         self.etcd = EtcdClient(endpoints)
         self.cluster_id = cluster_id
         self.coordinator: Coordinator | None = None
@@ -102,7 +104,7 @@ class ClusterLookupd:
 
     async def start(self) -> None:
         me = f"{self.lookupd.opts.broadcast_address}:{self.lookupd.http_port}"
-        self.coordinator = Coordinator(self.etcd, self.cluster_id, me)
+        self.coordinator = Coordinator(self.etcd, self.cluster_id, me, rebalance=self.rebalance)
         self.coordinator.start()
         log.info("CLUSTER: nsqlookupd %s campaigning to coordinate cluster %s at %s", me,
                  self.cluster_id, ", ".join(self.etcd.endpoints))
@@ -248,6 +250,7 @@ class ClusterLookupd:
         return _json(200, {
             "cluster_id": self.cluster_id,
             "coordinator": c.leader, "is_coordinator": c.is_leader,
+            "rebalance": c.rebalance, "rebalance_moves": c.rebalance_moves,
             "nodes": [{"id": n.id, "tcp_address": n.tcp_address, "http_address": n.http_address,
                        "version": n.version} for n in nodes.values()],
             "draining": [kv.key.rsplit(b"/", 1)[-1].decode() for kv in drain_kvs],

@@ -19,6 +19,9 @@ plugin plus HTTP routes); nsqd itself knows only the narrow write gate of a topi
   paused follower blocks acks only that long) and re-admits one that reached its log end,
   both by compare-and-swap on the partition's metadata with its own epoch, which also
   fences a deposed leader: its CAS fails and it steps down.
+- **High watermark**: the partition's channels read only below what every ISR member has
+  (``Topic.readable_end``, moved by the leader's gate in ``release()``); fetch answers carry
+  the leader's acked end (``hw``), so a follower that becomes leader starts from it.
 - **Channel cursors** travel with fetch answers (at most once a second): followers create
   the channels and advance them, so a new leader redelivers only the unconfirmed window.
 """
@@ -193,6 +196,10 @@ class LeaderGate:
         return self.progress.acked_end(self.topic.log.flushed_offset, self.member.node_id)
 
     def release(self) -> None:
+        """Acknowledge what every ISR member has; first let channels read up to it."""
+        hw = self.acked_end()
+        if hw > self.topic.readable_end and self.active:
+            self.topic.advance_readable(hw)  # the high watermark: consumers see acked only
         if not self.waiters:
             return
         if len(self.meta.isr) < self.min_isr:
@@ -202,7 +209,6 @@ class LeaderGate:
             for _end, base, done in waiters:
                 done(base, _refused(self.topic, why))
             return
-        hw = self.acked_end()
         if self.waiters[0][0] > hw:
             return
         keep = []
@@ -431,6 +437,7 @@ class NodeMember:
 
     def _guard(self, part: Any) -> None:
         """A local partition this node holds no role for may not take publishes."""
+        _hold_reads(part)
         k = (part.name, part.partition)
         if k in self.gates:
             return
@@ -477,6 +484,8 @@ class NodeMember:
         topic.epoch = pm.epoch
         topic.gate = gate
         self.gates[k] = gate
+        _hold_reads(topic)
+        gate.release()  # reads go on from this node's high watermark as the ISR catches up
         log.info("CLUSTER: TOPIC(%s) PARTITION(%d): leading at epoch %d, ISR %s, log end %d",
                  pm.topic, pm.partition, pm.epoch, ",".join(pm.isr), topic.log.flushed_offset)
 
@@ -489,6 +498,7 @@ class NodeMember:
         self._stop_following(k)
         gate = FollowerGate(pm.leader, self)
         topic.gate = gate
+        _hold_reads(topic)
         for ch in list(topic.channels.values()):  # they find the leader again through lookupd
             for client in list(ch.clients.values()):
                 log.info("CLUSTER: TOPIC(%s) PARTITION(%d) CHANNEL(%s): closing consumer %s: "
@@ -539,6 +549,7 @@ class NodeMember:
                                     plog.flushed_offset - cut, plog.flushed_offset, cut,
                                     pm.leader, epoch)
                         plog.truncate_to(cut)
+                        topic.readable_end = min(topic.readable_end, cut)
                     truncated = True
                 await self._fetch_once(topic, base, name, p, epoch)
             except StaleEpoch:
@@ -584,6 +595,8 @@ class NodeMember:
             raise ValueError(f"leader answered from {head['start']}, asked {offset}")
         if frames:
             await self._append(topic, offset, frames, head)
+        if "hw" in head:  # the leader's high watermark: where this node starts if it leads
+            topic.advance_readable(int(head["hw"]))
         for ch_name, confirmed in (head.get("channels") or {}).items():
             self._advance_channel(topic, ch_name, int(confirmed))
 
@@ -719,7 +732,8 @@ class NodeMember:
         if offset < plog.flushed_offset:
             r = plog.read(offset, max_bytes, plog.flushed_offset - offset)
             data, count = r.data, r.count
-        head: dict[str, Any] = {"start": offset, "count": count, "end": plog.flushed_offset}
+        head: dict[str, Any] = {"start": offset, "count": count, "end": plog.flushed_offset,
+                                "hw": gate.acked_end()}
         if count:
             head["spans"] = _spans_in(gate.spans, offset, offset + count)
             hdrs = plog.headers_range(offset, offset + count)
@@ -742,7 +756,8 @@ class NodeMember:
             entry: dict[str, Any] = {"topic": name, "partition": p,
                                      "role": "leader" if isinstance(gate, LeaderGate) else "follower",
                                      "epoch": topic.epoch if topic else None,
-                                     "log_end": topic.log.flushed_offset if topic else None}
+                                     "log_end": topic.log.flushed_offset if topic else None,
+                                     "readable_end": topic.readable_end if topic else None}
             if isinstance(gate, LeaderGate):
                 entry["acked_end"] = gate.acked_end()
                 entry["followers"] = {n: fp.end for n, fp in gate.progress.followers.items()}
@@ -797,6 +812,15 @@ class NodeMember:
         if new is None:
             return  # lost a race: the watch brings the new state
         gate.on_meta(new.meta)
+
+
+def _hold_reads(part: Any) -> None:
+    """Channels of a cluster partition read below the high watermark only (never what the
+    partition may truncate); a partition not yet held starts at its log start, as its
+    acknowledged end is not known (a restart), and the gate or the fetches raise it."""
+    if not part.hold_reads:
+        part.hold_reads = True
+        part.readable_end = part.log.start_offset
 
 
 def _spans_in(spans: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:

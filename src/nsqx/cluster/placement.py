@@ -24,6 +24,7 @@ __all__ = [
     "node_lost",
     "place",
     "plan_move",
+    "plan_rebalance",
     "preferred_leader_move",
     "remove_replica",
     "shrink_isr",
@@ -240,4 +241,52 @@ def move_outcome(pm: PartitionMeta, req: MoveRequest, live: Iterable[str]) -> st
     if req.target not in pm.replicas and (req.leader_only or req.source not in pm.replicas):
         return f"abandoned: {req.source if not req.leader_only else req.target} no longer " \
                "holds a replica"
+    return None
+
+
+# -- rebalancing onto a node that joined ----------------------------------------------------------
+def plan_rebalance(partitions: Iterable[PartitionMeta], live: Iterable[str], *,
+                   draining: Iterable[str] = (), moves_pending: bool = False
+                   ) -> MoveRequest | None:
+    """One replica move onto a live node that holds clearly fewer replicas than the average
+    (a node that joined), or None when the spread is even enough or it is not the time.
+
+    Never while a node is draining or any move is pending (one move in flight, carried out
+    by :func:`move_step` like an operator's). The target is the least loaded live node, if
+    it holds at least one replica fewer than the average; the source the most loaded node
+    holding two more than the target (so every move narrows the spread: passes converge).
+    Only a partition whose leader is live and whose every replica is live and in the ISR is
+    moved (the move itself never drops below its replica count in sync). The source's
+    preferred (first) replica slot is taken when the target is at least two preferred slots
+    behind it: the target then leads that partition, so leaders spread with the replicas.
+    """
+    alive = set(live) - set(draining)
+    if moves_pending or set(draining) or len(alive) < 2:
+        return None
+    parts = list(partitions)
+    load: Counter[str] = Counter({n: 0 for n in alive})
+    pref: Counter[str] = Counter({n: 0 for n in alive})
+    for pm in parts:
+        for n in pm.replicas:
+            if n in alive:
+                load[n] += 1
+        if pm.replicas and pm.replicas[0] in alive:
+            pref[pm.replicas[0]] += 1
+    avg = sum(load.values()) / len(alive)
+    target = min(alive, key=lambda n: (load[n], pref[n], n))
+    if load[target] > avg - 1:
+        return None
+    movable = [pm for pm in parts
+               if pm.leader in alive and target not in pm.replicas and not pm.catchup
+               and set(pm.isr) == set(pm.replicas) and set(pm.replicas) <= alive]
+    for source in sorted(alive, key=lambda n: (-load[n], -pref[n], n)):
+        if load[source] - load[target] < 2:
+            break
+        mine = [pm for pm in movable if source in pm.replicas]
+        if not mine:
+            continue
+        take_lead = pref[source] - pref[target] >= 2
+        best = min(mine, key=lambda pm: ((pm.replicas[0] == source) != take_lead,
+                                         pm.topic, pm.partition))
+        return MoveRequest(best.topic, best.partition, source, target)
     return None

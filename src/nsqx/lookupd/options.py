@@ -41,6 +41,7 @@ class Options:
     # cluster mode (Youzan's names): this lookupd campaigns to coordinate the cluster
     cluster_id: str = "nsqx"
     cluster_leadership_addresses: list[str] = field(default_factory=list)
+    cluster_rebalance: bool = True
 
     def validate(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -81,6 +82,9 @@ def _flags() -> list[Flag]:
              "(comma separated or repeated); when set, this nsqlookupd campaigns to be the "
              "cluster's coordinator and answers /lookup from the cluster's metadata",
              dest="cluster_leadership_addresses"),
+        Flag("cluster-rebalance", "bool", d.cluster_rebalance, "[nsqx] while coordinating: "
+             "give leadership back to preferred replicas and move replicas onto a node that "
+             "holds clearly fewer than the average (one that joined), one partition at a time"),
     ]
 
 

@@ -248,10 +248,11 @@ class Channel:
 
     # -- delivery ------------------------------------------------------------------------
     def _end_offset(self) -> int:
-        """Fresh messages are delivered up to what is written; a paused topic delivers none."""
+        """Fresh messages are delivered up to what is written (in cluster mode: what the
+        ISR has); a paused topic delivers none."""
         if self.topic.paused:
-            return min(self.cursor.next_read, self.topic.log.flushed_offset)
-        return self.topic.log.flushed_offset
+            return min(self.cursor.next_read, self.topic.readable_end)
+        return self.topic.readable_end
 
     def wake(self) -> None:
         """Schedule one pump for this loop turn (coalesces many wake-ups)."""

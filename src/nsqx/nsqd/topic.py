@@ -54,6 +54,10 @@ class Topic:
         # an append counts as acknowledged; `epoch` is the leader epoch stamped on commits.
         self.gate: WriteGate | None = None
         self.epoch = 0
+        # Channels deliver fresh messages below `readable_end`: the flushed log end, or in
+        # cluster mode (`hold_reads`) the ISR-acknowledged end the gate passes to
+        # advance_readable(), so a leader never hands out what it may have to truncate.
+        self.hold_reads = False
         # messages older than this are skipped at delivery (0: kept); per topic, default
         # the --msg-ttl flag
         self.msg_ttl_ns = int(nsqd.opts.msg_ttl * 1e9)
@@ -88,6 +92,7 @@ class Topic:
         self._idle_end = -1  # log end seen by the last release_idle_files()
         self.committer = GroupCommitter(self.log, nsqd.loop, syncer=nsqd.fs_syncer)
         self.committer.on_flushed.append(self._on_flushed)
+        self.readable_end = self.log.flushed_offset
         # Where messages published while the topic has no channel start: the first
         # channel created receives them (upstream buffers them in the topic).
         self.pending_from = self.log.start_offset if pending_from is None else pending_from
@@ -192,8 +197,24 @@ class Topic:
         return fut
 
     def _on_flushed(self, offset: int) -> None:
+        if self.hold_reads:
+            return  # cluster mode: advance_readable() once the ISR has it
+        self.readable_end = offset
         for ch in self.channels.values():
             ch.cursor.note_end(offset)  # a redelivery from now on waits behind these
+            ch.wake()
+
+    def advance_readable(self, end: int) -> None:
+        """Cluster mode: channels may now read below ``end`` (the high watermark).
+
+        Called by the write gate before it acknowledges the publishes below ``end``, so the
+        cursors' delay stores write their deferrals before the acks, as after a flush."""
+        end = min(end, self.log.flushed_offset)
+        if end <= self.readable_end:
+            return
+        self.readable_end = end
+        for ch in self.channels.values():
+            ch.cursor.note_end(end)
             ch.wake()
 
     # -- channels --------------------------------------------------------------------------
@@ -229,7 +250,7 @@ class Topic:
         cursor = ChannelCursor(start, state_path=state_path)
         # upstream's memory queue: a redelivery waits behind at most this many queued ones
         cursor.redelivery_window = self.nsqd.opts.mem_queue_size
-        cursor.note_end(self.log.flushed_offset)
+        cursor.note_end(self.readable_end)
         if not self.channels and self.pending_deferred:
             t = now_ms()
             for off, ready_at in self.pending_deferred:
