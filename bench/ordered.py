@@ -4,7 +4,8 @@
 
 A real nsqd (default durable settings) gets a topic of P ordered partitions
 (``orderedmulti=true``) and one of P plain partitions, each preloaded with the same
-messages (MPUB per partition). Then P consumer connections drain each topic:
+messages (MPUB per partition). Then P consumer connections (spread over
+``--client-procs`` processes) drain each topic:
 
 - ordered: ``SUB_ORDERED t c p`` per partition; the server keeps one message in flight
   per partition (RDY 10 is capped to 1), so each message costs a FIN round trip;
@@ -12,7 +13,9 @@ messages (MPUB per partition). Then P consumer connections drain each topic:
   ordering rule), and with RDY 200 (what a plain channel does when it may pipeline).
 
 Prints msgs/s for each and the ratios; the issue's target is >= 50k msgs/s per node for
-the ordered drain. The consumers run in this one process (asyncio); nsqd in another.
+the ordered drain. nsqd's and the clients' CPU per message are printed too: on this
+2-core machine they share the cores, so the server's cost per message says what one
+node could do with its consumers elsewhere (1e6 / that = msgs/s per core).
 """
 
 from __future__ import annotations
@@ -72,40 +75,95 @@ async def preload(tcp: str, topic: str, parts: int, per_part: int, size: int) ->
     writer.close()
 
 
-async def drain_one(tcp: str, topic: str, part: int, ordered: bool, rdy: int, want: int,
-                    counts: list[int]) -> None:
+class _Consumer(asyncio.Protocol):
+    """One consumer connection: parses frames per read and FINs each message at once
+    (one write per read), so the client side stays cheap next to the server's."""
+
+    def __init__(self, cmd: bytes, want: int, done: asyncio.Future[int]) -> None:
+        self.cmd, self.want, self.done = cmd, want, done
+        self.buf = bytearray()
+        self.got = 0
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self.transport.write(v2.MAGIC_V2 + self.cmd)  # type: ignore[union-attr]
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos, n, out = 0, len(buf), []
+        while n - pos >= 8:
+            size, ftype = _HDR.unpack_from(buf, pos)
+            if n - pos < 4 + size:
+                break
+            body = bytes(buf[pos + 8:pos + 4 + size])
+            pos += 4 + size
+            if ftype == 2:
+                out.append(b"FIN " + body[10:26] + b"\n")
+                self.got += 1
+            elif ftype == 1:
+                self.done.set_exception(SystemExit(f"error from nsqd: {body!r}"))
+                return
+            elif body == b"_heartbeat_":
+                out.append(b"NOP\n")
+        del buf[:pos]
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
+        if self.got >= self.want and not self.done.done():
+            self.done.set_result(self.got)
+
+
+async def _drain_parts(tcp: str, topic: str, parts: list[int], per_part: int, ordered: bool,
+                       rdy: int) -> int:
+    loop = asyncio.get_running_loop()
     host, port = tcp.split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(v2.MAGIC_V2)
-    cmd = v2.sub_ordered(topic, "bench", part) if ordered else \
-        b"SUB %s bench %d\n" % (topic.encode(), part)
-    writer.write(cmd + v2.rdy(rdy))
-    got = 0
-    acked = False
-    while got < want:
-        size_, ftype = _HDR.unpack(await reader.readexactly(8))
-        data = await reader.readexactly(size_ - 4)
-        if ftype == 0:
-            if data == b"_heartbeat_":
-                writer.write(v2.nop())
-            elif data == b"OK" and not acked:
-                acked = True
-            continue
-        if ftype == 1:
-            raise SystemExit(f"error from nsqd: {data!r}")
-        writer.write(v2.fin(data[10:26]))
-        got += 1
-        counts[part] = got
-    writer.close()
+    futs, transports = [], []
+    for p in parts:
+        cmd = v2.sub_ordered(topic, "bench", p) if ordered else \
+            b"SUB %s bench %d\n" % (topic.encode(), p)
+        fut: asyncio.Future[int] = loop.create_future()
+        tr, _ = await loop.create_connection(
+            lambda c=cmd + v2.rdy(rdy), f=fut: _Consumer(c, per_part, f), host, int(port))
+        futs.append(fut)
+        transports.append(tr)
+    got = sum(await asyncio.gather(*futs))
+    for tr in transports:
+        tr.close()
+    return got
 
 
-async def drain(tcp: str, topic: str, parts: int, per_part: int, ordered: bool,
-                rdy: int) -> float:
-    counts = [0] * parts
+def _drain_proc(args: tuple) -> tuple[int, float]:
+    try:
+        import uvloop  # the clients as a production consumer would run them
+        uvloop.install()
+    except ImportError:
+        pass
+    got = asyncio.run(_drain_parts(*args))
+    return got, time.process_time()
+
+
+def drain(tcp: str, topic: str, parts: int, per_part: int, ordered: bool, rdy: int,
+          procs: int, server_pid: int) -> tuple[float, float, float]:
+    """Drain with `procs` client processes (partitions dealt round-robin); returns
+    (msgs/s, server CPU us per message, client CPU us per message)."""
+    import multiprocessing
+
+    groups = [list(range(i, parts, procs)) for i in range(procs)]
+    before = _cpu(server_pid)
     t0 = time.perf_counter()
-    await asyncio.gather(*(drain_one(tcp, topic, p, ordered, rdy, per_part, counts)
-                           for p in range(parts)))
-    return sum(counts) / (time.perf_counter() - t0)
+    with multiprocessing.get_context("fork").Pool(procs) as pool:
+        res = pool.map(_drain_proc, [(tcp, topic, g, per_part, ordered, rdy) for g in groups])
+    wall = time.perf_counter() - t0
+    got = sum(r[0] for r in res)
+    server = _cpu(server_pid) - before
+    return got / wall, server / got * 1e6, sum(r[1] for r in res) / got * 1e6
+
+
+def _cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -114,6 +172,8 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=64)
     ap.add_argument("--messages", type=int, default=200_000, help="per topic")
     ap.add_argument("--size", type=int, default=200)
+    ap.add_argument("--client-procs", type=int, default=2,
+                    help="consumer processes, partitions dealt round-robin (default 2)")
     args = ap.parse_args()
     per = args.messages // args.partitions
     data = tempfile.mkdtemp(prefix="bench-ordered-")
@@ -136,10 +196,12 @@ def main() -> None:
             extra = "&orderedmulti=true" if ordered else ""
             post(http, f"/topic/create?topic={topic}&partition_num={args.partitions}{extra}")
             asyncio.run(preload(tcp, topic, args.partitions, per, args.size))
-            rate = asyncio.run(drain(tcp, topic, args.partitions, per, ordered, rdy))
+            rate, server_us, client_us = drain(tcp, topic, args.partitions, per, ordered, rdy,
+                                               args.client_procs, proc.pid)
             results[name] = rate
             print(f"{name:<24} {rate:>10,.0f} msgs/s  ({args.partitions} partitions x {per}, "
-                  f"{args.size} B)", flush=True)
+                  f"{args.size} B)  nsqd {server_us:.1f} us CPU/msg, clients "
+                  f"{client_us:.1f} us/msg", flush=True)
         base = results["plain, RDY 1 each"]
         print(f"ordered / plain RDY 1: {results['ordered (SUB_ORDERED)'] / base:.2f}x; "
               f"target >= 50,000 msgs/s ordered: "

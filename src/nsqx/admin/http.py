@@ -448,21 +448,29 @@ class AdminHTTP:
         return v1_json({"messages": found, "message": _warn(errs)})
 
     async def page_messages(self, request: web.Request) -> web.Response:
+        return await self._search_page(request, self._message_query, self._find_message,
+                                       pages.render_messages,
+                                       ("topic", "partition", "id", "offset"))
+
+    async def _search_page(self, request: web.Request, parse: Any, find: Any, render: Any,
+                           fields: tuple[str, ...]) -> web.Response:
+        """A search form page (messages, traces): the form, then what the nodes found, or
+        the error; 400 for a malformed query."""
         q = request.query
-        found: list[dict[str, Any]] | None = None
+        found: Any = None
         errs: list[str] = []
         error = ""
         try:
-            if self._message_query(q) is not None:
-                found, errs = await self._find_message(q)
+            if parse(q) is not None:
+                found, errs = await find(q)
         except HTTPError as e:
             error = e.code
         except UpstreamError as e:
             error = f"UPSTREAM_ERROR: {e}"
         cn = self._ctx(request, errs)
-        return self._html(request, cn, pages.render_messages(
-            cn[0], {k: q.get(k, "") for k in ("topic", "partition", "id", "offset")},
-            found, error), status=400 if error.startswith(("INVALID", "GIVE")) else 200)
+        return self._html(request, cn, render(cn[0], {k: q.get(k, "") for k in fields},
+                                              found, error),
+                          status=400 if error.startswith(("INVALID", "GIVE")) else 200)
 
     @staticmethod
     def _trace_query(q: Any) -> tuple[str, str] | None:
@@ -503,21 +511,8 @@ class AdminHTTP:
                         "message": _warn(errs)})
 
     async def page_trace(self, request: web.Request) -> web.Response:
-        q = request.query
-        found: list[tuple[str, dict[str, Any]]] | None = None
-        errs: list[str] = []
-        error = ""
-        try:
-            if self._trace_query(q) is not None:
-                found, errs = await self._find_trace(q)
-        except HTTPError as e:
-            error = e.code
-        except UpstreamError as e:
-            error = f"UPSTREAM_ERROR: {e}"
-        cn = self._ctx(request, errs)
-        return self._html(request, cn, pages.render_trace(
-            cn[0], {k: q.get(k, "") for k in ("topic", "id", "trace_id", "header")},
-            found, error), status=400 if error.startswith(("INVALID", "GIVE")) else 200)
+        return await self._search_page(request, self._trace_query, self._find_trace,
+                                       pages.render_trace, ("topic", "id", "trace_id", "header"))
     # ================================================================== cluster mode
     async def _cluster_stats_for_page(self) -> tuple[dict[str, Any] | None, str]:
         """lookupd's /cluster/stats, or None when not in cluster mode; a failure is a

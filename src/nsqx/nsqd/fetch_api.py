@@ -73,8 +73,8 @@ from nsqx.httpapi import HTTPError
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.auth import AuthState, query_auth
-from nsqx.nsqd.http_publish import parse_mpub_binary, read_capped
-from nsqx.protocol.names import valid_channel_name, valid_topic_name
+from nsqx.nsqd.http_publish import parse_mpub_binary, read_capped, topic_for_publish
+from nsqx.protocol.names import valid_channel_name
 
 __all__ = ["add_routes", "FETCH_HEADER", "FETCH_MAGIC", "PUB_KEY_HEADER", "encode_fetch_headers"]
 
@@ -243,12 +243,7 @@ class _FetchAPI:
             raise HTTPError(403, "UNAUTHORIZED")
 
     def _topic_name(self, params: dict[str, list[str]]) -> str:
-        name = _first(params, "topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_topic_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        return name
+        return topic_for_publish(params)
 
     def _topic(self, name: str) -> Any:
         topic = self.nsqd.get_topic(name, create=False)

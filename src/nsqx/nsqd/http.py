@@ -43,6 +43,7 @@ from nsqx.nsqd.http_publish import (
     partition_arg,
     publish,
     read_capped,
+    read_message,
     route_version_arg,
     split_text_mpub,
     topic_for_publish,
@@ -126,14 +127,7 @@ class _Handlers:
 
     # -- publishing --------------------------------------------------------------------
     async def pub(self, request: web.Request) -> web.Response:
-        max_msg = self.opts.max_msg_size
-        if (request.content_length or 0) > max_msg:
-            raise HTTPError(413, "MSG_TOO_BIG")
-        body = await read_capped(request, max_msg)
-        if len(body) > max_msg:
-            raise HTTPError(413, "MSG_TOO_BIG")
-        if not body:
-            raise HTTPError(400, "MSG_EMPTY")
+        body = await read_message(request, self.opts.max_msg_size)
         params = _query(request)
         name = topic_for_publish(params)
         defer_ms = 0

@@ -41,6 +41,19 @@ async def read_capped(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def read_message(request: web.Request, max_msg: int) -> bytes:
+    """One message body (``/pub``, ``/pub_ext``, ``/pubtrace``): 413 MSG_TOO_BIG past
+    ``max_msg`` (told by Content-Length or by reading one byte more), 400 MSG_EMPTY."""
+    if (request.content_length or 0) > max_msg:
+        raise HTTPError(413, "MSG_TOO_BIG")
+    body = await read_capped(request, max_msg)
+    if len(body) > max_msg:
+        raise HTTPError(413, "MSG_TOO_BIG")
+    if not body:
+        raise HTTPError(400, "MSG_EMPTY")
+    return body
+
+
 def parse_mpub_binary(body: bytes, max_msg_size: int, max_body_size: int) -> list[bytes]:
     """An upstream binary MPUB body -> message bodies; HTTPError(413, BAD_BODY/BAD_MESSAGE)."""
     n = len(body)
@@ -106,6 +119,7 @@ def route_version_arg(params: dict[str, list[str]]) -> int | None:
 
 
 def topic_for_publish(params: dict[str, list[str]]) -> str:
+    """The ``topic`` parameter: 400 MISSING_ARG_TOPIC / INVALID_TOPIC as upstream."""
     name = _first(params, "topic")
     if name is None:
         raise HTTPError(400, "MISSING_ARG_TOPIC")

@@ -32,7 +32,7 @@ from aiohttp import web
 from nsqx.httpapi import HTTPError
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
-from nsqx.nsqd.http_publish import partition_arg, publish, read_capped, topic_for_publish
+from nsqx.nsqd.http_publish import partition_arg, publish, read_message, topic_for_publish
 from nsqx.nsqd.trace import DEFAULT_SCAN, MAX_SCAN, TRACE_TOPIC, message_key, search_trace
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_topic_name
@@ -61,15 +61,7 @@ class _TraceAPI:
 
     # -- publishing ------------------------------------------------------------------------
     async def _body(self, request: web.Request) -> bytes:
-        max_msg = self.nsqd.opts.max_msg_size
-        if (request.content_length or 0) > max_msg:
-            raise HTTPError(413, "MSG_TOO_BIG")
-        body = await read_capped(request, max_msg)
-        if len(body) > max_msg:
-            raise HTTPError(413, "MSG_TOO_BIG")
-        if not body:
-            raise HTTPError(400, "MSG_EMPTY")
-        return body
+        return await read_message(request, self.nsqd.opts.max_msg_size)
 
     async def _pub(self, request: web.Request, headers: dict[str, bytes] | None,
                    params: dict[str, list[str]], body: bytes) -> tuple[int, int]:
