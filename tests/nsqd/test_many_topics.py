@@ -22,6 +22,7 @@ def test_idle_topics_release_descriptors_and_reopen_on_use(tmp_path: Path) -> No
                 nsqd.get_topic(f"t{i}").get_channel("c")
             for i in range(0, 300, 3):  # some have data
                 await nsqd.publish(f"t{i}", [b"m%d" % i])
+            await nsqd.publish("e#ephemeral", [b"in memory"])  # a memory log has no files
             assert _open_fds() - before >= 100  # the written ones opened their files
             for t in nsqd.topics.values():
                 t.log.sync()

@@ -416,8 +416,12 @@ class NSQD:
             t = now_ms()
             timed = self.timed_channels
             for ch in list(timed):
-                if not ch.exiting:
-                    ch.tick(t)
+                try:
+                    if not ch.exiting:
+                        ch.tick(t)
+                except Exception:  # one channel's bug must not stop every timeout
+                    log.exception("TOPIC(%s) CHANNEL(%s): timer pass failed", ch.topic.name,
+                                  ch.name)
                 if ch.exiting or not ch.cursor.has_timers():
                     ch.cursor.armed = False
                     timed.discard(ch)
@@ -453,6 +457,8 @@ class NSQD:
                             part.apply_retention()
             except OSError as exc:
                 self.set_health(f"failed to persist channel state - {exc}")
+            except Exception:  # keep persisting: a bug here must not end the loop
+                log.exception("persist pass failed")
 
     def _persist_dirty(self) -> None:
         """Persist the cursors that changed; on a failed write the channel stays dirty (it

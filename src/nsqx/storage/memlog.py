@@ -106,6 +106,15 @@ class MemoryLog:
     def needs_sync(self) -> bool:
         return False
 
+    def release_files(self) -> bool:
+        """Nothing to release: a memory log has no files (the node's idle pass asks every
+        topic's log)."""
+        return False
+
+    @property
+    def open_files(self) -> int:
+        return 0
+
     def sync(self) -> None:
         return None
 
