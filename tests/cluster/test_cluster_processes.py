@@ -7,8 +7,10 @@ drained under its partitions.
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -252,3 +254,29 @@ def test_topic_cli_in_cluster_mode(cluster: Cluster) -> None:
     assert out.stdout.count(" epoch 1 ") == 2
     out = nsqx("topic", "create", "clitopic", "--partitions", "3", lk)
     assert out.returncode == 1 and "E_TOPIC_EXISTS" in out.stderr
+
+
+def test_ordered_topics_cursors_ride_with_every_fetch(cluster: Cluster) -> None:
+    """Followers of an ordered topic learn its channels' cursors with every fetch answer
+    (an idle long poll lasts at most 0.1 s), so a failover redelivers at most that much of
+    an ordered channel; other topics carry cursors once a second."""
+    cluster.create_topic("ord", partitions=1, replicas=3, extra="&orderedmulti=true")
+    cluster.create_topic("plain", partitions=1, replicas=3)
+    for name in ("ord", "plain"):
+        leader = cluster.leader(name)
+        assert http("POST", f"http://{leader.http_address}/channel/create?topic={name}"
+                            f"&channel=c")[0] == 200
+        epoch = cluster.partitions(name)[0]["epoch"]
+        url = (f"http://{leader.http_address}/nsqx/replica/fetch?topic={name}&partition=0"
+               f"&epoch={epoch}&node=probe&offset=0&wait_ms=0")
+        t0 = time.monotonic()
+        heads = []
+        for _ in range(2):
+            with urllib.request.urlopen(url, timeout=10) as r:
+                heads.append(json.loads(r.read().split(b"\n", 1)[0]))
+        took = time.monotonic() - t0
+        assert heads[0]["channels"] == {"c": 0}
+        if name == "ord":
+            assert heads[1]["channels"] == {"c": 0}
+        elif took < 0.8:  # within the once-a-second period: no cursors the second time
+            assert "channels" not in heads[1]

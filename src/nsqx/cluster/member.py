@@ -56,7 +56,8 @@ __all__ = ["NodeMember", "epoch_spans", "frame_runs"]
 LAG_TIMEOUT = 3.0  # seconds a follower may stay behind before it leaves the ISR
 FETCH_WAIT = 0.5  # long-poll at the tail
 FETCH_MAX_BYTES = 4 << 20
-CURSOR_EVERY = 1.0
+CURSOR_EVERY = 1.0  # channel cursors ride with a fetch answer at least this often
+ORDERED_CURSOR_EVERY = 0.1  # ...and for ordered topics with every answer, this often when idle
 FORWARD_TIMEOUT = 10.0  # a publish forwarded to the leader fails after this
 _FRAME_HEAD = struct.Struct(">IIQH")  # size, type, timestamp, attempts
 
@@ -460,11 +461,13 @@ class NodeMember:
         if topic is None:
             return None
         parts = topic.partitions
-        if p < len(parts):
-            return parts[p]
         ensure = getattr(self.nsqd, "ensure_partitions", None)
         tm = self.topic_meta.get(name)
+        if p < len(parts) and not (tm is not None and tm.ordered and not topic.ordered):
+            return parts[p]
         if ensure is not None and tm is not None:
+            # more partitions than this node has, or an ordered topic it holds as plain (a
+            # one-partition ordered topic was created here as a plain one)
             ensure(name, tm.partitions, ordered=tm.ordered)
             parts = topic.partitions
             if p < len(parts):
@@ -722,6 +725,9 @@ class NodeMember:
         now = time.monotonic()
         gate.progress.on_fetch(node, offset, plog.flushed_offset, now)
         gate.release()
+        ordered = topic.ordered
+        if ordered:  # ordered channels' cursors go with every answer, at least this often
+            wait = min(wait, ORDERED_CURSOR_EVERY)
         if offset == plog.flushed_offset and wait:
             gate.new_data.clear()
             with contextlib.suppress(TimeoutError):
@@ -741,7 +747,7 @@ class NodeMember:
                 head["headers"] = {str(off): {k: base64.b64encode(v).decode()
                                               for k, v in h.items()} for off, h in hdrs.items()}
         last = gate.last_cursor_sent.get(node, 0.0)
-        if now - last >= CURSOR_EVERY:
+        if ordered or now - last >= CURSOR_EVERY:
             gate.last_cursor_sent[node] = now
             head["channels"] = {c.name: c.cursor.confirmed for c in topic.channels.values()
                                 if not c.ephemeral}
