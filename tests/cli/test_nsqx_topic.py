@@ -47,3 +47,36 @@ def test_bad_use_is_explained(nsqd: NsqdProcess) -> None:
     assert out.returncode == 1 and "no topic nope" in out.stderr
     out = nsqx("topic", "describe", "t", "--nsqd-http-address=127.0.0.1:1")
     assert out.returncode == 1 and "cannot reach nsqd" in out.stderr
+
+
+def test_route_changes_from_the_command_line(nsqd: NsqdProcess) -> None:
+    """`nsqx topic routes|split|merge|move` on a route-managed ordered topic; refusals are
+    printed with nsqd's reason and exit 1."""
+    a = f"--nsqd-http-address={nsqd.http_address}"
+    assert http_api.post(nsqd.http_address, "/topic/create", topic="keyed", partition_num="1",
+                         logical="64").status == 200
+    out = nsqx("topic", "split", "keyed", "0", "--at", "32", a)
+    assert out.returncode == 0, out.stderr
+    assert "      1" in out.stdout and "0-31 -> 1 @ " in out.stdout and "32-63 -> 2 @ " in out.stdout
+    out = nsqx("topic", "merge", "keyed", "1", "2", a)
+    assert out.returncode == 0, out.stderr
+    assert "0-63 -> 3 @ " in out.stdout
+    out = nsqx("topic", "move", "keyed", "3", "--to", "elsewhere:4150", a)
+    assert out.returncode == 0, out.stderr
+    assert "0-63 -> 4 @ elsewhere:4150" in out.stdout
+    out = nsqx("topic", "routes", "keyed", a)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split()[0] for line in out.stdout.splitlines()[2:] if line.strip()[:1].isdigit()]
+    assert rows == ["0", "1", "2", "3"]
+    data = json.loads(nsqx("topic", "routes", "keyed", a, "--json").stdout)
+    assert [v["version"] for v in data["versions"]] == [0, 1, 2, 3]
+    # refusals: a retired partition, a bad boundary, a non-route topic
+    out = nsqx("topic", "split", "keyed", "0", "--at", "10", a)
+    assert out.returncode == 1 and "nsqd answered 400" in out.stderr
+    out = nsqx("topic", "split", "keyed", "4", "--at", "64", a)
+    assert out.returncode == 1 and "nsqd answered 400" in out.stderr
+    http_api.post(nsqd.http_address, "/topic/create", topic="plain")
+    out = nsqx("topic", "merge", "plain", "0", "1", a)
+    assert out.returncode == 1 and "TOPIC_NOT_ROUTE_MANAGED" in out.stderr
+    out = nsqx("topic", "routes", "keyed", "--nsqd-http-address=127.0.0.1:1")
+    assert out.returncode == 1 and "cannot reach nsqd" in out.stderr

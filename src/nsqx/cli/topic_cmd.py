@@ -4,6 +4,13 @@
     nsqx topic create orders --partitions 8 --replicas 3 --lookupd-http-address 127.0.0.1:4161
     nsqx topic describe orders --nsqd-http-address 127.0.0.1:4151
     nsqx topic move orders 0 --from NODE --to NODE --lookupd-http-address 127.0.0.1:4161
+
+Route-managed ordered topics (``/topic/create?...&logical=L`` on one nsqd):
+
+    nsqx topic routes orders --nsqd-http-address 127.0.0.1:4151
+    nsqx topic split orders 0 --at 512 --nsqd-http-address 127.0.0.1:4151
+    nsqx topic merge orders 1 2 --nsqd-http-address 127.0.0.1:4151
+    nsqx topic move orders 3 --to NODE --nsqd-http-address 127.0.0.1:4151
 """
 
 from __future__ import annotations
@@ -134,7 +141,67 @@ def cmd_topic_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_routes(topic: str, body: dict) -> None:
+    """The route history as a table: per version, logical ranges -> physical partitions."""
+    print(f"topic {topic}: {body.get('logical')} logical partitions")
+    print(f"{'version':>7}  {'committed':<19}  ranges (logical lo-hi -> partition @ node)")
+    for v in body.get("versions") or ():
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.get("committed_ms", 0) / 1000))
+        ranges = ", ".join(f"{lo}-{hi - 1} -> {p} @ {node}" for lo, hi, p, node in v["routes"])
+        print(f"{v['version']:>7}  {when:<19}  {ranges}")
+    if body.get("pending"):
+        print(f"pending: {body['pending']}")
+    for key in sorted(k for k in body if k not in ("versions", "pending", "logical", "topic",
+                                                    "next_partition")):
+        print(f"{key}: {json.dumps(body[key], sort_keys=True)}")
+
+
+def _route_change(prog: str, args: argparse.Namespace, path: str, params: dict[str, str]) -> int:
+    addr = args.nsqd_http_address
+    try:
+        status, body = _call("POST", addr, path, {"topic": args.topic, **params})
+    except OSError as e:
+        print(f"{prog}: cannot reach nsqd at {addr}: {e}", file=sys.stderr)
+        return 1
+    if status != 200:
+        return _fail(prog, "nsqd", status, body)
+    if args.json:
+        print(json.dumps(body, indent=2, sort_keys=True))
+    else:
+        _print_routes(args.topic, body if isinstance(body, dict) else {})
+    return 0
+
+
+def cmd_topic_routes(args: argparse.Namespace) -> int:
+    prog = "nsqx topic routes"
+    try:
+        status, body = _call("GET", args.nsqd_http_address, "/topic/route", {"topic": args.topic})
+    except OSError as e:
+        print(f"{prog}: cannot reach nsqd at {args.nsqd_http_address}: {e}", file=sys.stderr)
+        return 1
+    if status != 200:
+        return _fail(prog, "nsqd", status, body)
+    if args.json:
+        print(json.dumps(body, indent=2, sort_keys=True))
+    else:
+        _print_routes(args.topic, body)
+    return 0
+
+
+def cmd_topic_split(args: argparse.Namespace) -> int:
+    return _route_change("nsqx topic split", args, "/topic/split",
+                         {"partition": str(args.partition), "at": str(args.at)})
+
+
+def cmd_topic_merge(args: argparse.Namespace) -> int:
+    return _route_change("nsqx topic merge", args, "/topic/merge",
+                         {"a": str(args.a), "b": str(args.b)})
+
+
 def cmd_topic_move(args: argparse.Namespace) -> int:
+    if args.nsqd_http_address:  # a route-managed topic's range -> a new partition on NODE
+        return _route_change("nsqx topic move", args, "/topic/move",
+                             {"partition": str(args.partition), "node": args.target})
     prog = "nsqx topic move"
     addr = args.lookupd_http_address
     if not args.source and not args.leader:
@@ -185,7 +252,8 @@ def cmd_topic_move(args: argparse.Namespace) -> int:
 
 
 def add_topic_commands(sub: Any) -> None:
-    t = sub.add_parser("topic", help="create, describe and move partitioned/ordered topics")
+    t = sub.add_parser("topic", help="create, describe, move, split and merge partitioned/ordered "
+                       "topics")
     tsub = t.add_subparsers(dest="topic_command", metavar="COMMAND")
     p = tsub.add_parser(
         "create", help="create a topic with partitions (ordered, replicated in a cluster)",
@@ -218,7 +286,9 @@ def add_topic_commands(sub: Any) -> None:
         "the --to node becomes a replica, catches up outside the ISR, joins it, then the "
         "--from replica leaves (if it led, leadership moves to --to); no acknowledged "
         "message is lost. With --leader and --to naming an in-sync replica: only "
-        "leadership moves. NODE ids are those of `nsqx cluster status`.")
+        "leadership moves. NODE ids are those of `nsqx cluster status`. With "
+        "--nsqd-http-address (a route-managed ordered topic on one nsqd): the partition's "
+        "logical range moves to a new partition labelled --to (a route change).")
     p.add_argument("topic")
     p.add_argument("partition", type=int)
     p.add_argument("--from", dest="source", metavar="NODE", help="node giving up its replica")
@@ -229,4 +299,37 @@ def add_topic_commands(sub: Any) -> None:
     p.add_argument("--wait", type=float, default=0, metavar="SECONDS",
                    help="wait up to SECONDS for the move to finish")
     p.add_argument("--lookupd-http-address", default="127.0.0.1:4161")
+    p.add_argument("--nsqd-http-address",
+                   help="a route-managed ordered topic on this nsqd: a route move")
+    p.add_argument("--json", action="store_true", help="print the JSON answer (route move)")
     p.set_defaults(func=cmd_topic_move, parser=p)
+    p = tsub.add_parser(
+        "routes", help="a route-managed ordered topic's route history",
+        description="Each route version: the logical ranges and the physical partition (and "
+        "node) each maps to, when it was committed; then the sealed partitions and each "
+        "channel's barrier state as nsqd reports them (GET /topic/route).")
+    p.add_argument("topic")
+    p.add_argument("--nsqd-http-address", default="127.0.0.1:4151")
+    p.add_argument("--json", action="store_true", help="print the JSON answer")
+    p.set_defaults(func=cmd_topic_routes, parser=p)
+    p = tsub.add_parser(
+        "split", help="split a route-managed partition's logical range in two",
+        description="POST /topic/split: PARTITION's logical range [lo, hi) becomes [lo, AT) "
+        "and [AT, hi) on two new partitions; PARTITION gets a command message and refuses "
+        "publishes from then on. Consumers keep each key's order with no cooperation.")
+    p.add_argument("topic")
+    p.add_argument("partition", type=int)
+    p.add_argument("--at", type=int, required=True, help="first logical partition of the upper half")
+    p.add_argument("--nsqd-http-address", default="127.0.0.1:4151")
+    p.add_argument("--json", action="store_true", help="print the JSON answer")
+    p.set_defaults(func=cmd_topic_split, parser=p)
+    p = tsub.add_parser(
+        "merge", help="merge two route-managed partitions with adjacent ranges",
+        description="POST /topic/merge: partitions A and B (adjacent logical ranges) become "
+        "one new partition; both get a command message and refuse publishes from then on.")
+    p.add_argument("topic")
+    p.add_argument("a", type=int)
+    p.add_argument("b", type=int)
+    p.add_argument("--nsqd-http-address", default="127.0.0.1:4151")
+    p.add_argument("--json", action="store_true", help="print the JSON answer")
+    p.set_defaults(func=cmd_topic_merge, parser=p)
