@@ -90,7 +90,12 @@ def cmd_trace_get(args: argparse.Namespace) -> int:
         params["header"] = args.header
     if args.limit is not None:
         params["limit"] = str(args.limit)
-    got = _http(prog, "GET", args.nsqd_http_address, "/trace/search", params)
+    if bool(args.nsqd_http_address) == bool(args.lookupd_http_address):
+        print(f"{prog}: give one of --nsqd-http-address (one node) and --lookupd-http-address "
+              "(every node a lookupd knows)", file=sys.stderr)
+        return 2
+    addr = args.nsqd_http_address or args.lookupd_http_address
+    got = _http(prog, "GET", addr, "/trace/search", params)
     if got is None:
         return 1
     status, data = got
@@ -99,9 +104,25 @@ def cmd_trace_get(args: argparse.Namespace) -> int:
     doc = json.loads(data)
     if args.json:
         print(json.dumps(doc))
-    else:
+        found = doc["messages"] if args.nsqd_http_address else [
+            m for n in doc["nodes"] for m in n["messages"] if m.get("events")]
+        return 0 if found else 3
+    if args.nsqd_http_address:
         print(format_timeline(doc))
-    return 0 if doc["messages"] else 3
+        return 0 if doc["messages"] else 3
+    # through nsqlookupd: each node's answer; a node without events for it is left out
+    found = 0
+    for n in doc["nodes"]:
+        msgs = [m for m in n["messages"] if m.get("events")]
+        if msgs:
+            found += len(msgs)
+            print(f"node {n['node']}:")
+            print(format_timeline({**n, "messages": msgs}))
+    for err in doc.get("errors") or ():
+        print(f"note: {err}", file=sys.stderr)
+    if not found:
+        print(f"no traced message of {args.topic} found on {len(doc['nodes'])} node(s)")
+    return 0 if found else 3
 
 
 def cmd_trace_switch(args: argparse.Namespace, on: bool) -> int:
@@ -156,8 +177,10 @@ def add_trace_commands(sub: Any) -> None:
                        help="messages whose header KEY is VALUE (newest 100)")
     p.add_argument("--limit", type=_nonneg, metavar="N",
                    help="trace events to scan, newest first (nsqd's default 200,000)")
-    p.add_argument("--nsqd-http-address", required=True, metavar="HOST:PORT")
-    p.add_argument("--json", action="store_true", help="print nsqd's JSON answer")
+    p.add_argument("--nsqd-http-address", metavar="HOST:PORT", help="search one nsqd")
+    p.add_argument("--lookupd-http-address", metavar="HOST:PORT",
+                   help="search every nsqd this nsqlookupd knows (its GET /trace/search)")
+    p.add_argument("--json", action="store_true", help="print the JSON answer")
     p.set_defaults(func=cmd_trace_get)
     for name, on in (("enable", True), ("disable", False)):
         q = tsub.add_parser(name, help=f"{'start' if on else 'stop'} tracing a topic "

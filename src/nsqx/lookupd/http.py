@@ -35,6 +35,7 @@ from nsqx.httpapi import (
 from nsqx.protocol.names import valid_topic_name
 
 from .registry import CHANNEL, CLIENT, TOPIC, Registration, filter_by_active
+from .trace_search import trace_search
 
 if TYPE_CHECKING:
     from .node import NSQLookupd
@@ -128,6 +129,15 @@ class _Handlers:
             node["topics"] = topics
             nodes.append(node)
         return v1_json({"producers": nodes})
+
+    async def trace_search(self, request: web.Request) -> web.Response:
+        """nsqx: a message-trace search over every active nsqd (see ``trace_search``)."""
+        db = self.db
+        producers = filter_by_active(db.find_producers(CLIENT, "", ""),
+                                     self._ns(self.opts.inactive_producer_timeout), 0, db.clock())
+        nodes = sorted({f"{p.peer.info.broadcast_address}:{p.peer.info.http_port}"
+                        for p in producers})
+        return await trace_search(request, nodes)
 
     async def debug(self, request: web.Request) -> web.Response:
         data: dict[str, list[dict[str, Any]]] = {}
@@ -336,6 +346,7 @@ def make_app(lookupd: NSQLookupd) -> web.Application:
         ("/topics", h.topics),
         ("/channels", h.channels),
         ("/nodes", h.nodes),
+        ("/trace/search", h.trace_search),
         ("/debug/tasks", h.debug_tasks),
         ("/debug/pprof/goroutine", h.debug_tasks),
     ):
