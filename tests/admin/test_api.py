@@ -456,3 +456,26 @@ def test_channel_page_shows_dead_letters_and_expired(cluster) -> None:
     assert ch["dlq_count"] == 1 and ch["expired_count"] == 0
     page = http("GET", admin.url + "/topics/jobs/work").body.decode()
     assert "Dead-lettered" in page and "Expired" in page
+
+
+def test_route_managed_topic_page_shows_the_route_history(nsqd_factory, admin_factory) -> None:
+    """A route-managed ordered topic's page: the versions as bars and a table, read from
+    nsqd's /topic/route; a plain topic's page has none."""
+    n = nsqd_factory.start(["--broadcast-address=127.0.0.1"])
+    assert http_api.post(n.http_address, "/topic/create", topic="keyed", partition_num="1",
+                         logical="64").status == 200
+    assert http_api.post(n.http_address, "/topic/split", topic="keyed", partition="0",
+                         at="32").status == 200
+    assert http_api.post(n.http_address, "/channel/create", topic="keyed",
+                         channel="billing").status == 200
+    http_api.pub(n.http_address, "plain", b"x")
+    admin = admin_factory.start([f"--nsqd-http-address={n.http_address}"])
+    page = http("GET", admin.url + "/topics/keyed").body.decode()
+    assert 'id="routes"' in page and "64 logical partitions, 2 versions" in page
+    assert page.count('class="route-row"') == 2 and '<svg class="route-picture"' in page
+    assert "0&#8211;63 &#8594; 0 @ " in page  # version 0: everything on partition 0
+    assert "0&#8211;31 &#8594; 1 @ " in page and "32&#8211;63 &#8594; 2 @ " in page
+    # the topic's first channel starts at version 0 (it gets what came before it)
+    assert "Sealed partitions (offset of their command message): 0 @ 0" in page
+    assert "Channels' route versions: billing v0" in page
+    assert 'id="routes"' not in http("GET", admin.url + "/topics/plain").body.decode()

@@ -25,7 +25,7 @@ import secrets
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
 import orjson
@@ -39,7 +39,7 @@ from nsqx.protocol.v2 import parse_start_position
 
 from . import pages
 from .aggregate import aggregate_channels, aggregate_topic, node_topic_stats, strip_omitempty
-from .cluster import ClusterClient, ClusterRefused, UpstreamError, http_address
+from .cluster import ClusterClient, ClusterRefused, RequestError, UpstreamError, http_address
 from .notify import Notifier, admin_action
 from .options import _CFG_INDEX, LOG_LEVELS, Options
 from .sampler import Sampler
@@ -318,11 +318,26 @@ class AdminHTTP:
             return self._page_error(request, e)
         cstats, cerr = await self._cluster_stats_for_page()
         ctopic = (cstats.get("topics") or {}).get(topic) if cstats else None
+        routes = await self._topic_routes(topic, [n["node"] for n in agg.get("nodes") or []])
         cn = self._ctx(request, errs + ([cerr] if cerr else []))
         rates = self.sampler.latest_topic_rates() if self.sampler.enabled else {}
         return self._html(request, cn, pages.render_topic(
             cn[0], topic, agg, rates, bool(self.opts.nsqlookupd_http_addresses),
-            cluster_topic=ctopic, cluster=cstats))
+            cluster_topic=ctopic, cluster=cstats, routes=routes))
+
+    async def _topic_routes(self, topic: str, nodes: list[str]
+                            ) -> tuple[str, dict[str, Any]] | None:
+        """A route-managed ordered topic's history from the first node that has one (nsqd's
+        ``GET /topic/route``; other topics answer 400 there), else None."""
+        for node in nodes:
+            try:
+                body = await self.cluster.get_json("nsqd", node,
+                                                   f"/topic/route?topic={quote(topic)}")
+            except RequestError:
+                continue
+            if isinstance(body, dict) and body.get("versions"):
+                return node, body
+        return None
 
     async def page_channel(self, request: web.Request) -> web.Response:
         topic, channel = request.match_info["topic"], request.match_info["channel"]

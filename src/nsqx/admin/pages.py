@@ -271,7 +271,8 @@ def render_topics(ctx: Ctx, rows: list[dict[str, Any]], rates: dict[str, float],
 
 def render_topic(ctx: Ctx, topic: str, agg: dict[str, Any], rates: dict[str, float],
                  lookupd_mode: bool, *, cluster_topic: dict[str, Any] | None = None,
-                 cluster: dict[str, Any] | None = None) -> str:
+                 cluster: dict[str, Any] | None = None,
+                 routes: tuple[str, dict[str, Any]] | None = None) -> str:
     body = [_breadcrumb(ctx, [("Streams", "/"), (topic, None)])]
     body.append(f'<div class="page-head"><h2>Topic <strong>{e(topic)}</strong>'
                 f'{_paused(agg.get("paused"))}</h2>'
@@ -328,6 +329,8 @@ def render_topic(ctx: Ctx, topic: str, agg: dict[str, Any], rates: dict[str, flo
             '<th class="num">Memory + Disk</th><th class="num">Messages</th>'
             f'<th class="num">Channels</th>{e2e_h}<th></th></tr></thead><tbody>'
             + "".join(trs) + "</tbody></table></div>")
+    if routes is not None:
+        body.append(_route_history(*routes))
     if cluster_topic is not None:
         body.append(f'<h3>Partitions <span class="count">{len(cluster_topic["partitions"])}'
                     f'</span> <span class="muted">{e(_shape(cluster_topic))} — from '
@@ -813,6 +816,61 @@ def render_lookup(ctx: Ctx, topics: dict[str, list[str]], inactive: set[str]) ->
                     + "</tbody></table></div>")
         body.append(_create_form(ctx))
     return layout(ctx, "Lookup", "lookup", "".join(body), page="lookup")
+
+
+# ------------------------------------------------------------- route-managed ordered topics
+
+def _route_history(node: str, h: dict[str, Any]) -> str:
+    """A route-managed topic's versions: a picture (each version a bar of its logical
+    ranges, one colour per physical partition) above a table of the same ranges, then
+    the sealed partitions and each channel's barrier version, as nsqd reported them."""
+    logical = max(int(h.get("logical") or 1), 1)
+
+    def colour(p: int) -> str:
+        return f"hsl({(p * 67) % 360}, 55%, 62%)"
+
+    bars, trs = [], []
+    versions = list(h.get("versions") or ())
+    row_h, label_w, width = 22, 40, 1000  # SVG presentation attributes: no inline CSS (CSP)
+    for i, v in enumerate(versions):
+        y = i * row_h
+        bars.append(f'<g class="route-row"><text x="0" y="{y + 15}" font-size="12" '
+                    f'fill="#666">v{v["version"]}</text>')
+        for lo, hi, p, n in v["routes"]:
+            x = label_w + lo * width / logical
+            w = (hi - lo) * width / logical
+            bars.append(f'<rect x="{x:.2f}" y="{y + 2}" width="{w:.2f}" height="{row_h - 4}" '
+                        f'fill="{colour(p)}" stroke="#fff"><title>{lo}-{hi - 1} &#8594; '
+                        f'partition {p} @ {e(str(n))}</title></rect>'
+                        f'<text x="{x + w / 2:.2f}" y="{y + 15}" font-size="11" '
+                        f'text-anchor="middle">{p}</text>')
+        bars.append("</g>")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime((v.get("committed_ms") or 0) / 1000))
+        ranges = "<br>".join(f"{lo}&#8211;{hi - 1} &#8594; {p} @ {e(str(n))}"
+                             for lo, hi, p, n in v["routes"])
+        trs.append(f"<tr><td>{v['version']}</td><td>{when} UTC</td><td>{ranges}</td></tr>")
+    extra = []
+    sealed = h.get("sealed")
+    if sealed:
+        extra.append("<p>Sealed partitions (offset of their command message): "
+                     + ", ".join(f"{e(str(k))} @ {e(str(o))}" for k, o in sorted(sealed.items()))
+                     + "</p>")
+    chans = h.get("channels")
+    if chans:
+        extra.append("<p>Channels' route versions: " + ", ".join(
+            f"{e(c)} v{e(str((st or {}).get('version')))}" for c, st in sorted(chans.items()))
+            + "</p>")
+    if h.get("pending"):
+        extra.append('<div class="alert alert-warning">A change is pending (version '
+                     f'{e(str(h["pending"].get("version")))}).</div>')
+    return (f'<h3 id="routes">Routes <span class="muted">{logical} logical partitions, '
+            f'{len(h.get("versions") or ())} versions — from {e(node)}</span></h3>'
+            f'<svg class="route-picture" viewBox="0 0 {label_w + width} {len(versions) * row_h}" '
+            f'width="100%" role="img" aria-label="logical ranges by version">'
+            + "".join(bars) + "</svg>"
+            '<table class="table" id="route-table"><thead><tr><th>version</th><th>committed</th>'
+            "<th>logical ranges &#8594; partition @ node</th></tr></thead><tbody>"
+            + "".join(trs) + "</tbody></table>" + "".join(extra))
 
 
 # ------------------------------------------------------------------------- cluster mode
