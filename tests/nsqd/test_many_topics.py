@@ -77,3 +77,28 @@ async def _until(pred, timeout: float = 10.0) -> None:  # type: ignore[no-untype
     while not pred():
         assert loop.time() < end, "condition not reached"
         await asyncio.sleep(0.02)
+
+
+def test_over_the_descriptor_budget_synced_logs_let_go(tmp_path: Path) -> None:
+    """A burst of writes to many topics (faster than the idle passes): past the node's
+    descriptor budget, the logs that are synced and have no consumer close their files."""
+    from nsqx.storage.segment import open_segments
+
+    async def main() -> None:
+        async with running_node(tmp_path) as nsqd:
+            for i in range(40):
+                await nsqd.publish(f"b{i}", [b"m"])
+            before = open_segments()
+            assert before >= 40
+            nsqd.fd_budget = 6 * 10
+            nsqd.get_topic("b0").get_channel("c")  # a channel, no consumer: may let go
+            for t in nsqd.topics.values():
+                t.log.sync()
+            await nsqd.publish("b1", [b"unsynced"])  # written, not synced: kept open
+            assert nsqd.release_files_over_budget() == 39
+            assert open_segments() == before - 39
+            assert nsqd.get_topic("b1").log.open_files > 0
+            await nsqd.publish("b5", [b"again"])  # reopens on use
+            assert nsqd.get_topic("b5").log.read(0, 1 << 16).count == 2
+
+    asyncio.run(main())

@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import resource
 import socket
 import ssl
 import time
@@ -27,6 +28,7 @@ from nsqx.nsqd.trace import TRACE_TOPIC, TraceRecorder
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.storage.commit import FileSystemSyncer
 from nsqx.storage.log import PartitionLog
+from nsqx.storage.segment import open_segments
 
 if TYPE_CHECKING:
     from nsqx.nsqd.client_v2 import ClientV2
@@ -42,6 +44,7 @@ META_COALESCE_MAX = 0.5  # ...for at most this long
 SWEEP_TICKS = 600  # every 60 s: check that every channel with timers is scheduled
 PERSIST_INTERVAL = 1.0  # cursor state to disk
 RETENTION_INTERVAL = 30.0
+FILES_PER_SEGMENT = 6
 RELEASE_INTERVAL = 15.0  # logs idle since the last pass close their files
 
 
@@ -62,6 +65,10 @@ class NSQD:
         self.topics: dict[str, Topic] = {}
         self.timed_channels: set[Channel] = set()  # cursors with timers (see _scan_loop)
         self.dirty_channels: set[Channel] = set()  # cursors to persist (see _persist_loop)
+        # log files may take half the descriptors; past that the persist pass releases the
+        # files of synced logs without consumers, whether or not they idled long
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.fd_budget = (soft if soft != resource.RLIM_INFINITY else 1 << 20) // 2
         self._clients: dict[int, ClientV2] = {}
         self.exiting = False
         self.tcp_port = 0
@@ -445,6 +452,8 @@ class NSQD:
             await asyncio.sleep(PERSIST_INTERVAL)
             try:
                 self._persist_dirty()
+                if open_segments() * FILES_PER_SEGMENT > self.fd_budget:
+                    self.release_files_over_budget()
                 if time.monotonic() - last_release > RELEASE_INTERVAL:
                     last_release = time.monotonic()
                     for topic in list(self.topics.values()):
@@ -459,6 +468,20 @@ class NSQD:
                 self.set_health(f"failed to persist channel state - {exc}")
             except Exception:  # keep persisting: a bug here must not end the loop
                 log.exception("persist pass failed")
+
+    def release_files_over_budget(self) -> int:
+        """Too many log files open (a burst of writes to thousands of topics, faster than
+        the idle passes release them): close the files of every log that is synced and has
+        no consumer now; they reopen on their next use. Returns how many logs let go."""
+        released = 0
+        for topic in list(self.topics.values()):
+            for part in topic.partitions:
+                if not any(ch.clients for ch in part.channels.values()) \
+                        and part.log.release_files():
+                    released += 1
+        log.warning("NSQ: %d log segments held open (budget %d descriptors): released the "
+                    "files of %d idle logs", open_segments(), self.fd_budget, released)
+        return released
 
     def _persist_dirty(self) -> None:
         """Persist the cursors that changed; on a failed write the channel stays dirty (it

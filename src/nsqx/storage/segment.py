@@ -77,6 +77,14 @@ def write_one(fd: int, buf: bytes) -> None:
         write_all(fd, [memoryview(buf)[done:]])
 
 
+_open_segments = 0  # segments holding their descriptors now, node-wide (a budget hint)
+
+
+def open_segments() -> int:
+    """How many segments hold their files open now (six descriptors each)."""
+    return max(_open_segments, 0)
+
+
 class Segment:
     """Files and in-memory lookup arrays of one segment (per-commit arrays, sparse indexes)."""
 
@@ -114,11 +122,16 @@ class Segment:
                 os.close(fd)
             raise
         self.fds = fds
+        global _open_segments
+        _open_segments += 1
         return fds
 
     def release_files(self) -> None:
         """Close the descriptors until the next use (nothing is lost: writes are done)."""
         fds, self.fds = self.fds, []
+        if fds:
+            global _open_segments
+            _open_segments -= 1
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
