@@ -156,10 +156,12 @@ def _print_routes(topic: str, body: dict) -> None:
         print(f"{key}: {json.dumps(body[key], sort_keys=True)}")
 
 
-def _route_change(prog: str, args: argparse.Namespace, path: str, params: dict[str, str]) -> int:
+def _route_call(prog: str, args: argparse.Namespace, path: str, params: dict[str, str],
+                method: str = "POST") -> int:
+    """A route request to nsqd (a change, or GET the history); prints the history."""
     addr = args.nsqd_http_address
     try:
-        status, body = _call("POST", addr, path, {"topic": args.topic, **params})
+        status, body = _call(method, addr, path, {"topic": args.topic, **params})
     except OSError as e:
         print(f"{prog}: cannot reach nsqd at {addr}: {e}", file=sys.stderr)
         return 1
@@ -173,34 +175,22 @@ def _route_change(prog: str, args: argparse.Namespace, path: str, params: dict[s
 
 
 def cmd_topic_routes(args: argparse.Namespace) -> int:
-    prog = "nsqx topic routes"
-    try:
-        status, body = _call("GET", args.nsqd_http_address, "/topic/route", {"topic": args.topic})
-    except OSError as e:
-        print(f"{prog}: cannot reach nsqd at {args.nsqd_http_address}: {e}", file=sys.stderr)
-        return 1
-    if status != 200:
-        return _fail(prog, "nsqd", status, body)
-    if args.json:
-        print(json.dumps(body, indent=2, sort_keys=True))
-    else:
-        _print_routes(args.topic, body)
-    return 0
+    return _route_call("nsqx topic routes", args, "/topic/route", {}, "GET")
 
 
 def cmd_topic_split(args: argparse.Namespace) -> int:
-    return _route_change("nsqx topic split", args, "/topic/split",
+    return _route_call("nsqx topic split", args, "/topic/split",
                          {"partition": str(args.partition), "at": str(args.at)})
 
 
 def cmd_topic_merge(args: argparse.Namespace) -> int:
-    return _route_change("nsqx topic merge", args, "/topic/merge",
+    return _route_call("nsqx topic merge", args, "/topic/merge",
                          {"a": str(args.a), "b": str(args.b)})
 
 
 def cmd_topic_move(args: argparse.Namespace) -> int:
     if args.nsqd_http_address:  # a route-managed topic's range -> a new partition on NODE
-        return _route_change("nsqx topic move", args, "/topic/move",
+        return _route_call("nsqx topic move", args, "/topic/move",
                              {"partition": str(args.partition), "node": args.target})
     prog = "nsqx topic move"
     addr = args.lookupd_http_address
