@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -40,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from nsqx.client import Producer  # noqa: E402
 from nsqx.cluster.routes import logical_partition  # noqa: E402
 from nsqx.protocol import v2  # noqa: E402
+from ordered import _Consumer  # noqa: E402  (bench/ordered.py: the same FIN-each consumer)
 
 LOGICAL = 1024
-_HDR = struct.Struct(">II")
 
 
 def free_port() -> int:
@@ -137,44 +136,6 @@ async def change_run(tcp: str, http: str, producers: int) -> None:
     print(f"{sent:,} keyed publishes from {producers} producers; the most retries one "
           f"publish needed: {max_retry} (target <= 1); slowest change {worst * 1000:.0f} ms "
           f"(target < 2,000 ms)")
-
-
-class _Consumer(asyncio.Protocol):
-    """A plain SUB on a route-managed topic (every partition, one in flight each): FINs
-    each message as it comes, one write per read."""
-
-    def __init__(self, cmd: bytes, want: int, done: asyncio.Future[int]) -> None:
-        self.cmd, self.want, self.done = cmd, want, done
-        self.buf = bytearray()
-        self.got = 0
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.transport.write(v2.MAGIC_V2 + self.cmd)  # type: ignore[union-attr]
-
-    def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos, n, out = 0, len(buf), []
-        while n - pos >= 8:
-            size, ftype = _HDR.unpack_from(buf, pos)
-            if n - pos < 4 + size:
-                break
-            body = bytes(buf[pos + 8:pos + 4 + size])
-            pos += 4 + size
-            if ftype == 2:
-                out.append(b"FIN " + body[10:26] + b"\n")
-                self.got += 1
-            elif ftype == 1 and not self.done.done():
-                self.done.set_exception(SystemExit(f"error from nsqd: {body!r}"))
-            elif body == b"_heartbeat_":
-                out.append(b"NOP\n")
-        del buf[:pos]
-        if out and self.transport is not None:
-            self.transport.write(b"".join(out))
-        if self.got >= self.want and not self.done.done():
-            self.done.set_result(self.got)
 
 
 def cpu_s(pid: int) -> float:
