@@ -34,6 +34,16 @@ def test_create_and_describe_on_one_node(nsqd: NsqdProcess) -> None:
     assert [p["partition"] for p in data["partitions"]] == [0, 1, 2]
 
 
+def test_create_with_an_fsync_policy(nsqd: NsqdProcess) -> None:
+    a = f"--nsqd-http-address={nsqd.http_address}"
+    out = nsqx("topic", "create", "ledger", "--partitions", "2", "--sync-every", "1", a)
+    assert out.returncode == 0, out.stderr
+    st = http_api.stats(nsqd.http_address, "ledger")["topics"][0]
+    assert st["sync_every"] == 1
+    out = nsqx("topic", "create", "other", "--sync-every", "-3", a)
+    assert out.returncode == 2 and "--sync-every must be >= 0" in out.stderr
+
+
 def test_bad_use_is_explained(nsqd: NsqdProcess) -> None:
     out = nsqx("topic", "create", "t")
     assert out.returncode == 2 and "exactly one of --nsqd-http-address" in out.stderr

@@ -114,7 +114,7 @@ def test_ttl_skips_old_messages(nsqd: NsqdProcess) -> None:
     with consumer(nsqd.tcp_address, "news", "reader", rdy=0):
         pass  # the channel exists: the messages wait in it
     r = http_api.post(nsqd.http_address, "/topic/config", topic="news", ttl="300ms")
-    assert r.status == 200 and r.json() == {"topic": "news", "ttl_ms": 300}
+    assert r.status == 200 and r.json() == {"topic": "news", "ttl_ms": 300, "sync_every": 2500}
     time.sleep(0.6)
     publish(nsqd.tcp_address, "news", [b"fresh"])
     with consumer(nsqd.tcp_address, "news", "reader", rdy=10) as c:
@@ -132,6 +132,19 @@ def test_ttl_skips_old_messages(nsqd: NsqdProcess) -> None:
     assert http_api.stats(nsqd.http_address, "news")["topics"][0]["msg_ttl_ms"] == 300
     r = http_api.post(nsqd.http_address, "/topic/config", topic="news", ttl="default")
     assert r.json()["ttl_ms"] == 0
+
+
+def test_topic_fsync_policy_is_set_shown_and_kept(nsqd: NsqdProcess) -> None:
+    publish(nsqd.tcp_address, "ledger", [b"a"])
+    r = http_api.post(nsqd.http_address, "/topic/config", topic="ledger", sync_every="1")
+    assert r.status == 200 and r.json()["sync_every"] == 1 and r.json()["ttl_ms"] == 0
+    publish(nsqd.tcp_address, "ledger", [b"b", b"c"])  # acked once fsynced
+    assert http_api.stats(nsqd.http_address, "ledger")["topics"][0]["sync_every"] == 1
+    nsqd.restart()
+    assert http_api.stats(nsqd.http_address, "ledger")["topics"][0]["sync_every"] == 1
+    publish(nsqd.tcp_address, "ledger", [b"d"])
+    r = http_api.post(nsqd.http_address, "/topic/config", topic="ledger", sync_every="default")
+    assert r.json()["sync_every"] == 2500
 
 
 @pytest.mark.parametrize(("path", "params", "status", "code"), [
@@ -162,6 +175,12 @@ def test_ttl_skips_old_messages(nsqd: NsqdProcess) -> None:
     ("/topic/config", {"topic": "known", "ttl": ""}, 400, "INVALID_TTL"),
     ("/topic/config", {"topic": "known", "ttl": "1.5"}, 400, "INVALID_TTL"),
     ("/topic/config", {"topic": "known", "ttl": "-5"}, 400, "INVALID_TTL"),
+    ("/topic/config", {"topic": "known", "sync_every": "-1"}, 400, "INVALID_SYNC_EVERY"),
+    ("/topic/config", {"topic": "known", "sync_every": "often"}, 400, "INVALID_SYNC_EVERY"),
+    ("/topic/config", {"topic": "known", "sync_every": "9" * 5000}, 400, "INVALID_SYNC_EVERY"),
+    ("/topic/config", {"topic": "known", "sync_every": "\u00b2"}, 400, "INVALID_SYNC_EVERY"),
+    ("/topic/config", {"topic": "known", "ttl": "1s", "sync_every": "x"}, 400,
+     "INVALID_SYNC_EVERY"),
     ("/topic/config", {"topic": "known#ephemeral", "ttl": "1s"}, 404, "TOPIC_NOT_FOUND"),
     ("/channel/config", {"topic": "known", "channel": "c#ephemeral", "max_attempts": "3"}, 404,
      "CHANNEL_NOT_FOUND"),

@@ -73,10 +73,17 @@ def cmd_topic_create(args: argparse.Namespace) -> int:
             params["replicator"] = str(args.replicas)
         if args.min_isr:
             params["min_isr"] = str(args.min_isr)
+        if args.sync_every:
+            params["syncdisk"] = str(args.sync_every)
     elif args.replicas or args.min_isr:
         args.parser.error("--replicas and --min-isr need --lookupd-http-address (cluster mode)")
+    if args.sync_every is not None and args.sync_every < 0:
+        args.parser.error("--sync-every must be >= 0")
     try:
         status, body = _call("POST", addr, "/topic/create", params)
+        if status == 200 and who != "nsqlookupd" and args.sync_every:
+            status, body = _call("POST", addr, "/topic/config",
+                                 {"topic": args.topic, "sync_every": str(args.sync_every)})
     except OSError as e:
         print(f"{prog}: cannot reach {who} at {addr}: {e}", file=sys.stderr)
         return 1
@@ -258,6 +265,10 @@ def add_topic_commands(sub: Any) -> None:
     p.add_argument("--replicas", type=int, default=0, help="replica count (cluster mode)")
     p.add_argument("--min-isr", type=int, default=0,
                    help="in-sync replicas needed to take a publish (cluster; default 2)")
+    p.add_argument("--sync-every", type=int, default=None, metavar="N",
+                   help="fsync the topic's log after every N messages (1: each publish is "
+                   "acknowledged only once fsynced, on every replica); default: each nsqd's "
+                   "--sync-every")
     p.add_argument("--nsqd-http-address", help="one nsqd: host:port of its HTTP API")
     p.add_argument("--lookupd-http-address", help="a cluster: any nsqlookupd's HTTP API")
     p.set_defaults(func=cmd_topic_create, parser=p)

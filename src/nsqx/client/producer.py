@@ -290,6 +290,11 @@ class Producer:
             raise ValueError("delay must be >= 0")
         await self._send(v2.dpub(topic, round(delay * 1000), _bytes(body)))
 
+    async def send_command(self, data: bytes) -> bytes:
+        """Send one ready-made publish command (built with :mod:`nsqx.protocol.v2`) and return
+        nsqd's answer; for forwarding nodes and tools that already hold the wire bytes."""
+        return await self._send(data)
+
     async def _send(self, data: bytes) -> bytes:
         if self._closing:
             raise ClosedError("producer closed")

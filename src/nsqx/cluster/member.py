@@ -43,6 +43,7 @@ import orjson
 from aiohttp import web
 
 from nsqx.cluster.etcd import EtcdClient, EtcdError
+from nsqx.cluster.forward import forward_command, traced_offset
 from nsqx.cluster.metadata import ClusterMetadata, Versioned
 from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import expand_isr, shrink_isr
@@ -110,18 +111,25 @@ class FollowerGate:
 
     A publish that reaches a follower is forwarded to the leader over NSQ's own protocol
     and acknowledged when the leader acknowledges it (after the leader's ISR), so a stock
-    producer pointed at any node of the cluster works. Only single-partition topics are
-    forwarded (a partitioned topic's plain PUB is spread by the node that takes it).
+    producer pointed at any node of the cluster works. A partitioned topic's publish goes
+    to the leader of the partition this node picked (``PUB <topic> <partition>``), headers
+    and trace ids included (``PUB_EXT``/``MPUB_EXT``/``MPUB_TRACE``); a deferred one (DPUB
+    names no partition) to the leader, which spreads it over the partitions it leads.
     """
 
     def __init__(self, leader: str | None, member: NodeMember | None = None) -> None:
         self.leader = leader
         self.member = member
 
-    def forward(self, topic: Any, bodies: list[bytes], defer_ms: int, done: Callable) -> bool:
-        if self.member is None or self.leader is None or len(topic.partitions) != 1:
+    def forward(self, topic: Any, bodies: list[bytes], defer_ms: int, done: Callable,
+                headers: list[dict[str, bytes] | None] | None = None) -> bool:
+        if self.member is None or self.leader is None:
             return False
-        return self.member.forward(self.leader, topic.name, bodies, defer_ms, done)
+        if defer_ms and (len(bodies) != 1 or (headers is not None and any(headers))):
+            return False  # DPUB is one message without headers
+        partition = topic.partition if len(topic.partitions) > 1 or topic.ordered else None
+        command = forward_command(topic.name, partition, bodies, defer_ms, headers)
+        return self.member.forward(self.leader, topic.name, len(bodies), command, done)
 
     def refuse(self, topic: Any, count: int) -> str | None:
         return (f"TOPIC({topic.name}) PARTITION({topic.partition}): this node is not the "
@@ -418,6 +426,9 @@ class NodeMember:
             topic = self._local_partition(pm.topic, pm.partition)
             if topic is None:
                 continue
+            tm = self.topic_meta.get(pm.topic)
+            if tm is not None and topic.sync_every != tm.sync_every:
+                topic.set_sync_every(tm.sync_every)  # the topic's fsync policy, on every replica
             gate = self.gates.get(k)
             if pm.leader == self.node_id:
                 if isinstance(gate, LeaderGate) and gate.meta.epoch == pm.epoch and gate.active:
@@ -640,17 +651,17 @@ class NodeMember:
             ch.dirty = True
 
     # -- forwarding publishes to the leader ---------------------------------------------------
-    def forward(self, leader_id: str, topic: str, bodies: list[bytes], defer_ms: int,
+    def forward(self, leader_id: str, topic: str, count: int, command: bytes,
                 done: Callable) -> bool:
         leader = self.nodes.get(leader_id)
         if leader is None or leader_id == self.node_id:
             return False
-        self.forwarded += len(bodies)
+        self.forwarded += count
         asyncio.get_running_loop().create_task(
-            self._forward(leader.tcp_address, topic, bodies, defer_ms, done))
+            self._forward(leader.tcp_address, topic, count, command, done))
         return True
 
-    async def _forward(self, addr: str, topic: str, bodies: list[bytes], defer_ms: int,
+    async def _forward(self, addr: str, topic: str, count: int, command: bytes,
                        done: Callable) -> None:
         from nsqx.client import Producer
 
@@ -660,20 +671,14 @@ class NodeMember:
                                                         user_agent="nsqx-forward")
         try:
             async with asyncio.timeout(FORWARD_TIMEOUT):
-                if defer_ms:
-                    for body in bodies:
-                        await producer.dpublish(topic, defer_ms / 1000, body)
-                elif len(bodies) == 1:
-                    await producer.publish(topic, bodies[0])
-                else:
-                    await producer.mpublish(topic, bodies)
+                answer = await producer.send_command(command)
         except Exception as e:  # the leader refused, died or did not answer in time
             log.warning("CLUSTER: TOPIC(%s): forwarding %d messages to the leader at %s "
-                        "failed: %s", topic, len(bodies), addr, e)
+                        "failed: %s", topic, count, addr, e)
             done(-1, PublishRefused(f"TOPIC({topic}): forwarding to the leader at {addr} "
                                     f"failed: {e}"))
             return
-        done(-1, None)
+        done(traced_offset(answer), None)
 
     # -- leader side: the replication API ---------------------------------------------------
     def add_routes(self, app: web.Application) -> None:

@@ -4,13 +4,17 @@
     Messages of T published longer ago than D are skipped at delivery (``expired_count``).
     D is a Go duration (``90s``, ``2h``) or milliseconds; ``0`` turns the TTL off;
     ``default`` returns to ``--msg-ttl``.
+``POST /topic/config?topic=T&sync_every=N``
+    T's partitions fsync after every N messages (``1``: each publish is acknowledged only
+    once fsynced); ``default`` (or 0) returns to ``--sync-every``. ``ttl`` and
+    ``sync_every`` may be given together.
 ``POST /channel/config?topic=T&channel=C&max_attempts=N``
     A message delivered N times on C goes to ``T.dlq`` instead of an (N+1)-th delivery;
     ``0`` turns it off, ``default`` returns to ``--max-attempts``.
 
 Both answer 200 with the settings now in force (JSON), persist them in ``nsqd.dat``, and
 refuse bad input the way the rest of the API does: 400 ``MISSING_ARG_*`` /
-``INVALID_TTL`` / ``INVALID_MAX_ATTEMPTS``, 404 ``TOPIC_NOT_FOUND`` / ``CHANNEL_NOT_FOUND``
+``INVALID_TTL`` / ``INVALID_SYNC_EVERY`` / ``INVALID_MAX_ATTEMPTS``, 404 ``TOPIC_NOT_FOUND`` / ``CHANNEL_NOT_FOUND``
 (nothing is created by a setting).
 """
 
@@ -31,6 +35,7 @@ log = logging.getLogger("nsqx.nsqd.http")
 
 MAX_TTL_MS = 366 * 24 * 3600 * 1000
 MAX_ATTEMPTS = 65535  # the frame's attempts field is 16 bits
+MAX_SYNC_EVERY = 1 << 30
 
 __all__ = ["add_routes"]
 
@@ -47,6 +52,14 @@ def _ttl_ms(raw: str) -> int:
     if not 0 <= ms <= MAX_TTL_MS:
         raise HTTPError(400, "INVALID_TTL")
     return ms
+
+
+def _sync_every(raw: str) -> int:
+    if raw == "default":
+        return 0
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 10 or int(raw) > MAX_SYNC_EVERY:
+        raise HTTPError(400, "INVALID_SYNC_EVERY")
+    return int(raw)
 
 
 class _ConfigAPI:
@@ -66,18 +79,27 @@ class _ConfigAPI:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         topic = self._topic(name)
         raw = _first(params, "ttl")
-        if raw is None:
+        raw_sync = _first(params, "sync_every")
+        if raw is None and raw_sync is None:
             raise HTTPError(400, "MISSING_ARG_TTL")
-        if raw == "default":
-            ns, is_set = int(self.nsqd.opts.msg_ttl * 1e9), False
-        else:
-            ns, is_set = _ttl_ms(raw) * 1_000_000, True
-        for part in topic.partitions:
-            part.msg_ttl_ns, part.msg_ttl_set = ns, is_set
+        sync = None if raw_sync is None else _sync_every(raw_sync)
+        if raw is not None:
+            if raw == "default":
+                ns, is_set = int(self.nsqd.opts.msg_ttl * 1e9), False
+            else:
+                ns, is_set = _ttl_ms(raw) * 1_000_000, True
+            for part in topic.partitions:
+                part.msg_ttl_ns, part.msg_ttl_set = ns, is_set
+            log.info("TOPIC(%s): TTL %s", name, f"{ns // 1_000_000} ms" if ns else "off")
+        if sync is not None:
+            for part in topic.partitions:
+                part.set_sync_every(sync)
+            log.info("TOPIC(%s): fsync every %s", name,
+                     f"{sync} messages" if sync else f"{self.nsqd.opts.sync_every} (default)")
         self.nsqd.metadata_changed()
         self.nsqd.persist_metadata()
-        log.info("TOPIC(%s): TTL %s", name, f"{ns // 1_000_000} ms" if ns else "off")
-        return _json({"topic": name, "ttl_ms": ns // 1_000_000})
+        return _json({"topic": name, "ttl_ms": topic.msg_ttl_ns // 1_000_000,
+                      "sync_every": topic.sync_every or self.nsqd.opts.sync_every})
 
     async def channel_config(self, request: web.Request) -> web.Response:
         params = _query(request)

@@ -200,6 +200,9 @@ class NSQD:
             part = Topic(self, name, partition=k, paused=topic.paused)
             part.partitions = topic.partitions  # one shared list
             part.tracer, part.ext = topic.tracer, topic.ext
+            part.msg_ttl_ns, part.msg_ttl_set = topic.msg_ttl_ns, topic.msg_ttl_set
+            if topic.sync_every:
+                part.set_sync_every(topic.sync_every)
             topic.partitions.append(part)
             for cname, ch in topic.channels.items():
                 sib = part._get_channel_here(cname)
@@ -296,6 +299,8 @@ class NSQD:
                     ch.max_attempts, ch.max_attempts_set = int(c["max_attempts"]), True
             if "msg_ttl_ms" in t:
                 topic.msg_ttl_ns, topic.msg_ttl_set = int(t["msg_ttl_ms"]) * 1_000_000, True
+            if t.get("sync_every"):
+                topic.set_sync_every(int(t["sync_every"]))
             topic.ext = bool(t.get("ext", True))
             if t.get("trace") and name != "__trace":
                 topic.tracer = self.tracer
@@ -312,6 +317,7 @@ class NSQD:
                         if ch is not None and "max_attempts" in c:
                             ch.max_attempts, ch.max_attempts_set = int(c["max_attempts"]), True
                     part.msg_ttl_ns, part.msg_ttl_set = topic.msg_ttl_ns, topic.msg_ttl_set
+                    part.set_sync_every(topic.sync_every)
             if has_routes(topic.dir):
                 TopicRoutes.load(self, topic)
         self.share_memory()
@@ -589,6 +595,8 @@ class NSQD:
                 "message_bytes": sum(p.message_bytes for p in parts),
                 "paused": t.paused,
                 "msg_ttl_ms": t.msg_ttl_ns // 1_000_000,
+                # nsqx: fsync after this many messages (the topic's policy or --sync-every)
+                "sync_every": t.sync_every or self.opts.sync_every,
                 "trace": t.tracer is not None,  # nsqx: message tracing on (/topic/trace)
                 "e2e_processing_latency": LatencyWindow.merge(
                     [c.e2e for p in parts for c in p.channels.values() if c.e2e is not None],

@@ -62,6 +62,9 @@ class Topic:
         # the --msg-ttl flag
         self.msg_ttl_ns = int(nsqd.opts.msg_ttl * 1e9)
         self.msg_ttl_set = False  # set on this topic (persisted), not the default
+        # fsync after this many messages, set on this topic (0: the node's --sync-every);
+        # 1 makes every publish wait for its fsync
+        self.sync_every = 0
         self.ephemeral = name.endswith("#ephemeral")
         # Youzan's ext flag: a topic created with extend=false refuses custom headers
         # (E_EXT_NOT_SUPPORT); nsqx topics take them by default
@@ -137,6 +140,16 @@ class Topic:
                                f"({len(parts)} partitions)")
         return parts[partition]
 
+    def set_sync_every(self, n: int) -> None:
+        """This partition's fsync policy: every ``n`` messages (1: each publish waits for its
+        fsync), 0 for the node's ``--sync-every``. Takes effect with the next commit."""
+        self.sync_every = n
+        config = getattr(self.log, "config", None)
+        if isinstance(self.log, MemoryLog) or config is None:
+            return
+        config.sync_every = n if n > 0 else max(self.nsqd.opts.sync_every, 1)
+        self.committer.sync_always = config.sync_every == 1
+
     # -- publishing ------------------------------------------------------------------------
     def publish(self, bodies: list[bytes], defer_ms: int = 0,
                 done: Callable[[int, Exception | None], None] | None = None, *,
@@ -165,11 +178,11 @@ class Topic:
             refusal = self.gate.refuse(self, len(bodies))
             if refusal is not None:
                 forward = getattr(self.gate, "forward", None)
-                if forward is not None and headers is None:
+                if forward is not None:
                     if done is None:
                         outer = self.nsqd.loop.create_future()
                         done = settle(outer)
-                    if forward(self, bodies, defer_ms, done):
+                    if forward(self, bodies, defer_ms, done, headers):
                         return outer  # the leader acks it (after its ISR)
                 failed = _refuse(self.nsqd.loop, done, PublishRefused(refusal))
                 return outer if outer is not None else failed
@@ -363,6 +376,7 @@ class Topic:
                 for c in self.channels.values() if not c.ephemeral
             ],
             **({"msg_ttl_ms": self.msg_ttl_ns // 1_000_000} if self.msg_ttl_set else {}),
+            **({"sync_every": self.sync_every} if self.sync_every else {}),
             **({"trace": True} if self.tracer is not None else {}),
             **({"ext": False} if not self.ext else {}),
             "pending_from": self.pending_from,

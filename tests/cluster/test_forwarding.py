@@ -1,0 +1,93 @@
+"""Any node of a cluster takes a publish for any topic (real etcd, lookupd, 3 nsqd).
+
+A node leading none of a partitioned topic's partitions forwards each publish to the
+leader of the partition it picked, headers and trace ids included, and answers once
+that leader's ISR acked it; a topic's fsync policy (``syncdisk`` at create) reaches every
+replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+
+import pytest
+
+from nsqx.client import Producer
+from nsqx.cluster.etcd_server import EtcdServer
+from nsqx.protocol import v2
+from tests.cluster.test_cluster_processes import fetch_bodies
+from tests.support.cluster import Cluster, http, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(etcd_server: EtcdServer, nsqd_factory, lookupd_factory) -> Cluster:  # type: ignore[no-untyped-def]
+    return Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=3)
+
+
+def test_a_node_leading_no_partition_forwards_every_kind_of_publish(cluster: Cluster) -> None:
+    cluster.create_topic("multi", partitions=2, replicas=2)
+    parts = cluster.partitions("multi")
+    leaders = {p["leader"] for p in parts}
+    outsider = next(n for n in cluster.nodes if cluster.node_id(n) not in leaders)
+
+    sent: list[bytes] = []
+    for i in range(10):  # stock HTTP /pub, no partition: spread over the partitions
+        body = b"http-%d" % i
+        code, resp = http("POST", f"http://{outsider.http_address}/pub?topic=multi", body)
+        assert (code, resp) == (200, "OK"), resp
+        sent.append(body)
+
+    async def tcp() -> tuple[int, int]:
+        async with Producer(outsider.tcp_address) as p:
+            for i in range(10):
+                await p.publish("multi", b"tcp-%d" % i)
+            await p.publish("multi", b"to-p1", partition=1)
+            await p.mpublish("multi", [b"mpub-a", b"mpub-b"], partition=0)
+            await p.send_command(v2.pub_ext("multi", b"ext", {"color": "red"}, 1))
+            traced = await p.send_command(v2.pub_trace("multi", 4242, b"traced", 0))
+            await p.dpublish("multi", 0.05, b"deferred")
+        _, tid, offset, _ = v2.parse_traced_response(traced)
+        return tid, offset
+
+    tid, traced_at = asyncio.run(tcp())
+    sent += [b"tcp-%d" % i for i in range(10)]
+    sent += [b"to-p1", b"mpub-a", b"mpub-b", b"ext", b"traced", b"deferred"]
+
+    def on_leaders(p: int) -> list[bytes]:
+        return fetch_bodies(cluster.node_by_id(parts[p]["leader"]), "multi", p)
+
+    wait_until(lambda: sorted(on_leaders(0) + on_leaders(1)) == sorted(sent),
+               what="every forwarded publish on a leader")
+    assert b"to-p1" in on_leaders(1) and b"mpub-a" in on_leaders(0)
+    assert b"traced" in on_leaders(0) and b"ext" in on_leaders(1)
+    # the traced answer names the leader's offset of the message, and the trace id
+    assert tid == 4242 and on_leaders(0)[traced_at] == b"traced"
+    # headers made it into the leader's log
+    leader1 = cluster.node_by_id(parts[1]["leader"])
+    code, msg = http("GET", f"http://{leader1.http_address}/message/get?topic=multi&partition=1"
+                     f"&search_mode=virtual_offset&search_pos={on_leaders(1).index(b'ext')}")
+    assert code == 200 and msg["headers"] == {"color": "red"}, msg
+    # each leader's followers hold what it acked
+    for p in (0, 1):
+        for r in parts[p]["replicas"]:
+            n = cluster.node_by_id(r)
+            wait_until(lambda n=n, p=p: fetch_bodies(n, "multi", p) == on_leaders(p),
+                       what="replicas in step")
+
+
+def test_topic_fsync_policy_reaches_every_replica(cluster: Cluster) -> None:
+    cluster.create_topic("careful", partitions=1, replicas=3, extra="&syncdisk=1")
+    cluster.create_topic("relaxed", partitions=1, replicas=3)
+    for n in cluster.nodes:
+        def policy(name: str, n=n) -> int:  # type: ignore[no-untyped-def]
+            q = urllib.parse.urlencode({"format": "json", "topic": name})
+            _, st = http("GET", f"http://{n.http_address}/stats?{q}")
+            return st["topics"][0]["sync_every"]
+        wait_until(lambda policy=policy: policy("careful") == 1, what="syncdisk=1 applied")
+        assert policy("relaxed") == 2500  # the node's --sync-every
+    leader = cluster.leader("careful")
+    for i in range(20):
+        assert http("POST", f"http://{leader.http_address}/pub?topic=careful", b"%d" % i)[0] == 200
