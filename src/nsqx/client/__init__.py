@@ -8,8 +8,12 @@ synchronous ``publish`` for scripts.
     c = Consumer("events", "archive", handle, lookupd_http_addresses=["127.0.0.1:4161"],
                  max_in_flight=100)
     await c.start(); ...; await c.close()
+
+In cluster mode ``ClusterProducer(["127.0.0.1:4161"])`` publishes to each partition's
+leader directly (found through nsqlookupd), a key hashed over the topic's partitions.
 """
 
+from .cluster import ClusterProducer
 from .conn import ConnConfig, Connection
 from .consumer import Consumer
 from .errors import ClosedError, ConnectionClosedError, NoConnectionsError, NSQError
@@ -19,6 +23,7 @@ from .sync import publish
 
 __all__ = [
     "ClosedError",
+    "ClusterProducer",
     "ConnConfig",
     "Connection",
     "ConnectionClosedError",

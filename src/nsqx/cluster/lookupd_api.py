@@ -5,7 +5,8 @@ campaigns; the elected one reconciles. Any of them answers (reads come from etcd
 
 - ``GET /lookup?topic=T[&access=r|w][&metainfo=true]``: for a cluster topic, ``producers``
   are the partition leaders (deduplicated, upstream's PeerInfo shape, so stock clients find
-  every partition), ``partitions`` maps each partition to its leader, ``meta`` (with
+  every partition), ``partitions`` maps each partition to its leader (with its ``epoch``;
+  nsqx.client's ClusterProducer publishes to it directly), ``meta`` (with
   ``metainfo``) gives ``partition_num``, ``replica``, ``ordered``. Other topics: upstream's
   answer from the registrations.
 - ``POST /topic/create?topic=T[&partition_num=P][&replicator=R][&syncdisk=N][&orderedmulti=true][&min_isr=M]``:
@@ -137,7 +138,7 @@ class ClusterLookupd:
             leader = v.meta.leader
             if leader is None or leader not in nodes:
                 continue
-            partitions[str(p)] = _peer(nodes[leader])
+            partitions[str(p)] = {**_peer(nodes[leader]), "epoch": v.meta.epoch}
             if leader not in seen:
                 seen.add(leader)
                 producers.append(_peer(nodes[leader]))

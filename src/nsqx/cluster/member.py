@@ -774,7 +774,7 @@ class NodeMember:
                 entry["followers"] = {n: fp.end for n, fp in gate.progress.followers.items()}
             out.append(entry)
         return web.json_response({"node": self.node_id, "etcd_ok": self.etcd_ok,
-                                  "partitions": out})
+                                  "forwarded": self.forwarded, "partitions": out})
 
     # -- leader side: ISR upkeep -----------------------------------------------------------
     async def _isr_loop(self) -> None:
