@@ -38,7 +38,7 @@ def fetch_bodies(node, topic: str, partition: int = 0) -> list[bytes]:  # type: 
     out: list[bytes] = []
     offset = 0
     while True:
-        with urllib.request.urlopen(f"http://{node.http_address}/nsqx/fetch?topic={topic}"
+        with urllib.request.urlopen(f"http://{node.http_address}/nsqx/fetch?topic={topic}&uncommitted=1"
                                     f"&partition={partition}&offset={offset}",
                                     timeout=10) as r:
             raw = r.read()

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 from nsqx.cluster.member import LeaderGate, _hold_reads
 from nsqx.cluster.model import PartitionMeta
+from nsqx.nsqd.fetch_api import readable_end
 from tests.nsqd.inprocess import running_node
 
 
@@ -30,7 +31,7 @@ def test_standalone_channels_read_up_to_the_flushed_end(tmp_path: Path) -> None:
             await nsqd.publish("t", [b"a", b"b", b"c"])
             assert not topic.hold_reads
             assert topic.readable_end == topic.log.flushed_offset == 3
-            assert fresh(ch) == 3
+            assert fresh(ch) == 3 and readable_end(topic) == 3
 
     asyncio.run(main())
 
@@ -58,12 +59,14 @@ def test_leader_channels_advance_only_with_the_acked_end(tmp_path: Path) -> None
             await asyncio.sleep(0.05)  # flushed locally, not acknowledged
             assert topic.log.flushed_offset == 5 and not seen_at_ack
             assert topic.readable_end == 0 and fresh(ch) == 0
+            # the pipeline API (/nsqx/offsets, /nsqx/fetch: Spark) stops there too
+            assert readable_end(topic) == 0 and readable_end(topic, uncommitted=True) == 5
 
             now = asyncio.get_running_loop().time()
             gate.progress.on_fetch("b", 3, 5, now)  # b has the old records and x
             gate.release()
             assert topic.readable_end == 3 and not seen_at_ack
-            assert fresh(ch) == 3
+            assert fresh(ch) == 3 and readable_end(topic) == 3
             gate.progress.on_fetch("b", 5, 5, now)
             gate.release()
             assert seen_at_ack == [5]  # channels could read it before the producer's ack

@@ -30,7 +30,10 @@ Endpoints (query-string parameters, errors as upstream's ``{"message": CODE}``):
 
     The same range always returns the same bytes (offsets are immutable). ``O`` past
     ``latest``: 416 ``OFFSET_OUT_OF_RANGE``; ``O == latest``: an empty answer (count 0).
-    ``B`` defaults to 8 MiB and is capped at 64 MiB. 404 ``TOPIC_NOT_FOUND`` or
+    ``B`` defaults to 8 MiB and is capped at 64 MiB. In cluster mode ``latest`` (here and
+    in ``/nsqx/offsets``) is the partition's high watermark, the end every in-sync replica
+    has: a reader never sees a tail a failover may truncate (``uncommitted=1`` reads to
+    the local log's end, for diagnostics). 404 ``TOPIC_NOT_FOUND`` or
     ``PARTITION_NOT_FOUND``; 400 ``INVALID_ARG_*`` for malformed numbers.
 
 ``POST /nsqx/pub?topic=T&writer=W&batch=B&task=K[&partition=P][&keys=1]``
@@ -113,12 +116,26 @@ def _int_arg(params: dict[str, list[str]], key: str, default: int | None = None,
 
 def _partitions(topic: Any) -> dict[int, Any]:
     """partition id -> log. A topic of this node has one log unless it says otherwise."""
+    return {pid: getattr(v, "log", v) for pid, v in _partition_objects(topic).items()}
+
+
+def _partition_objects(topic: Any) -> dict[int, Any]:
     parts = getattr(topic, "partitions", None)
     if isinstance(parts, dict):
-        return {int(k): getattr(v, "log", v) for k, v in parts.items()}
+        return {int(k): v for k, v in parts.items()}
     if isinstance(parts, list | tuple):
-        return {i: getattr(v, "log", v) for i, v in enumerate(parts)}
-    return {int(getattr(topic.log, "partition", 0) or 0): topic.log}
+        return dict(enumerate(parts))
+    return {int(getattr(topic.log, "partition", 0) or 0): topic}
+
+
+def readable_end(part: Any, uncommitted: bool = False) -> int:
+    """Where readers stop: the flushed end, or in cluster mode (``hold_reads``) the end every
+    in-sync replica has (the high watermark), so a pipeline never reads a tail that a
+    failover may truncate. ``uncommitted`` (diagnostics) reads to the flushed end anyway."""
+    plog = getattr(part, "log", part)
+    if getattr(part, "hold_reads", False) and not uncommitted:
+        return min(int(part.readable_end), plog.flushed_offset)
+    return plog.flushed_offset
 
 
 def encode_fetch_headers(items: list[tuple[int, dict[str, bytes]]]) -> bytes:
@@ -271,10 +288,12 @@ class _FetchAPI:
                 raise HTTPError(400, "INVALID_TIMESTAMP")
             ts_ns = int(ts)
         topic = self._topic(name)
+        uncommitted = (_first(params, "uncommitted") or "") in ("1", "true")
         out = []
-        for pid, plog in sorted(_partitions(topic).items()):
+        for pid, part in sorted(_partition_objects(topic).items()):
+            plog = getattr(part, "log", part)
             entry = {"partition": pid, "earliest": plog.start_offset,
-                     "latest": plog.flushed_offset, "synced": plog.synced_offset}
+                     "latest": readable_end(part, uncommitted), "synced": plog.synced_offset}
             if ts_ns is not None:
                 entry["offset_for_timestamp"] = plog.offset_for_time(ts_ns)
             out.append(entry)
@@ -290,10 +309,12 @@ class _FetchAPI:
         end = _int_arg(params, "end", (1 << 63) - 1)
         max_bytes = min(_int_arg(params, "max_bytes", DEFAULT_MAX_BYTES, lo=1), MAX_MAX_BYTES)
         want_headers = (_first(params, "headers") or "") in ("1", "true")
-        plog = _partitions(self._topic(name)).get(pid)
-        if plog is None:
+        part = _partition_objects(self._topic(name)).get(pid)
+        if part is None:
             raise HTTPError(404, "PARTITION_NOT_FOUND")
-        earliest, latest = plog.start_offset, plog.flushed_offset
+        plog = getattr(part, "log", part)
+        uncommitted = (_first(params, "uncommitted") or "") in ("1", "true")
+        earliest, latest = plog.start_offset, readable_end(part, uncommitted)
         if offset > latest:
             raise HTTPError(416, "OFFSET_OUT_OF_RANGE")
         start = max(offset, earliest)
