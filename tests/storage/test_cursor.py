@@ -296,6 +296,25 @@ def test_empty_reset_skip_to() -> None:
     assert c.take(1, 5, 10, 0, T) == [Delivery(8, 2, 1)]
 
 
+def test_an_older_snapshot_never_replaces_a_newer_one(tmp_path: Path) -> None:
+    """nsqd writes snapshots in a worker thread; a reset persisted at once meanwhile must
+    not be overwritten by the older snapshot when the worker gets to it."""
+    path = tmp_path / "c.cursor"
+    c = ChannelCursor(0, state_path=path)
+    c.take(1, 10, 20, 0, T)
+    for o in range(5):
+        c.finish(1, o)
+    old = c.snapshot()
+    assert old is not None
+    c.reset(2)  # e.g. /channel/setoffset back to 2, persisted at once
+    c.persist()
+    assert c.write_snapshot(*old) is False  # dropped: confirmed 5 would skip 2..4
+    assert ChannelCursor(0, state_path=path).confirmed == 2
+    newer = c.snapshot()
+    assert newer is not None and c.write_snapshot(*newer) is True
+    c.close()
+
+
 def test_persist_and_reload(tmp_path: Path) -> None:
     path = tmp_path / "c.cursor"
     c = ChannelCursor(0, state_path=path)

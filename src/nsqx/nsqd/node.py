@@ -457,7 +457,7 @@ class NSQD:
         while True:
             await asyncio.sleep(PERSIST_INTERVAL)
             try:
-                self._persist_dirty()
+                await self._persist_dirty_off_loop()
                 if open_segments() * FILES_PER_SEGMENT > self.fd_budget:
                     self.release_files_over_budget()
                 if time.monotonic() - last_release > RELEASE_INTERVAL:
@@ -489,22 +489,32 @@ class NSQD:
                     "files of %d idle logs", open_segments(), self.fd_budget, released)
         return released
 
-    def _persist_dirty(self) -> None:
-        """Persist the cursors that changed; on a failed write the channel stays dirty (it
-        is retried next pass) and the rest of the pass still runs."""
+    async def _persist_dirty_off_loop(self) -> None:
+        """The persist pass: each changed cursor's state is taken on the loop (cheap: a few
+        arrays to bytes) and written in a worker thread, whose write + fsync + rename +
+        directory fsync release the GIL. Done on the loop, a pass over many busy channels
+        stalled every client for one fsync pair per channel (~11% of nsqd's time with 64
+        ordered channels draining). A channel whose write failed stays dirty."""
         dirty, self.dirty_channels = self.dirty_channels, set()
-        failed: OSError | None = None
+        snaps = []
+        failed: dict[Channel, OSError] = {}
         for ch in dirty:
             if ch.dirty and not ch.ephemeral and not ch.exiting:
                 try:
-                    ch.cursor.persist()
+                    snap = ch.cursor.snapshot()
                 except OSError as exc:
-                    failed = exc
-                    self.dirty_channels.add(ch)
+                    failed[ch] = exc
                     continue
-                ch.dirty = False
-        if failed is not None:
-            raise failed
+                ch.dirty = False  # a change from now on marks it again
+                if snap is not None:
+                    snaps.append((ch, *snap))
+        if snaps:
+            failed.update(await self.loop.run_in_executor(None, _write_snapshots, snaps))
+        for ch in failed:
+            ch.dirty = True
+            self.dirty_channels.add(ch)
+        if failed:
+            raise next(iter(failed.values()))
 
     async def stop(self) -> None:
         """Upstream order: stop accepting, close clients, flush + fsync topics, write metadata."""
@@ -644,3 +654,14 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_snapshots(snaps: list[tuple[Channel, int, bytes]]) -> dict[Channel, OSError]:
+    """Worker thread: write cursor snapshots; the channels whose write failed, with why."""
+    failed: dict[Channel, OSError] = {}
+    for ch, gen, data in snaps:
+        try:
+            ch.cursor.write_snapshot(gen, data)
+        except OSError as exc:
+            failed[ch] = exc
+    return failed

@@ -27,6 +27,7 @@ import heapq
 import os
 import struct
 import sys
+import threading
 import time
 from array import array
 from bisect import bisect_left, bisect_right
@@ -122,6 +123,11 @@ class ChannelCursor:
         delay_store: DelayStore | None = None,
     ) -> None:
         self.state_path = Path(state_path) if state_path is not None else None
+        # snapshots are numbered; one written off the event loop (nsqd's persist pass) must
+        # never replace a newer one written meanwhile (a reset persists at once)
+        self._persist_lock = threading.Lock()
+        self._snap_gen = 0
+        self._written_gen = 0
         if delay_store is None:
             dpath = None if self.state_path is None else Path(f"{self.state_path}.delays")
             delay_store = DelayStore(dpath)
@@ -1036,8 +1042,15 @@ class ChannelCursor:
     # ------------------------------------------------------------------ persistence
     def persist(self) -> None:
         """Atomically write confirmed, finished ranges and in-memory deferred (tmp+fsync+rename)."""
+        snap = self.snapshot()
+        if snap is not None:
+            self.write_snapshot(*snap)
+
+    def snapshot(self) -> tuple[int, bytes] | None:
+        """The state to persist, as bytes, numbered (event loop thread: it flushes the delay
+        store); :meth:`write_snapshot` may then run in another thread."""
         if self.state_path is None:
-            return
+            return None
         self._store.flush()  # the disk tier is its own store: written with the cursor state
         ranges = self.finished_ranges()
         deferred = self._store.memory_items()
@@ -1060,27 +1073,20 @@ class ChannelCursor:
             )
         )
         data = body + _CRC.pack(crc32(body))
+        self._snap_gen += 1
+        return self._snap_gen, data
+
+    def write_snapshot(self, gen: int, data: bytes) -> bool:
+        """Write snapshot ``gen`` (tmp + fsync + rename + directory fsync), from any thread;
+        False, and nothing written, if a newer one is already on disk."""
         path = self.state_path
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        try:
-            dfd = os.open(path.parent, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(dfd)
-        except OSError:
-            pass
-        finally:
-            os.close(dfd)
+        assert path is not None
+        with self._persist_lock:
+            if gen <= self._written_gen:
+                return False
+            _write_atomically(path, data)
+            self._written_gen = gen
+            return True
 
     def _persist_if_durable(self) -> None:
         if self.state_path is not None:
@@ -1127,3 +1133,27 @@ class ChannelCursor:
         self._closed = True
         self._persist_if_durable()
         self._store.close()
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """tmp + fsync + rename + directory fsync (the file is whole or the old one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
