@@ -102,3 +102,50 @@ def test_over_the_descriptor_budget_synced_logs_let_go(tmp_path: Path) -> None:
             assert nsqd.get_topic("b5").log.read(0, 1 << 16).count == 2
 
     asyncio.run(main())
+
+
+def test_over_budget_warning_is_rate_limited(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The persist pass runs every second while the node is over its budget: it warns once
+    a minute, then says how many warnings it held back."""
+    import logging
+
+    from nsqx.nsqd.node import BUDGET_WARN_INTERVAL
+
+    now = [1000.0]
+
+    async def main() -> None:
+        async with running_node(tmp_path) as nsqd:
+            await nsqd.publish("busy", [b"m"])
+            nsqd.get_topic("busy").log.sync()
+            nsqd.fd_warning.clock = lambda: now[0]
+            with caplog.at_level(logging.WARNING, logger="nsqx.nsqd"):
+                for _ in range(59):  # one pass a second for a minute
+                    nsqd.release_files_over_budget()
+                    now[0] += 1.0
+                now[0] += BUDGET_WARN_INTERVAL - 59
+                nsqd.release_files_over_budget()
+                nsqd.release_files_over_budget()
+            warned = [r.getMessage() for r in caplog.records if "held open" in r.getMessage()]
+            assert len(warned) == 2, warned
+            assert "released the files of 1 idle logs" in warned[0]
+            assert "suppressed" not in warned[0]
+            assert warned[1].endswith("(58 similar warnings suppressed since the last one)")
+
+    asyncio.run(main())
+
+
+def test_warn_every() -> None:
+    from nsqx.nsqd.node import WarnEvery
+
+    now = [0.0]
+    w = WarnEvery(60.0, clock=lambda: now[0])
+    assert w.due() == 0
+    now[0] = 30.0
+    assert w.due() is None and w.due() is None
+    now[0] = 59.9
+    assert w.due() is None
+    now[0] = 60.0
+    assert w.due() == 3
+    assert w.due() is None
+    now[0] = 500.0
+    assert w.due() == 1

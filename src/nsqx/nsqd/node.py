@@ -46,6 +46,26 @@ PERSIST_INTERVAL = 1.0  # cursor state to disk
 RETENTION_INTERVAL = 30.0
 FILES_PER_SEGMENT = 6
 RELEASE_INTERVAL = 15.0  # logs idle since the last pass close their files
+BUDGET_WARN_INTERVAL = 60.0  # at most one descriptor-budget warning this often
+
+
+class WarnEvery:
+    """A warning at most once per ``interval`` seconds: ``due()`` says whether to log now
+    and how many were held back since the last one logged (None: hold this one back)."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = interval
+        self.clock = clock
+        self.last: float | None = None
+        self.held = 0
+
+    def due(self) -> int | None:
+        now = self.clock()
+        if self.last is not None and now - self.last < self.interval:
+            self.held += 1
+            return None
+        held, self.held, self.last = self.held, 0, now
+        return held
 
 
 def split_hostport(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
@@ -69,6 +89,7 @@ class NSQD:
         # files of synced logs without consumers, whether or not they idled long
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.fd_budget = (soft if soft != resource.RLIM_INFINITY else 1 << 20) // 2
+        self.fd_warning = WarnEvery(BUDGET_WARN_INTERVAL)  # the pass runs every second
         self._clients: dict[int, ClientV2] = {}
         self.exiting = False
         self.tcp_port = 0
@@ -479,8 +500,12 @@ class NSQD:
                 if not any(ch.clients for ch in part.channels.values()) \
                         and part.log.release_files():
                     released += 1
-        log.warning("NSQ: %d log segments held open (budget %d descriptors): released the "
-                    "files of %d idle logs", open_segments(), self.fd_budget, released)
+        held = self.fd_warning.due()
+        if held is not None:
+            log.warning("NSQ: %d log segments held open (budget %d descriptors): released the "
+                        "files of %d idle logs%s", open_segments(), self.fd_budget, released,
+                        f" ({held} similar warnings suppressed since the last one)" if held
+                        else "")
         return released
 
     def _persist_dirty(self) -> None:
