@@ -14,12 +14,14 @@ nothing get the same V1 answer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
+from nsqx.storage.message_id import parse_id
 
 __all__ = [
     "JSON_TYPE",
@@ -27,6 +29,9 @@ __all__ = [
     "V1_VALUE",
     "HTTPError",
     "QueryError",
+    "TRACE_SCAN_DEFAULT",
+    "TRACE_SCAN_MAX",
+    "TraceSearch",
     "add_v1_header",
     "empty",
     "first",
@@ -36,6 +41,8 @@ __all__ = [
     "text",
     "task_dump",
     "topic_channel_args",
+    "trace_id_arg",
+    "trace_search_args",
     "v1_error",
     "v1_json",
 ]
@@ -172,6 +179,86 @@ def topic_channel_args(params: dict[str, list[str]]) -> tuple[str, str]:
     if not valid_channel_name(channel):
         raise HTTPError(400, "INVALID_ARG_CHANNEL")
     return topic, channel
+
+
+TRACE_SCAN_DEFAULT = 200_000  # trace events /trace/search reads (the newest), unless told
+TRACE_SCAN_MAX = 2_000_000
+
+
+def trace_id_arg(raw: str | None) -> int:
+    """A trace id: decimal, below 2**64; 400 ``INVALID_TRACE_ID`` otherwise."""
+    if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 20 or int(raw) >= 1 << 64:
+        raise HTTPError(400, "INVALID_TRACE_ID")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class TraceSearch:
+    """A checked ``/trace/search`` query: the topic, how many trace events to scan, and
+    exactly one of ``msg_id`` (partition, offset), ``trace_id``, ``header`` (key, value)."""
+
+    topic: str
+    limit: int = TRACE_SCAN_DEFAULT
+    msg_id: tuple[int, int] | None = None
+    trace_id: int | None = None
+    header: tuple[str, bytes] | None = None
+
+    def search_kw(self) -> dict[str, Any]:
+        """Keyword arguments of ``nsqx.nsqd.trace.search_trace`` after the topic."""
+        if self.msg_id is not None:
+            return {"limit": self.limit, "msg_id": self.msg_id}
+        if self.trace_id is not None:
+            return {"limit": self.limit, "trace_id": self.trace_id}
+        return {"limit": self.limit, "header": self.header}
+
+    def params(self) -> dict[str, str]:
+        """The query again as parameters (what nsqlookupd forwards to each nsqd)."""
+        out = {"topic": self.topic, "limit": str(self.limit)}
+        if self.msg_id is not None:
+            part, offset = self.msg_id
+            out["id"] = f"{part << 48 | offset:016x}"
+        elif self.trace_id is not None:
+            out["trace_id"] = str(self.trace_id)
+        else:
+            assert self.header is not None
+            key, value = self.header
+            out["header"] = f"{key}:{value.decode('utf-8', 'surrogateescape')}"
+        return out
+
+
+def trace_search_args(params: dict[str, list[str]]) -> TraceSearch:
+    """``?topic=T&(id=<16 hex>|trace_id=N|header=<key>:<value>)[&limit=N]``, checked the one
+    way nsqd and nsqlookupd both answer it: 400 with the first problem's code, in this
+    order: ``MISSING_ARG_TOPIC``, ``INVALID_TOPIC``, ``INVALID_LIMIT``, ``MISSING_ARG_ID``
+    (not exactly one of id, trace_id, header), ``INVALID_ID``, ``INVALID_TRACE_ID``,
+    ``INVALID_HEADER``."""
+    name = first(params, "topic")
+    if not name:
+        raise HTTPError(400, "MISSING_ARG_TOPIC")
+    if not valid_topic_name(name):
+        raise HTTPError(400, "INVALID_TOPIC")
+    raw_limit = first(params, "limit")
+    limit = TRACE_SCAN_DEFAULT
+    if raw_limit is not None:
+        if not raw_limit.isascii() or not raw_limit.isdigit() or len(raw_limit) > 9 or not (
+                0 < int(raw_limit) <= TRACE_SCAN_MAX):
+            raise HTTPError(400, "INVALID_LIMIT")
+        limit = int(raw_limit)
+    mid, tid, hdr = first(params, "id"), first(params, "trace_id"), first(params, "header")
+    if sum(x is not None for x in (mid, tid, hdr)) != 1:
+        raise HTTPError(400, "MISSING_ARG_ID")
+    if mid is not None:
+        try:
+            return TraceSearch(name, limit, msg_id=parse_id(mid.encode("ascii")))
+        except (ValueError, UnicodeEncodeError):
+            raise HTTPError(400, "INVALID_ID") from None
+    if tid is not None:
+        return TraceSearch(name, limit, trace_id=trace_id_arg(tid))
+    assert hdr is not None
+    key, sep, value = hdr.partition(":")
+    if not sep or not key:
+        raise HTTPError(400, "INVALID_HEADER")
+    return TraceSearch(name, limit, header=(key, value.encode("utf-8", "surrogateescape")))
 
 
 def task_dump() -> str:

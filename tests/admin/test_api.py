@@ -479,3 +479,46 @@ def test_route_managed_topic_page_shows_the_route_history(nsqd_factory, admin_fa
     assert "Sealed partitions (offset of their command message): 0 @ 0" in page
     assert "Channels' route versions: billing v0" in page
     assert 'id="routes"' not in http("GET", admin.url + "/topics/plain").body.decode()
+
+
+def test_route_changes_through_nsqadmin(nsqd_factory, admin_factory) -> None:
+    """POST /api/topics/:topic {"action": "split"|"merge"|"move", ...} calls nsqd's
+    /topic/split|merge|move on the node that keeps the routes; nsqd's refusal comes back
+    with its status and text as is."""
+    n = nsqd_factory.start(["--broadcast-address=127.0.0.1"])
+    assert http_api.post(n.http_address, "/topic/create", topic="keyed", orderedmulti="true",
+                         partition_num="1", logical="64").status == 200
+    http_api.pub(n.http_address, "plain", b"x")
+    admin = admin_factory.start([f"--nsqd-http-address={n.http_address}"])
+    api = admin.url + "/api/topics/keyed"
+
+    def versions() -> list[dict]:
+        return get_json(f"http://{n.http_address}/topic/route?topic=keyed")["versions"]
+
+    r = http("POST", api, {"action": "split", "partition": 0, "at": 32})
+    assert r.status == 200, r.body
+    assert r.json()["version"] == 1 and r.json()["node"] == n.http_address
+    assert [x[:3] for x in versions()[-1]["routes"]] == [[0, 32, 1], [32, 64, 2]]
+    r = http("POST", api, {"action": "split", "partition": "1", "at": "40"})  # as typed
+    assert (r.status, r.json()["message"]) == (400, "topic keyed: cannot split partition 1 "
+                                               "[0, 32) at 40: the boundary must be strictly inside")
+    assert http("POST", api, {"action": "merge", "a": 1, "b": 2}).json()["version"] == 2
+    r = http("POST", api, {"action": "move", "partition": 3, "node": "elsewhere:4150"})
+    assert r.status == 200 and r.json()["version"] == 3
+    assert versions()[-1]["routes"] == [[0, 64, 4, "elsewhere:4150"]]
+    # what nsqd refuses, nsqadmin does not change
+    assert http("POST", api, {"action": "merge", "a": 4, "b": 4}).json()["message"] == \
+        "topic keyed: cannot merge partition 4 with itself"
+    assert http("POST", api, {"action": "split", "partition": 4}).json()["message"] == "INVALID_AT"
+    assert http("POST", api, {"action": "split", "partition": 4, "at": ""}).json()["message"] \
+        == "MISSING_ARG_AT"
+    assert http("POST", api, {"action": "split", "partition": "x", "at": 1}).json()["message"] \
+        == "INVALID_PARTITION"
+    r = http("POST", admin.url + "/api/topics/plain", {"action": "split", "partition": 0, "at": 1})
+    assert (r.status, r.json()["message"]) == (400, "TOPIC_NOT_ROUTE_MANAGED")
+    assert http("POST", admin.url + "/api/topics/nope",
+                {"action": "split", "partition": 0, "at": 1}).status == 404
+    assert len(versions()) == 4
+    page = http("GET", admin.url + "/topics/keyed").body.decode()
+    assert 'id="route-actions"' in page and 'data-op="split"' in page
+    assert 'data-op="merge"' not in page  # one partition: nothing to merge

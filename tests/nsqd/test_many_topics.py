@@ -102,3 +102,114 @@ def test_over_the_descriptor_budget_synced_logs_let_go(tmp_path: Path) -> None:
             assert nsqd.get_topic("b5").log.read(0, 1 << 16).count == 2
 
     asyncio.run(main())
+
+
+def test_over_budget_warning_is_rate_limited(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The persist pass runs every second while the node is over its budget: it warns once
+    a minute, then says how many warnings it held back."""
+    import logging
+
+    from nsqx.nsqd.node import BUDGET_WARN_INTERVAL
+
+    now = [1000.0]
+
+    async def main() -> None:
+        async with running_node(tmp_path) as nsqd:
+            await nsqd.publish("busy", [b"m"])
+            nsqd.get_topic("busy").log.sync()
+            nsqd.fd_warning.clock = lambda: now[0]
+            with caplog.at_level(logging.WARNING, logger="nsqx.nsqd"):
+                for _ in range(59):  # one pass a second for a minute
+                    nsqd.release_files_over_budget()
+                    now[0] += 1.0
+                now[0] += BUDGET_WARN_INTERVAL - 59
+                nsqd.release_files_over_budget()
+                nsqd.release_files_over_budget()
+            warned = [r.getMessage() for r in caplog.records if "held open" in r.getMessage()]
+            assert len(warned) == 2, warned
+            assert "released the files of 1 idle logs" in warned[0]
+            assert "suppressed" not in warned[0]
+            assert warned[1].endswith("(58 similar warnings suppressed since the last one)")
+
+    asyncio.run(main())
+
+
+def test_warn_every() -> None:
+    from nsqx.nsqd.node import WarnEvery
+
+    now = [0.0]
+    w = WarnEvery(60.0, clock=lambda: now[0])
+    assert w.due() == 0
+    now[0] = 30.0
+    assert w.due() is None and w.due() is None
+    now[0] = 59.9
+    assert w.due() is None
+    now[0] = 60.0
+    assert w.due() == 3
+    assert w.due() is None
+    now[0] = 500.0
+    assert w.due() == 1
+
+
+def _descriptor_limit(monkeypatch, limit: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """Segment opens fail with EMFILE while ``limit`` segments hold their files (as the
+    process's RLIMIT_NOFILE would, without lowering it for the whole test run)."""
+    import errno
+
+    from nsqx.storage import segment
+
+    real = segment._open
+    failures = [0]
+
+    def open_(path):  # type: ignore[no-untyped-def]
+        if segment.open_segments() >= limit:
+            failures[0] += 1
+            raise OSError(errno.EMFILE, "Too many open files", str(path))
+        return real(path)
+
+    monkeypatch.setattr(segment, "_open", open_)
+    return failures
+
+
+def test_emfile_on_open_releases_idle_logs_and_retries(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from nsqx.storage.segment import open_segments
+
+    async def main() -> None:
+        async with running_node(tmp_path) as nsqd:
+            for i in range(10):
+                await nsqd.publish(f"f{i}", [b"m"])
+            for t in nsqd.topics.values():
+                t.log.sync()
+            failures = _descriptor_limit(monkeypatch, open_segments())
+            # at the limit, a new topic's first open fails: the idle (synced, no consumer)
+            # logs let go of their files and the one retry succeeds
+            await nsqd.publish("new", [b"first"])
+            assert failures[0] == 1
+            assert nsqd.get_topic("new").log.read(0, 1 << 16).count == 1
+            assert sum(nsqd.get_topic(f"f{i}").log.open_files > 0 for i in range(10)) == 0
+            nsqd.get_topic("new").log.sync()
+            nsqd.get_topic("f3").get_channel("c")
+            got = nsqd.get_topic("f3").log.read(0, 1 << 16)  # reopens: below the limit now
+            assert got.count == 1 and failures[0] == 1
+
+    asyncio.run(main())
+
+
+def test_emfile_with_nothing_to_release_fails_after_one_retry(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from nsqx.storage.records import LogError
+    from nsqx.storage.segment import open_segments
+
+    async def main() -> None:
+        async with running_node(tmp_path) as nsqd:
+            await nsqd.publish("busy", [b"m"])  # written, not synced: cannot let go
+            failures = _descriptor_limit(monkeypatch, open_segments())
+            try:
+                await nsqd.publish("new", [b"x"])
+            except LogError as exc:
+                assert "Too many open files" in str(exc)
+            else:
+                raise AssertionError("the publish should fail")
+            assert failures[0] == 2  # the open, then the one retry
+            assert nsqd.get_topic("busy").log.open_files > 0
+
+    asyncio.run(main())

@@ -158,3 +158,44 @@ def test_unwritable_path(tmp_path):
     blocker.write_bytes(b"")
     with pytest.raises(LogError):
         PartitionLog(blocker / "log", 0)
+
+
+@pytest.mark.parametrize("err", [errno.EMFILE, errno.ENFILE, errno.EACCES])
+def test_out_of_descriptors_reclaims_once_then_retries(tmp_path, monkeypatch, err):
+    """A segment whose files cannot be opened for want of descriptors calls the log's
+    reclaim_files once and tries again once; other errors are not retried."""
+    from nsqx.storage import segment
+
+    lg = PartitionLog(tmp_path / "p0", config=LogConfig(reclaim_files=lambda: calls.append(1)))
+    lg.append([b"a"])
+    lg.flush()
+    lg.sync()
+    assert lg.release_files()
+    calls: list[int] = []
+    real, fails = segment._open, {"n": 1}
+
+    def open_(path):
+        if fails["n"]:
+            fails["n"] -= 1
+            raise OSError(err, os.strerror(err), str(path))
+        return real(path)
+
+    monkeypatch.setattr(segment, "_open", open_)
+    if err == errno.EACCES:
+        with pytest.raises(LogError):
+            lg.append([b"b"])
+            lg.flush()
+        assert calls == []
+    else:
+        lg.append([b"b"])
+        lg.flush()
+        assert calls == [1] and frames(lg)[-1].endswith(b"b")
+        assert lg.release_files() is False  # written, not synced
+        fails["n"] = 2  # fails again after the reclaim: the error is raised
+        lg.sync()
+        assert lg.release_files()
+        lg._drop_caches()  # a read from disk
+        with pytest.raises(LogError, match=os.strerror(err)):
+            lg.read_frame(0)
+        assert calls == [1, 1]
+    lg.close()

@@ -188,7 +188,8 @@ class ClusterClient:
                         msg = orjson.loads(body).get("message", msg)
                     except Exception:
                         pass
-                    raise RequestError(f"{method} {url}: {resp.status} {msg}", resp.status)
+                    raise RequestError(f"{method} {url}: {resp.status} {msg}", resp.status,
+                                       str(msg))
         except RequestError:
             raise
         except TimeoutError:
@@ -211,6 +212,13 @@ class ClusterClient:
 
     async def post(self, kind: str, addr: str, path: str) -> None:
         await self._request(kind, addr, "POST", path)
+
+    async def post_json(self, kind: str, addr: str, path: str) -> Any:
+        body = await self._request(kind, addr, "POST", path)
+        try:
+            return orjson.loads(body) if body else None
+        except orjson.JSONDecodeError:
+            raise RequestError(f"POST {self.url(addr, path)}: invalid JSON", 200) from None
 
     async def _fan_out(self, what: str, addrs: Iterable[T],
                        fn: Callable[[T], Awaitable[Any]], *, all_or_nothing: bool = True
@@ -603,9 +611,10 @@ class ClusterRefused(Exception):
 
 
 class RequestError(Exception):
-    def __init__(self, message: str, status: int) -> None:
+    def __init__(self, message: str, status: int, detail: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.detail = detail  # what a node that refused said (its ``message``), as is
 
 
 def node_url_addr(p: dict[str, Any]) -> str:

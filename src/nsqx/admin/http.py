@@ -32,14 +32,21 @@ import orjson
 from aiohttp import web
 
 from nsqx import NSQ_VERSION
-from nsqx.httpapi import HTTPError, go_json, v1_error, v1_json
+from nsqx.httpapi import HTTPError, go_json, trace_search_args, v1_error, v1_json
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.protocol.v2 import parse_start_position
 
 from . import pages
 from .aggregate import aggregate_channels, aggregate_topic, node_topic_stats, strip_omitempty
-from .cluster import ClusterClient, ClusterRefused, RequestError, UpstreamError, http_address
+from .cluster import (
+    ClusterClient,
+    ClusterRefused,
+    RequestError,
+    UpstreamError,
+    http_address,
+    node_url_addr,
+)
 from .notify import Notifier, admin_action
 from .options import _CFG_INDEX, LOG_LEVELS, Options
 from .sampler import Sampler
@@ -77,6 +84,9 @@ def _bounded_int(body: dict[str, Any], key: str, lo: int, hi: int, default: int 
 def _warn(messages: list[str]) -> str:
     """upstream maybeWarnMsg."""
     return "WARNING: " + "; ".join(messages) if messages else ""
+
+
+_ROUTE_ARGS = {"split": ("partition", "at"), "merge": ("a", "b"), "move": ("partition", "node")}
 
 
 def _upstream(e: UpstreamError) -> HTTPError:
@@ -500,13 +510,11 @@ class AdminHTTP:
         if len(given) > 1:
             raise HTTPError(400, "GIVE_ONE_OF_ID_TRACE_ID_HEADER")
         (k, v), = given.items()
-        if k == "id" and (len(v) != 16 or not all(c in "0123456789abcdef" for c in v)):
-            raise HTTPError(400, "INVALID_ID")
-        if k == "trace_id" and (not (v.isascii() and v.isdigit()) or len(v) > 20):
-            raise HTTPError(400, "INVALID_TRACE_ID")
-        if k == "header" and (":" not in v[1:] or len(v) > 1000):
+        if k == "header" and len(v) > 1000:
             raise HTTPError(400, "INVALID_HEADER")
-        return topic, urlencode({k: v})
+        # the value checked as nsqd and nsqlookupd check it (same codes), sent as checked
+        checked = trace_search_args({"topic": [topic], k: [v]}).params()
+        return topic, urlencode({k: checked[k]}, errors="surrogateescape")
 
     async def _find_trace(self, q: Any) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
         parsed = self._trace_query(q)
@@ -767,6 +775,8 @@ class AdminHTTP:
         action = body.get("action")
         if action == "reset" and channel:
             return await self._reset(request, topic, channel, body)
+        if action in _ROUTE_ARGS and not channel:
+            return await self._route_change(request, topic, action, body)
         if action not in ("pause", "unpause", "empty"):
             raise HTTPError(400, "INVALID_ACTION")
         try:
@@ -810,6 +820,44 @@ class AdminHTTP:
             {"node": n, "offset": d.get("offset"), "earliest": d.get("earliest"),
              "latest": d.get("latest"), "clamped": d.get("clamped", False)}
             for n, d in results]})
+
+    async def _route_change(self, request: web.Request, topic: str, action: str,
+                            body: dict[str, Any]) -> web.Response:
+        """nsqx: ``{"action": "split", "partition": P, "at": A}``, ``{"action": "merge",
+        "a": P1, "b": P2}`` or ``{"action": "move", "partition": P, "node": N}`` on a
+        route-managed ordered topic -> nsqd's ``POST /topic/<action>`` on the node that
+        keeps its routes. Values go to nsqd as given (numbers or strings) and nsqd checks
+        them: its refusal (a boundary outside the range, partitions not adjacent, a change
+        pending, ...) is answered with its status and text as is. Success:
+        ``{"message", "node", "version"}`` (the newest route version)."""
+        params = {"topic": topic}
+        for k in _ROUTE_ARGS[action]:
+            v = body.get(k)
+            if isinstance(v, int) and not isinstance(v, bool):
+                v = str(v)
+            if not isinstance(v, str) or len(v) > 256:
+                raise HTTPError(400, f"INVALID_{k.upper()}")
+            params[k] = v.strip()
+        try:
+            producers, errs = await self.cluster.topic_producers(topic)
+        except UpstreamError as e:
+            raise _upstream(e) from None
+        if not producers:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        found = await self._topic_routes(topic, [node_url_addr(p) for p in producers])
+        if found is None:
+            raise HTTPError(400, "TOPIC_NOT_ROUTE_MANAGED")
+        node = found[0]
+        try:
+            h = await self.cluster.post_json("nsqd", node, f"/topic/{action}?{urlencode(params)}")
+        except RequestError as e:
+            if e.status in (400, 404) and e.detail:
+                raise HTTPError(e.status, e.detail) from None
+            raise HTTPError(502, f"UPSTREAM_ERROR: {e}") from None
+        versions = (h or {}).get("versions") or [{}]
+        self._notify(f"{action}_topic", topic, "", node, request)
+        return v1_json({"message": _warn(errs), "node": node,
+                        "version": versions[-1].get("version")})
 
     async def api_topic_action(self, request: web.Request) -> web.Response:
         return await self._action(request, request.match_info["topic"], "")

@@ -331,6 +331,8 @@ def render_topic(ctx: Ctx, topic: str, agg: dict[str, Any], rates: dict[str, flo
             + "".join(trs) + "</tbody></table></div>")
     if routes is not None:
         body.append(_route_history(*routes))
+        if ctx.is_admin:
+            body.append(_route_forms(topic, routes[1]))
     if cluster_topic is not None:
         body.append(f'<h3>Partitions <span class="count">{len(cluster_topic["partitions"])}'
                     f'</span> <span class="muted">{e(_shape(cluster_topic))} — from '
@@ -871,6 +873,41 @@ def _route_history(node: str, h: dict[str, Any]) -> str:
             '<table class="table" id="route-table"><thead><tr><th>version</th><th>committed</th>'
             "<th>logical ranges &#8594; partition @ node</th></tr></thead><tbody>"
             + "".join(trs) + "</tbody></table>" + "".join(extra))
+
+
+def _route_forms(topic: str, h: dict[str, Any]) -> str:
+    """Split, merge and move of the newest version's partitions (POST /api/topics/:topic,
+    which calls nsqd's /topic/split|merge|move; nsqd checks the values and its refusal is
+    shown as is)."""
+    versions = h.get("versions") or ()
+    newest = sorted(versions[-1]["routes"]) if versions else []
+
+    def choice(name: str, label: str, pick: int = 0) -> str:
+        opts = "".join(f'<option value="{p}"{" selected" if i == pick else ""}>{p} '
+                       f'({lo}&#8211;{hi - 1})</option>'
+                       for i, (lo, hi, p, _n) in enumerate(newest))
+        return f'<select name="{name}" aria-label="{e(label)}" title="{e(label)}">{opts}</select>'
+
+    def form(op: str, fields: str, button: str) -> str:
+        return (f'<form class="form-row route-change" data-op="{op}" data-topic="{e(topic)}" '
+                f'data-api="/api/topics/{e(q(topic))}">{fields}'
+                f'<button type="submit" class="btn btn-warning">{button}</button></form>')
+
+    node = e(str(newest[0][3])) if newest else ""
+    parts = [form("split", choice("partition", "partition to split") +
+                  '<input name="at" type="number" min="0" step="1" required '
+                  'placeholder="at logical partition" aria-label="boundary (logical partition)">',
+                  "Split")]
+    if len(newest) > 1:
+        parts.append(form("merge", choice("a", "partition") + choice("b", "adjacent partition", 1),
+                          "Merge"))
+    parts.append(form("move", choice("partition", "partition to move") +
+                      f'<input name="node" required maxlength="256" placeholder="node, e.g. {node}" '
+                      'aria-label="target node">', "Move"))
+    return ('<div class="card" id="route-actions"><h4>Change routes</h4>' + "".join(parts)
+            + '<p class="muted">Each change appends a command message to the partitions it '
+            'retires and commits a new route version; producers use the newest version, ordered '
+            'consumers follow once they reach the command message.</p></div>')
 
 
 # ------------------------------------------------------------------------- cluster mode

@@ -2,11 +2,12 @@
 
 Each nsqd keeps the trace events of what it handled in its own ``__trace`` topic and
 answers ``/trace/search?topic=T&id=|trace_id=|header=k:v[&limit=N]``. nsqlookupd checks
-the query's shape (so garbage is not fanned out), sends the same query to every active
-nsqd concurrently, and answers ``{"nodes": [{"node": "host:http_port", ...that node's
+the query with nsqd's own check (``nsqx.httpapi.trace_search_args``: the same 400 codes,
+and garbage is not fanned out), sends the checked query to every active nsqd
+concurrently, and answers ``{"nodes": [{"node": "host:http_port", ...that node's
 answer}], "errors": ["host:port: why"]}``: a node that is down or slow is named in
 ``errors`` and the others' answers still come back. When every node refuses the query
-(a malformed id, say) their 400 is passed on as it is.
+anyway (a node of another version, say) their 400 is passed on as it is.
 """
 
 from __future__ import annotations
@@ -19,38 +20,12 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from nsqx.httpapi import HTTPError, v1_json
-from nsqx.httpapi import first as _first
+from nsqx.httpapi import HTTPError, trace_search_args, v1_json
 from nsqx.httpapi import query as _query
-from nsqx.protocol.names import valid_topic_name
 
 __all__ = ["trace_search"]
 
 NODE_TIMEOUT = 5.0
-_KEYS = ("id", "trace_id", "header")
-
-
-def _checked_query(request: web.Request) -> dict[str, str]:
-    params = _query(request)
-    topic = _first(params, "topic")
-    if not topic:
-        raise HTTPError(400, "MISSING_ARG_TOPIC")
-    if not valid_topic_name(topic):
-        raise HTTPError(400, "INVALID_TOPIC")
-    given = {k: v for k in _KEYS if (v := _first(params, k)) is not None}
-    if len(given) != 1:
-        raise HTTPError(400, "MISSING_ARG_ID")  # exactly one of id, trace_id, header
-    (key, value), = given.items()
-    if len(value) > 1024:
-        raise HTTPError(400, "INVALID_HEADER" if key == "header" else
-                        "INVALID_ID" if key == "id" else "INVALID_TRACE_ID")
-    out = {"topic": topic, key: value}
-    limit = _first(params, "limit")
-    if limit is not None:
-        if not (limit.isascii() and limit.isdigit()) or len(limit) > 9:
-            raise HTTPError(400, "INVALID_LIMIT")
-        out["limit"] = limit
-    return out
 
 
 async def _ask(session: aiohttp.ClientSession, addr: str, qs: str) -> tuple[int, Any]:
@@ -64,7 +39,7 @@ async def _ask(session: aiohttp.ClientSession, addr: str, qs: str) -> tuple[int,
 
 async def trace_search(request: web.Request, nodes: list[str]) -> web.Response:
     """Fan the checked query out to ``nodes`` (HTTP addresses) and merge the answers."""
-    qs = urlencode(_checked_query(request))
+    qs = urlencode(trace_search_args(_query(request)).params(), errors="surrogateescape")
     found: list[dict[str, Any]] = []
     errors: list[str] = []
     refusals: list[tuple[int, Any]] = []

@@ -46,6 +46,26 @@ PERSIST_INTERVAL = 1.0  # cursor state to disk
 RETENTION_INTERVAL = 30.0
 FILES_PER_SEGMENT = 6
 RELEASE_INTERVAL = 15.0  # logs idle since the last pass close their files
+BUDGET_WARN_INTERVAL = 60.0  # at most one descriptor-budget warning this often
+
+
+class WarnEvery:
+    """A warning at most once per ``interval`` seconds: ``due()`` says whether to log now
+    and how many were held back since the last one logged (None: hold this one back)."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = interval
+        self.clock = clock
+        self.last: float | None = None
+        self.held = 0
+
+    def due(self) -> int | None:
+        now = self.clock()
+        if self.last is not None and now - self.last < self.interval:
+            self.held += 1
+            return None
+        held, self.held, self.last = self.held, 0, now
+        return held
 
 
 def split_hostport(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
@@ -69,6 +89,8 @@ class NSQD:
         # files of synced logs without consumers, whether or not they idled long
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.fd_budget = (soft if soft != resource.RLIM_INFINITY else 1 << 20) // 2
+        self.fd_warning = WarnEvery(BUDGET_WARN_INTERVAL)  # the pass runs every second
+        self._reclaiming = False
         self._clients: dict[int, ClientV2] = {}
         self.exiting = False
         self.tcp_port = 0
@@ -475,19 +497,44 @@ class NSQD:
             except Exception:  # keep persisting: a bug here must not end the loop
                 log.exception("persist pass failed")
 
-    def release_files_over_budget(self) -> int:
+    def release_files_over_budget(self, *, wait: bool = True,
+                                  why: str = "log segments held open") -> int:
         """Too many log files open (a burst of writes to thousands of topics, faster than
         the idle passes release them): close the files of every log that is synced and has
-        no consumer now; they reopen on their next use. Returns how many logs let go."""
+        no consumer now; they reopen on their next use. Returns how many logs let go.
+        ``wait=False``: skip a log whose sync holds its lock now."""
         released = 0
         for topic in list(self.topics.values()):
             for part in topic.partitions:
                 if not any(ch.clients for ch in part.channels.values()) \
-                        and part.log.release_files():
+                        and part.log.release_files(wait=wait):
                     released += 1
-        log.warning("NSQ: %d log segments held open (budget %d descriptors): released the "
-                    "files of %d idle logs", open_segments(), self.fd_budget, released)
+        held = self.fd_warning.due()
+        if held is not None:
+            log.warning("NSQ: %d %s (budget %d descriptors): released the "
+                        "files of %d idle logs%s", open_segments(), why, self.fd_budget, released,
+                        f" ({held} similar warnings suppressed since the last one)" if held
+                        else "")
         return released
+
+    def reclaim_files(self) -> int:
+        """A log's files could not be opened for want of descriptors (EMFILE, ENFILE; the
+        segment tries once more after this): let the idle logs go now, as the persist pass
+        does over budget. Only on the node's loop (a sync thread must not close files the
+        loop may be reading) and not from within itself; returns how many logs let go."""
+        try:
+            if asyncio.get_running_loop() is not self.loop:
+                return 0
+        except RuntimeError:  # a thread without a loop
+            return 0
+        if self._reclaiming:
+            return 0
+        self._reclaiming = True
+        try:
+            return self.release_files_over_budget(
+                wait=False, why="log segments held open, too many open files")
+        finally:
+            self._reclaiming = False
 
     async def _persist_dirty_off_loop(self) -> None:
         """The persist pass: each changed cursor's state is taken on the loop (cheap: a few

@@ -90,6 +90,7 @@ class Topic:
                 retention_seconds=opts.retention_time or None,
                 retention_bytes=opts.retention_bytes or None,
                 hard_size_cap=opts.max_log_bytes or None,
+                reclaim_files=nsqd.reclaim_files,  # EMFILE: idle logs let go, one retry
             )
             self.log = PartitionLog(self.dir / f"p{partition}", partition, config)
         self._idle_end = -1  # log end seen by the last release_idle_files()

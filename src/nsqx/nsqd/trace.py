@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from nsqx.httpapi import TRACE_SCAN_DEFAULT, TRACE_SCAN_MAX
 from nsqx.protocol.v2 import TRACE_ID_KEY
-from nsqx.storage.message_id import parse_id
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
@@ -46,8 +46,8 @@ log = logging.getLogger("nsqx.nsqd.trace")
 __all__ = ["TRACE_TOPIC", "TraceRecorder", "search_trace"]
 
 TRACE_TOPIC = "__trace"
-DEFAULT_SCAN = 200_000  # events /trace/search reads (the newest), unless told
-MAX_SCAN = 2_000_000
+DEFAULT_SCAN = TRACE_SCAN_DEFAULT  # events /trace/search reads (the newest), unless told
+MAX_SCAN = TRACE_SCAN_MAX
 MAX_MESSAGES = 100  # messages a header search collects
 _READ_BYTES = 4 << 20
 
@@ -368,7 +368,3 @@ def search_trace(nsqd: NSQD, topic_name: str, *, msg_id: tuple[int, int] | None 
             "truncated": trace is not None and lo > trace.log.start_offset,
             "messages": messages}
 
-
-def message_key(mid: str) -> tuple[int, int]:
-    """A message id as consumers see it (16 hex) -> (partition, offset); ValueError if not."""
-    return parse_id(mid.encode("ascii"))

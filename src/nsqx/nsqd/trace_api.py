@@ -18,7 +18,8 @@
     404 ``TOPIC_NOT_FOUND``; 400 ``INVALID_TOPIC`` for ``__trace`` itself.
 ``GET /trace/search?topic=T&(id=<16 hex>|trace_id=N|header=<key>:<value>)[&limit=N]``
     Timelines of T's matching messages from ``__trace`` (see ``trace.search_trace``: a scan
-    of the newest ``limit`` events, default 200,000, at most 2,000,000; not an index).
+    of the newest ``limit`` events, default 200,000, at most 2,000,000; not an index). The
+    query is checked by ``nsqx.httpapi.trace_search_args``, as nsqlookupd's fan-out checks it.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from nsqx.httpapi import HTTPError
+from nsqx.httpapi import HTTPError, trace_search_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
+from nsqx.httpapi import trace_id_arg as _trace_id
 from nsqx.nsqd.http_publish import partition_arg, publish, read_message, topic_for_publish
-from nsqx.nsqd.trace import DEFAULT_SCAN, MAX_SCAN, TRACE_TOPIC, message_key, search_trace
+from nsqx.nsqd.trace import TRACE_TOPIC, search_trace
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_topic_name
 from nsqx.protocol.v2 import TRACE_ID_KEY, parse_ext_json
@@ -47,12 +49,6 @@ EXT_HEADER_PREFIX = "x-nsqext-"
 
 def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
-
-
-def _trace_id(raw: str | None) -> int:
-    if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 20 or int(raw) >= 1 << 64:
-        raise HTTPError(400, "INVALID_TRACE_ID")
-    return int(raw)
 
 
 class _TraceAPI:
@@ -146,38 +142,8 @@ class _TraceAPI:
 
     # -- search ----------------------------------------------------------------------------
     async def search(self, request: web.Request) -> web.Response:
-        params = _query(request)
-        name = _first(params, "topic")
-        if not name:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_topic_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        raw_limit = _first(params, "limit")
-        limit = DEFAULT_SCAN
-        if raw_limit is not None:
-            if not raw_limit.isascii() or not raw_limit.isdigit() or len(raw_limit) > 9 or not (
-                    0 < int(raw_limit) <= MAX_SCAN):
-                raise HTTPError(400, "INVALID_LIMIT")
-            limit = int(raw_limit)
-        mid, tid, hdr = _first(params, "id"), _first(params, "trace_id"), _first(params, "header")
-        if sum(x is not None for x in (mid, tid, hdr)) != 1:
-            raise HTTPError(400, "MISSING_ARG_ID")  # exactly one of id, trace_id, header
-        kw: dict[str, Any] = {}
-        if mid is not None:
-            try:
-                kw["msg_id"] = message_key(mid)
-            except (ValueError, UnicodeEncodeError):
-                raise HTTPError(400, "INVALID_ID") from None
-        elif tid is not None:
-            kw["trace_id"] = _trace_id(tid)
-        else:
-            assert hdr is not None
-            key, sep, value = hdr.partition(":")
-            if not sep or not key:
-                raise HTTPError(400, "INVALID_HEADER")
-            kw["header"] = (key, value.encode("utf-8", "surrogateescape"))
-        result = search_trace(self.nsqd, name, limit=limit, **kw)
-        return _json(result)
+        args = trace_search_args(_query(request))  # the check nsqlookupd's fan-out shares
+        return _json(search_trace(self.nsqd, args.topic, **args.search_kw()))
 
 
 def add_routes(app: web.Application, nsqd: Any) -> None:

@@ -543,50 +543,47 @@ class ChannelCursor:
         deadline = now_ms + timeout_ms
         if max_deadline_ms is not None:
             deadline = min(deadline, max_deadline_ms)
-        e = self._entries.get(offset)
-        created = e is None
-        if e is None:
-            run = self._find_run(offset)
-            if run is None:
-                raise NotInFlight
-            if run.owner != client_id:
-                raise NotOwner
-            e = _Entry(client_id, run.deadline, 1, run.sent_at)
-            self._entries[offset] = e
-            self._run_lost(run, offset)
-        elif e.owner != client_id:
-            raise NotOwner
+        e, created = self._owned_entry(offset, client_id)
         if max_msg_timeout_ms is not None:
             deadline = min(deadline, e.sent_at + max_msg_timeout_ms)
         if deadline != e.deadline or created:
             e.deadline = deadline
-            self._seq += 1
-            heapq.heappush(self._timers, (deadline, self._seq, offset, e))
-            self._maybe_compact_timers()
-            self._arm()
+            self._schedule(offset, e)
 
     def reassign(self, offset: int, owner: int, to: int, deadline: int, now_ms: int) -> None:
         """Hand ``owner``'s in-flight offset to client ``to`` with a new deadline (tag
         dispatch takes messages on the channel's behalf, then picks the client). Attempts
         are unchanged; raises NotInFlight / NotOwner."""
         self._now = now_ms
-        e = self._entries.get(offset)
-        if e is None:
-            run = self._find_run(offset)
-            if run is None:
-                raise NotInFlight
-            if run.owner != owner:
-                raise NotOwner
-            e = _Entry(owner, run.deadline, 1, run.sent_at)
-            self._entries[offset] = e
-            self._run_lost(run, offset)
-        elif e.owner != owner:
-            raise NotOwner
+        e, _ = self._owned_entry(offset, owner)
         e.owner, e.deadline, e.sent_at = to, deadline, now_ms
         self._cif[owner] -= 1
         self._cif[to] = self._cif.get(to, 0) + 1
+        self._schedule(offset, e)
+
+    def _owned_entry(self, offset: int, owner: int) -> tuple[_Entry, bool]:
+        """(the entry of in-flight ``offset`` held by ``owner``, whether it was created now):
+        an offset inside a run gets an entry of its own, split out of the run (attempts 1,
+        the run's deadline and delivery time). Raises NotInFlight / NotOwner."""
+        e = self._entries.get(offset)
+        if e is not None:
+            if e.owner != owner:
+                raise NotOwner
+            return e, False
+        run = self._find_run(offset)
+        if run is None:
+            raise NotInFlight
+        if run.owner != owner:
+            raise NotOwner
+        e = _Entry(owner, run.deadline, 1, run.sent_at)
+        self._entries[offset] = e
+        self._run_lost(run, offset)
+        return e, True
+
+    def _schedule(self, offset: int, e: _Entry) -> None:
+        """A timer at ``e.deadline``; one pushed before for another deadline is stale then."""
         self._seq += 1
-        heapq.heappush(self._timers, (deadline, self._seq, offset, e))
+        heapq.heappush(self._timers, (e.deadline, self._seq, offset, e))
         self._maybe_compact_timers()
         self._arm()
 

@@ -141,9 +141,9 @@ class PartitionLog:
             if cut_at is not None and base >= cut_at:
                 log.warning("%s: segment after a torn tail at offset %d; deleting it",
                             self.path / (seg_name(base) + ".log"), cut_at)
-                Segment(self.path, base, self.partition, self.config.index_interval_bytes).delete()
+                self._segment(base).delete()
                 continue
-            seg = Segment(self.path, base, self.partition, self.config.index_interval_bytes)
+            seg = self._segment(base)
             if self._segments and base != self._segments[-1].next_offset:
                 log.warning("%s: gap or overlap before this segment (expected base %d); deleting "
                             "it and later ones", seg.paths[0], self._segments[-1].next_offset)
@@ -165,8 +165,12 @@ class PartitionLog:
                     or (p.name.startswith(CHECKPOINT + ".") and p.suffix == ".tmp")):
                 p.unlink()
 
+    def _segment(self, base: int) -> Segment:
+        return Segment(self.path, base, self.partition, self.config.index_interval_bytes,
+                       self.config.reclaim_files)
+
     def _new_segment(self, base: int) -> Segment:
-        seg = Segment(self.path, base, self.partition, self.config.index_interval_bytes)
+        seg = self._segment(base)
         self._dir_dirty = True
         return seg
 
@@ -588,15 +592,20 @@ class PartitionLog:
         blob = os.pread(seg.hdr_fd, e[10], e[9])
         return decode_headers(blob, offset - e[0])
 
-    def release_files(self) -> bool:
+    def release_files(self, *, wait: bool = True) -> bool:
         """Close every segment's descriptors while the log idles (they reopen on the next
         read or append). Only when everything written is flushed and synced, so no sync
-        needs them; returns whether they were released."""
-        with self._lock:
+        needs them; returns whether they were released. ``wait=False``: not when a sync
+        holds the log's lock now (nor when the caller itself does)."""
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
             if self._closed or self._pending or self._dirty or self._synced < self._flushed:
                 return False
             for seg in self._segments:
                 seg.release_files()
+        finally:
+            self._lock.release()
         return True
 
     @property

@@ -12,8 +12,8 @@ import errno
 import struct
 from array import array
 from bisect import bisect_right
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate, chain, repeat
 from operator import add
@@ -60,6 +60,9 @@ class LogConfig:
     retention_bytes: int | None = None
     hard_size_cap: int | None = None
     mem_tail_bytes: int = 8 * MiB  # newest records kept in memory for readers that keep up
+    # called when a segment's files cannot be opened for want of descriptors (EMFILE,
+    # ENFILE), before the one retry: the owner closes other idle logs' files (nsqd does)
+    reclaim_files: Callable[[], object] | None = field(default=None, compare=False, repr=False)
 
 
 class LogError(Exception):

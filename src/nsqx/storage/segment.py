@@ -23,6 +23,7 @@ import struct
 import sys
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from itertools import accumulate
 from pathlib import Path
 
@@ -88,11 +89,15 @@ def open_segments() -> int:
 class Segment:
     """Files and in-memory lookup arrays of one segment (per-commit arrays, sparse indexes)."""
 
-    def __init__(self, directory: Path, base: int, partition: int, interval: int) -> None:
+    def __init__(self, directory: Path, base: int, partition: int, interval: int,
+                 reclaim: Callable[[], object] | None = None) -> None:
         self.dir = directory
         self.base = base
         self.partition = partition
         self.interval = interval
+        # called once when opening the files fails for want of descriptors (EMFILE,
+        # ENFILE): it closes other idle logs' files, then the open is tried again once
+        self.reclaim = reclaim
         stem = directory / seg_name(base)
         self.paths = [stem.with_suffix(s) for s in SUFFIXES]
         # Descriptors are opened on first use and released while the log idles, so
@@ -110,6 +115,19 @@ class Segment:
             return self.fds
         if self.closed:
             raise OSError(errno.EBADF, f"segment {self.paths[0]} is closed")
+        try:
+            fds = self._open_files()
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE) or self.reclaim is None:
+                raise
+            self.reclaim()  # other logs' idle files let go; then one more try
+            fds = self._open_files()
+        self.fds = fds
+        global _open_segments
+        _open_segments += 1
+        return fds
+
+    def _open_files(self) -> list[int]:
         fds: list[int] = []
         try:
             for p in self.paths:
@@ -121,9 +139,6 @@ class Segment:
             for fd in fds:
                 os.close(fd)
             raise
-        self.fds = fds
-        global _open_segments
-        _open_segments += 1
         return fds
 
     def release_files(self) -> None:

@@ -165,6 +165,33 @@
     });
   }
 
+  /* ---------------------------------------------------------------- route changes */
+  Array.prototype.forEach.call(document.querySelectorAll("form.route-change"), function (f) {
+    f.addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      var op = f.dataset.op, v = { action: op };
+      Array.prototype.forEach.call(f.elements, function (el) {
+        if (el.name) v[el.name] = el.value.trim();  /* as typed: nsqd checks them */
+      });
+      var what = op === "split" ? "Split partition " + v.partition + " at logical partition " + v.at
+        : op === "merge" ? "Merge partitions " + v.a + " and " + v.b
+        : "Move partition " + v.partition + " to node " + v.node;
+      if (!window.confirm(what + " (topic " + f.dataset.topic + ")? A new route version is " +
+          "committed; ordered consumers follow it at the command message.")) return;
+      var btn = f.querySelector("button[type=submit]");
+      btn.disabled = true;
+      api("POST", f.dataset.api, v).then(function (data) {
+        var msg = op + " done - route version " + data.version + " on " + data.node;
+        if (data.message) msg += " - " + data.message;
+        sessionStorage.setItem("nsqadmin-flash", msg);
+        window.location.reload();
+      }).catch(function (err) {
+        btn.disabled = false;
+        flash(op + " failed: " + err.message);  /* nsqd's refusal, as it said it */
+      });
+    });
+  });
+
   /* ---------------------------------------------------------------- filter */
   var filter = document.getElementById("filter");
   if (filter) {
