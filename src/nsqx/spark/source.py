@@ -5,6 +5,13 @@ through channels, so reading does not consume anything. Offsets are per *source 
 named by a string key: ``"P"`` (the partition number) when one nsqd is given, ``"host:port/P"``
 when several nodes serve the topic (a list in ``nsqd`` or ``lookupd`` discovery).
 
+A topic of an nsqx cluster found through ``lookupd`` (its ``/lookup?access=r&metainfo=true``
+maps every partition to its leader) is read once per partition, at the partition's leader,
+up to the leader's high watermark (``readable_end`` of ``/nsqx/cluster/state``: what every
+in-sync replica has, so never a record a failover could take back), under the key ``"P"``,
+which survives leader changes; discovery waits (up to ``timeout``) while a partition has no
+leader, and an executor whose leader dies mid-read goes on at the new one.
+
 Options (names are case-insensitive):
 
 ==========================  ==================================================================
@@ -49,7 +56,9 @@ partition + chunk number)``; nsqd appends each key at most once, so a retried ta
 replayed micro-batch does not duplicate messages (exactly-once into the topic as long as the
 input of a batch is deterministic, which it is when it comes from the ``nsq`` source).
 Writes go to the first nsqd of the ``nsqd`` list, or the first (sorted) that the lookupds name
-for the topic (any nsqd they know when none has it yet). A failed publish fails the task and so
+for the topic (any nsqd they know when none has it yet); for a cluster topic, each
+partition's rows go to its leader, and a publish whose leader died or moved is sent again
+with the same key to the leader lookupd names next. A failed publish fails the task and so
 the job or query.
 """
 
@@ -279,23 +288,29 @@ class _NotLeader(Exception):
 
 def _leaders(s: Settings, found: tuple[int, dict[int, str]] | None = None,
              deadline: float | None = None) -> dict[int, str]:
+    assert s.lookupd
+    return wait_leaders(s.lookupd, s.topic, s.timeout, found, deadline)
+
+
+def wait_leaders(lookupd: str, topic: str, timeout: float,
+                 found: tuple[int, dict[int, str]] | None = None,
+                 deadline: float | None = None) -> dict[int, str]:
     """A cluster topic's partition -> leader HTTP address, every partition present: waits
     (up to ``timeout``) while a partition has no leader, as during a failover."""
-    assert s.lookupd
-    deadline = deadline or time.monotonic() + s.timeout
+    deadline = deadline or time.monotonic() + timeout
     while True:
         if found is None:
-            found = cluster_leaders(s.lookupd, s.topic, s.timeout)
+            found = cluster_leaders(lookupd, topic, timeout)
             if found is None:
-                raise NsqSparkError(f"topic {s.topic!r} is not a cluster topic of lookupd "
-                                    f"{s.lookupd}", "TOPIC_NOT_FOUND")
+                raise NsqSparkError(f"topic {topic!r} is not a cluster topic of lookupd "
+                                    f"{lookupd}", "TOPIC_NOT_FOUND")
         count, leaders = found
         missing = [p for p in range(count) if p not in leaders]
         if count and not missing:
             return leaders
         if time.monotonic() >= deadline:
-            raise NsqSparkError(f"topic {s.topic!r}: partitions {missing} have no leader "
-                                f"(lookupd {s.lookupd})", "NO_LEADER")
+            raise NsqSparkError(f"topic {topic!r}: partitions {missing} have no leader "
+                                f"(lookupd {lookupd})", "NO_LEADER")
         time.sleep(0.2)
         found = None
 
@@ -749,15 +764,55 @@ class _WriterBase:
     def _publish_all(self, batches: Iterator[pa.RecordBatch], default_batch: str) -> NsqCommit:
         pid, batch_id, query_id = _task_ids(default_batch)
         writer = self.writer_id or query_id or "anonymous"
-        nodes = resolve_nodes(self.nsqd, self.lookupd, self.topic, self.timeout,
-                              any_node=True)
+        known: list[int] = []
+        # a cluster topic: each partition's rows go to its leader (a follower refuses them)
+        leaders: dict[int, str] | None = None
+        found = (cluster_leaders(self.lookupd, self.topic, self.timeout)
+                 if self.lookupd and not self.nsqd else None)
+        if found is not None:
+            leaders = wait_leaders(self.lookupd or "", self.topic, self.timeout, found)
+            known.append(max(1, found[0]))
+            nodes = sorted(set(leaders.values()))
+        else:
+            nodes = resolve_nodes(self.nsqd, self.lookupd, self.topic, self.timeout,
+                                  any_node=True)
         if not nodes:
             raise NsqSparkError(f"no nsqd to publish topic {self.topic!r} to (lookupd "
                                 f"{self.lookupd} knows none)")
         client = NodeClient(nodes[0], timeout=self.timeout, secret=self.secret)
+        clients = {nodes[0]: client}
         state = {"seq": 0, "sent": 0, "dups": 0}
         pending: dict[int, tuple[list[bytes], list[bytes | None], int]] = {}
-        known: list[int] = []
+
+        def client_for(part: int) -> NodeClient:
+            if leaders is None:
+                return client
+            node = leaders.get(part)
+            if node is None:
+                raise NsqSparkError(f"topic {self.topic!r} has no partition {part} (it has "
+                                    f"{len(leaders)})", "E_BAD_PARTITION")
+            if node not in clients:
+                clients[node] = NodeClient(node, timeout=self.timeout, secret=self.secret)
+            return clients[node]
+
+        def pub(part: int, body: bytes, task: str) -> dict[str, Any]:
+            deadline = time.monotonic() + self.timeout
+            while True:
+                try:
+                    return client_for(part).pub(self.topic, body, writer=writer,
+                                                batch=str(batch_id), task=task,
+                                                partition=part, keys=self.has_key)
+                except NsqSparkError as exc:
+                    if leaders is None or not _leader_moved(exc) or \
+                            time.monotonic() >= deadline:
+                        raise
+                    # the leader died or moved: the same key again, at the leader lookupd
+                    # names now (appended at most once: the key travels in the log)
+                    log.warning("topic %s partition %d: %s; asking lookupd for the leader",
+                                self.topic, part, exc)
+                    time.sleep(0.2)
+                    leaders.update(wait_leaders(self.lookupd or "", self.topic,
+                                                self.timeout))
 
         def nparts() -> int:
             """The topic's partition count (1 while the topic does not exist yet)."""
@@ -775,8 +830,7 @@ class _WriterBase:
             if not bodies:
                 return
             body = encode_pub_body(bodies, keys if self.has_key else None)
-            r = client.pub(self.topic, body, writer=writer, batch=str(batch_id),
-                           task=f"{pid}.{state['seq']}", partition=part, keys=self.has_key)
+            r = pub(part, body, f"{pid}.{state['seq']}")
             state["seq"] += 1
             state["sent"] += len(bodies)
             state["dups"] += len(bodies) if r.get("duplicate") else 0
@@ -842,7 +896,8 @@ class _WriterBase:
             for part in sorted(pending):
                 flush(part)
         finally:
-            client.close()
+            for c in clients.values():
+                c.close()
         return NsqCommit(pid, state["sent"], state["dups"])
 
 
