@@ -3,7 +3,8 @@
 A topic of 3 partitions x 3 replicas: a batch read through lookupd alone finds every
 partition's leader and reads each partition there, once, in one Spark partition per topic
 partition (no follower copy read again), up to the high watermark; a stream keys its offsets
-by partition number. After a kill -9 of a partition leader and its failover, the batch read
+by partition number; a write through lookupd publishes each partition's rows at its leader.
+After a kill -9 of a partition leader and its failover, the batch read
 still returns every acknowledged message and the stream resumes with exactly the new ones.
 """
 
@@ -123,6 +124,20 @@ def test_reads_through_lookupd_every_partition_once_at_its_leader_across_a_failo
     end = json.loads([p for p in q.recentProgress if p["numInputRows"]][-1]
                      ["sources"][0]["endOffset"])
     assert end["p"] == {str(p): len(b) for p, b in sent.items()}
+
+    # a write through lookupd: each partition's rows at its leader, once per writer id
+    cluster.create_topic("written", partitions=PARTS, replicas=3)
+    src = spark.range(300).selectExpr("cast(id % 3 as int) AS partition",
+                                      "format_string('w%03d', id) AS body")
+    w = (src.write.format("nsq").option("lookupd", cluster.lookupd.http_address)
+         .option("topic", "written").option("writerId", "w1").option("timeout", "5")
+         .mode("append"))
+    w.save()
+    w.save()  # the same writer again (a re-run): nothing twice
+    back = (spark.read.format("nsq").option("lookupd", cluster.lookupd.http_address)
+            .option("topic", "written").load().select("partition", "body").collect())
+    assert sorted((r.partition, bytes(r.body)) for r in back) == sorted(
+        (i % 3, b"w%03d" % i) for i in range(300))
 
     # kill -9 the leader of partition 1; a follower takes over with every acked message
     victim_id = parts[1]["leader"]
