@@ -22,7 +22,15 @@ import pytest
 pytest.importorskip("pyspark")
 
 from nsqx.cluster.etcd_server import EtcdServer  # noqa: E402
-from nsqx.spark.source import Settings, _discover, _read_leaders  # noqa: E402
+from nsqx.spark.source import (  # noqa: E402
+    BASE_SCHEMA,
+    NsqPartition,
+    Settings,
+    _discover,
+    _read_leaders,
+    arrow_schema,
+    read_partition,
+)
 from tests.support.cluster import Cluster, http, wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -141,7 +149,8 @@ def test_reads_through_lookupd_every_partition_once_at_its_leader_across_a_failo
 
     # kill -9 the leader of partition 1; a follower takes over with every acked message
     victim_id = parts[1]["leader"]
-    cluster.node_by_id(victim_id).kill()
+    victim = cluster.node_by_id(victim_id)
+    victim.kill()
     # meanwhile partition 0's leader appends a publish it cannot acknowledge until its ISR
     # drops the victim (lag timeout): above the high watermark, so not read yet
     leader = cluster.leader(TOPIC, 0)
@@ -166,6 +175,11 @@ def test_reads_through_lookupd_every_partition_once_at_its_leader_across_a_failo
     n, per_task, rows = read_all(spark, cluster)
     assert n == PARTS and per_task == [{0}, {1}, {2}]
     check(rows, sent)
+    # an executor handed a range planned at the killed leader goes on at the new one
+    task = NsqPartition(TOPIC, "1", victim.http_address, 1, 0, len(sent[1]), settings(cluster))
+    got = [b for rb in read_partition(task, arrow_schema(BASE_SCHEMA))
+           for b in rb.column("body").to_pylist()]
+    assert got == sent[1]
     # the stream resumes from its checkpoint (keys survive the leader change): only the new
     # messages, each once
     q = archive(spark, lookupd=cluster.lookupd.http_address, topic=TOPIC, to=str(out),
