@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-__all__ = ["NsqSparkError", "NodeClient", "resolve_nodes", "encode_pub_body"]
+__all__ = ["NsqSparkError", "NodeClient", "cluster_leaders", "resolve_nodes",
+           "encode_pub_body"]
 
 
 class NsqSparkError(RuntimeError):
@@ -103,6 +104,12 @@ class NodeClient:
             params["timestamp_ns"] = int(timestamp_ns)
         return json.loads(self.request("GET", "/nsqx/offsets", params))["partitions"]
 
+    def cluster_state(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """Cluster mode: this node's partitions, (topic, partition) -> role, epoch, log end,
+        ``readable_end`` (the high watermark: what every ISR member has)."""
+        doc = json.loads(self.request("GET", "/nsqx/cluster/state", {}))
+        return {(str(p["topic"]), int(p["partition"])): p for p in doc.get("partitions") or []}
+
     def fetch(self, topic: str, partition: int, offset: int, end: int, max_bytes: int,
               headers: bool = False) -> bytes:
         params: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset,
@@ -137,13 +144,11 @@ def encode_pub_body(bodies: Sequence[bytes], keys: Sequence[bytes | None] | None
     return struct.pack(">I", n) + b"".join(parts)
 
 
-def _lookup_http_nodes(address: str, topic: str | None, timeout: float) -> list[str]:
-    """HTTP addresses of the producers of ``topic`` (``/lookup``), or of every nsqd (``/nodes``)
-    when topic is None."""
+def _lookup_doc(address: str, path: str, timeout: float) -> dict[str, Any] | None:
+    """One nsqlookupd answer as JSON (unwrapped from an old-style ``data``), None on 404."""
     scheme, host, port, base = _split(address)
     cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
     conn = cls(host, port, timeout=timeout)
-    path = "/nodes" if topic is None else f"/lookup?{urlencode({'topic': topic})}"
     try:
         conn.request("GET", f"{base or ''}{path}",
                      headers={"Accept": "application/vnd.nsq; version=1.0"})
@@ -154,19 +159,59 @@ def _lookup_http_nodes(address: str, topic: str | None, timeout: float) -> list[
     finally:
         conn.close()
     if resp.status == 404:
-        return []
+        return None
     if resp.status != 200:
         raise NsqSparkError(f"nsqlookupd {address}: HTTP {resp.status} {data[:200]!r}")
     doc = json.loads(data)
     if "producers" not in doc and isinstance(doc.get("data"), dict):
         doc = doc["data"]
-    out = []
-    for p in doc.get("producers") or []:
-        h = p.get("broadcast_address") or p.get("address") or p.get("hostname")
-        hp = p.get("http_port")
-        if h and hp:
-            out.append(f"[{h}]:{hp}" if ":" in h else f"{h}:{hp}")
-    return out
+    return doc
+
+
+def _http_address(p: dict[str, Any]) -> str | None:
+    """``host:port`` of a peer's HTTP API (upstream's PeerInfo shape)."""
+    h = p.get("broadcast_address") or p.get("address") or p.get("hostname")
+    hp = p.get("http_port")
+    if not (h and hp):
+        return None
+    return f"[{h}]:{hp}" if ":" in h else f"{h}:{hp}"
+
+
+def _lookup_http_nodes(address: str, topic: str | None, timeout: float) -> list[str]:
+    """HTTP addresses of the producers of ``topic`` (``/lookup``), or of every nsqd (``/nodes``)
+    when topic is None."""
+    path = "/nodes" if topic is None else f"/lookup?{urlencode({'topic': topic})}"
+    doc = _lookup_doc(address, path, timeout)
+    if doc is None:
+        return []
+    return [a for p in doc.get("producers") or [] if (a := _http_address(p))]
+
+
+def cluster_leaders(lookupd: str, topic: str, timeout: float = 10.0
+                    ) -> tuple[int, dict[int, str]] | None:
+    """For a topic of an nsqx cluster: (partition count, partition -> HTTP address of its
+    leader now), from the first of the comma separated lookupds that answers; a partition
+    without a leader at the moment (a failover under way) is missing from the map. None when
+    the lookupds do not know the topic as a cluster topic (standalone nsqlookupd: their
+    ``/lookup`` has no ``partitions`` map)."""
+    errors = []
+    q = urlencode({"topic": topic, "access": "r", "metainfo": "true"})
+    for a in (x.strip() for x in lookupd.split(",") if x.strip()):
+        try:
+            doc = _lookup_doc(a, f"/lookup?{q}", timeout)
+        except NsqSparkError as exc:
+            errors.append(str(exc))
+            continue
+        if doc is None or not isinstance(doc.get("partitions"), dict):
+            continue
+        leaders = {int(p): addr for p, peer in doc["partitions"].items()
+                   if isinstance(peer, dict) and (addr := _http_address(peer))}
+        meta = doc.get("meta") or {}
+        count = int(meta.get("partition_num") or (max(leaders) + 1 if leaders else 0))
+        return count, leaders
+    if errors and len(errors) == len([x for x in lookupd.split(",") if x.strip()]):
+        raise NsqSparkError("; ".join(errors))
+    return None
 
 
 def resolve_nodes(nsqd: str | None, lookupd: str | None, topic: str,

@@ -5,6 +5,13 @@ through channels, so reading does not consume anything. Offsets are per *source 
 named by a string key: ``"P"`` (the partition number) when one nsqd is given, ``"host:port/P"``
 when several nodes serve the topic (a list in ``nsqd`` or ``lookupd`` discovery).
 
+A topic of an nsqx cluster found through ``lookupd`` (its ``/lookup?access=r&metainfo=true``
+maps every partition to its leader) is read once per partition, at the partition's leader,
+up to the leader's high watermark (``readable_end`` of ``/nsqx/cluster/state``: what every
+in-sync replica has, so never a record a failover could take back), under the key ``"P"``,
+which survives leader changes; discovery waits (up to ``timeout``) while a partition has no
+leader, and an executor whose leader dies mid-read goes on at the new one.
+
 Options (names are case-insensitive):
 
 ==========================  ==================================================================
@@ -49,7 +56,9 @@ partition + chunk number)``; nsqd appends each key at most once, so a retried ta
 replayed micro-batch does not duplicate messages (exactly-once into the topic as long as the
 input of a batch is deterministic, which it is when it comes from the ``nsq`` source).
 Writes go to the first nsqd of the ``nsqd`` list, or the first (sorted) that the lookupds name
-for the topic (any nsqd they know when none has it yet). A failed publish fails the task and so
+for the topic (any nsqd they know when none has it yet); for a cluster topic, each
+partition's rows go to its leader, and a publish whose leader died or moved is sent again
+with the same key to the leader lookupd names next. A failed publish fails the task and so
 the job or query.
 """
 
@@ -57,6 +66,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -91,7 +101,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from nsqx.spark.client import NodeClient, NsqSparkError, encode_pub_body, resolve_nodes
+from nsqx.spark.client import (
+    NodeClient,
+    NsqSparkError,
+    cluster_leaders,
+    encode_pub_body,
+    resolve_nodes,
+)
 from nsqx.spark.decode import frames_to_batch, parse_fetch
 
 __all__ = ["NsqDataSource", "NsqPartition", "NsqOptionError", "BASE_SCHEMA", "HEADER_FIELDS",
@@ -220,13 +236,17 @@ class PartInfo:
 
 def _discover(s: Settings, timestamp_ms: int | None = None) -> dict[str, PartInfo]:
     """Partitions of the topic on every node: key -> PartInfo (sorted by key)."""
+    ts_ns = None if timestamp_ms is None else int(timestamp_ms) * 1_000_000
+    if not s.nsqd and s.lookupd:
+        found = cluster_leaders(s.lookupd, s.topic, s.timeout)
+        if found is not None:
+            return _discover_cluster(s, found, ts_ns)
     nodes = resolve_nodes(s.nsqd, s.lookupd, s.topic, s.timeout)
     if not nodes:
         raise NsqSparkError(f"topic {s.topic!r}: no nsqd has it (lookupd {s.lookupd})",
                             "TOPIC_NOT_FOUND")
     prefix = len(nodes) > 1 or not s.nsqd
     out: dict[str, PartInfo] = {}
-    ts_ns = None if timestamp_ms is None else int(timestamp_ms) * 1_000_000
     missing = []
     for node in nodes:
         c = NodeClient(node, timeout=s.timeout, secret=s.secret, retries=1)
@@ -242,26 +262,128 @@ def _discover(s: Settings, timestamp_ms: int | None = None) -> dict[str, PartInf
         for p in parts:
             pid = int(p["partition"])
             key = f"{node}/{pid}" if prefix else str(pid)
-            latest = int(p["latest"])
-            if s.synced_only:
-                latest = min(latest, int(p.get("synced", latest)))
-            for_ts = p.get("offset_for_timestamp")
-            out[key] = PartInfo(key, node, pid, int(p["earliest"]), latest,
-                                None if for_ts is None else min(int(for_ts), latest))
+            out[key] = _part_info(s, key, node, p)
     if not out:
         raise NsqSparkError(f"topic {s.topic!r} does not exist on nsqd {', '.join(missing)}",
                             "TOPIC_NOT_FOUND")
     return dict(sorted(out.items(), key=lambda kv: _sort_key(kv[0])))
 
 
-def _part_from_key(key: str, s: Settings, lo: int, hi: int) -> PartInfo:
+def _part_info(s: Settings, key: str, node: str, p: dict[str, Any],
+               hw: int | None = None) -> PartInfo:
+    """PartInfo of one entry of /nsqx/offsets, its end capped at ``hw`` when given."""
+    latest = int(p["latest"])
+    if hw is not None:
+        latest = min(latest, hw)
+    if s.synced_only:
+        latest = min(latest, int(p.get("synced", latest)))
+    for_ts = p.get("offset_for_timestamp")
+    return PartInfo(key, node, int(p["partition"]), int(p["earliest"]), latest,
+                    None if for_ts is None else min(int(for_ts), latest))
+
+
+class _NotLeader(Exception):
+    """The node lookupd named is not (or no longer) the partition's leader, or is gone."""
+
+
+def _leaders(s: Settings, found: tuple[int, dict[int, str]] | None = None,
+             deadline: float | None = None) -> dict[int, str]:
+    assert s.lookupd
+    return wait_leaders(s.lookupd, s.topic, s.timeout, found, deadline)
+
+
+def wait_leaders(lookupd: str, topic: str, timeout: float,
+                 found: tuple[int, dict[int, str]] | None = None,
+                 deadline: float | None = None) -> dict[int, str]:
+    """A cluster topic's partition -> leader HTTP address, every partition present: waits
+    (up to ``timeout``) while a partition has no leader, as during a failover."""
+    deadline = deadline or time.monotonic() + timeout
+    while True:
+        if found is None:
+            found = cluster_leaders(lookupd, topic, timeout)
+            if found is None:
+                raise NsqSparkError(f"topic {topic!r} is not a cluster topic of lookupd "
+                                    f"{lookupd}", "TOPIC_NOT_FOUND")
+        count, leaders = found
+        missing = [p for p in range(count) if p not in leaders]
+        if count and not missing:
+            return leaders
+        if time.monotonic() >= deadline:
+            raise NsqSparkError(f"topic {topic!r}: partitions {missing} have no leader "
+                                f"(lookupd {lookupd})", "NO_LEADER")
+        time.sleep(0.2)
+        found = None
+
+
+def _discover_cluster(s: Settings, found: tuple[int, dict[int, str]], ts_ns: int | None
+                      ) -> dict[str, PartInfo]:
+    """A cluster topic: every partition once, at its leader, keyed by its number (a key
+    that survives failovers), readable up to the leader's high watermark (what its whole ISR
+    has: never a record a failover could take back)."""
+    deadline = time.monotonic() + s.timeout
+    while True:
+        leaders = _leaders(s, found, deadline)
+        found = None
+        try:
+            out = _read_leaders(s, leaders, ts_ns)
+        except _NotLeader as exc:
+            if time.monotonic() >= deadline:
+                raise NsqSparkError(f"topic {s.topic!r}: {exc}", "NO_LEADER") from None
+            log.info("topic %s: %s; asking lookupd again", s.topic, exc)
+            time.sleep(0.2)
+            continue
+        return dict(sorted(out.items(), key=lambda kv: _sort_key(kv[0])))
+
+
+def _read_leaders(s: Settings, leaders: dict[int, str], ts_ns: int | None
+                  ) -> dict[str, PartInfo]:
+    by_node: dict[str, list[int]] = {}
+    for pid, node in leaders.items():
+        by_node.setdefault(node, []).append(pid)
+    out: dict[str, PartInfo] = {}
+    for node, pids in by_node.items():
+        c = NodeClient(node, timeout=s.timeout, secret=s.secret, retries=1)
+        try:
+            offsets = {int(p["partition"]): p for p in c.offsets(s.topic, ts_ns)}
+            state = c.cluster_state()
+        except NsqSparkError as exc:
+            if exc.status is None or exc.code == "TOPIC_NOT_FOUND" or exc.status >= 500:
+                raise _NotLeader(f"leader {node} did not answer ({exc})") from None
+            raise
+        finally:
+            c.close()
+        for pid in pids:
+            st = state.get((s.topic, pid))
+            if pid not in offsets or st is None or st.get("role") != "leader":
+                raise _NotLeader(f"{node} does not lead partition {pid} (any more)")
+            hw = st.get("readable_end")
+            out[str(pid)] = _part_info(s, str(pid), node, offsets[pid],
+                                       None if hw is None else int(hw))
+    return out
+
+
+def _part_from_key(key: str, s: Settings, lo: int, hi: int,
+                   leaders: dict[int, str] | None = None) -> PartInfo:
     node, _, pid = key.rpartition("/")
-    if not node:
-        node = (s.nsqd or "").split(",")[0].strip()
     try:
-        return PartInfo(key, node, int(pid), lo, hi)
+        n = int(pid)
     except ValueError:
         raise NsqSparkError(f"bad partition key {key!r} in offsets") from None
+    if not node:
+        node = (s.nsqd or "").split(",")[0].strip() or (leaders or {}).get(n, "")
+    return PartInfo(key, node, n, lo, hi)
+
+
+def _in_cluster(s: Settings, key: str) -> bool:
+    """A partition of a cluster topic (found through lookupd, keyed by its number alone):
+    read at whichever node leads it."""
+    return not s.nsqd and bool(s.lookupd) and "/" not in key
+
+
+def _leader_moved(exc: NsqSparkError) -> bool:
+    """An error of a fetch that asking lookupd for the partition's leader again may cure."""
+    return (exc.status is None or exc.status >= 500
+            or exc.code in ("TOPIC_NOT_FOUND", "PARTITION_NOT_FOUND"))
 
 
 def _sort_key(key: str) -> tuple:
@@ -357,14 +479,27 @@ def _split_ranges(ranges: list[tuple[PartInfo, int, int]], s: Settings) -> list[
 def read_partition(part: NsqPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """Fetch [start, end) in chunks and yield one RecordBatch per chunk."""
     s = part.settings
-    c = NodeClient(part.node, timeout=s.timeout, secret=s.secret)
+    cluster = _in_cluster(s, part.key)
+    node = part.node or (_leaders(s)[part.partition] if cluster else part.node)
+    c = NodeClient(node, timeout=s.timeout, secret=s.secret)
     cur = part.start
+    deadline = time.monotonic() + s.timeout
     try:
         while cur < part.end:
             try:
                 payload = c.fetch(part.topic, part.partition, cur, part.end, s.fetch_max_bytes,
                                   s.include_headers)
             except NsqSparkError as exc:
+                if cluster and _leader_moved(exc) and time.monotonic() < deadline:
+                    # the leader died or moved: the range (below the high watermark it had
+                    # when planned) is on every ISR member, so the new leader serves it
+                    log.warning("%s/%s: %s; asking lookupd for the leader", part.topic,
+                                part.key, exc)
+                    time.sleep(0.2)
+                    c.close()
+                    c = NodeClient(_leaders(s)[part.partition], timeout=s.timeout,
+                                   secret=s.secret)
+                    continue
                 if exc.code == "OFFSET_OUT_OF_RANGE" and not s.fail_on_data_loss:
                     log.warning("%s/%s: offsets %d..%d out of range; skipped", part.topic,
                                 part.key, cur, part.end)
@@ -530,6 +665,9 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         s = self.settings
         a, b = self._check(start), self._check(end)
         parts = _discover(s) if any(k not in a for k in b) else {}
+        leaders = None
+        if any(_in_cluster(s, k) and b[k] > a.get(k, -1) for k in b):
+            leaders = _leaders(s)  # where each cluster partition is read now
         ranges = []
         for k in sorted(b, key=_sort_key):
             e = b[k]
@@ -538,7 +676,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 p = parts.get(k)
                 lo = p.earliest if p is not None else e
             if e > lo:
-                ranges.append((_part_from_key(k, s, lo, e), lo, e))
+                ranges.append((_part_from_key(k, s, lo, e, leaders), lo, e))
         return _split_ranges(ranges, s)
 
     def read(self, partition: NsqPartition) -> Iterator[pa.RecordBatch]:
@@ -626,15 +764,55 @@ class _WriterBase:
     def _publish_all(self, batches: Iterator[pa.RecordBatch], default_batch: str) -> NsqCommit:
         pid, batch_id, query_id = _task_ids(default_batch)
         writer = self.writer_id or query_id or "anonymous"
-        nodes = resolve_nodes(self.nsqd, self.lookupd, self.topic, self.timeout,
-                              any_node=True)
+        known: list[int] = []
+        # a cluster topic: each partition's rows go to its leader (a follower refuses them)
+        leaders: dict[int, str] | None = None
+        found = (cluster_leaders(self.lookupd, self.topic, self.timeout)
+                 if self.lookupd and not self.nsqd else None)
+        if found is not None:
+            leaders = wait_leaders(self.lookupd or "", self.topic, self.timeout, found)
+            known.append(max(1, found[0]))
+            nodes = sorted(set(leaders.values()))
+        else:
+            nodes = resolve_nodes(self.nsqd, self.lookupd, self.topic, self.timeout,
+                                  any_node=True)
         if not nodes:
             raise NsqSparkError(f"no nsqd to publish topic {self.topic!r} to (lookupd "
                                 f"{self.lookupd} knows none)")
         client = NodeClient(nodes[0], timeout=self.timeout, secret=self.secret)
+        clients = {nodes[0]: client}
         state = {"seq": 0, "sent": 0, "dups": 0}
         pending: dict[int, tuple[list[bytes], list[bytes | None], int]] = {}
-        known: list[int] = []
+
+        def client_for(part: int) -> NodeClient:
+            if leaders is None:
+                return client
+            node = leaders.get(part)
+            if node is None:
+                raise NsqSparkError(f"topic {self.topic!r} has no partition {part} (it has "
+                                    f"{len(leaders)})", "E_BAD_PARTITION")
+            if node not in clients:
+                clients[node] = NodeClient(node, timeout=self.timeout, secret=self.secret)
+            return clients[node]
+
+        def pub(part: int, body: bytes, task: str) -> dict[str, Any]:
+            deadline = time.monotonic() + self.timeout
+            while True:
+                try:
+                    return client_for(part).pub(self.topic, body, writer=writer,
+                                                batch=str(batch_id), task=task,
+                                                partition=part, keys=self.has_key)
+                except NsqSparkError as exc:
+                    if leaders is None or not _leader_moved(exc) or \
+                            time.monotonic() >= deadline:
+                        raise
+                    # the leader died or moved: the same key again, at the leader lookupd
+                    # names now (appended at most once: the key travels in the log)
+                    log.warning("topic %s partition %d: %s; asking lookupd for the leader",
+                                self.topic, part, exc)
+                    time.sleep(0.2)
+                    leaders.update(wait_leaders(self.lookupd or "", self.topic,
+                                                self.timeout))
 
         def nparts() -> int:
             """The topic's partition count (1 while the topic does not exist yet)."""
@@ -652,8 +830,7 @@ class _WriterBase:
             if not bodies:
                 return
             body = encode_pub_body(bodies, keys if self.has_key else None)
-            r = client.pub(self.topic, body, writer=writer, batch=str(batch_id),
-                           task=f"{pid}.{state['seq']}", partition=part, keys=self.has_key)
+            r = pub(part, body, f"{pid}.{state['seq']}")
             state["seq"] += 1
             state["sent"] += len(bodies)
             state["dups"] += len(bodies) if r.get("duplicate") else 0
@@ -719,7 +896,8 @@ class _WriterBase:
             for part in sorted(pending):
                 flush(part)
         finally:
-            client.close()
+            for c in clients.values():
+                c.close()
         return NsqCommit(pid, state["sent"], state["dups"])
 
 
