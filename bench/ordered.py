@@ -144,26 +144,35 @@ def _drain_proc(args: tuple) -> tuple[int, float]:
 
 
 def drain(tcp: str, topic: str, parts: int, per_part: int, ordered: bool, rdy: int,
-          procs: int, server_pid: int) -> tuple[float, float, float]:
+          procs: int, server_pid: int) -> tuple[float, float, float, float, float]:
     """Drain with `procs` client processes (partitions dealt round-robin); returns
-    (msgs/s, server CPU us per message, client CPU us per message)."""
+    (msgs/s, server CPU us per message, client CPU us per message, and the server's
+    user and kernel shares)."""
     import multiprocessing
 
     groups = [list(range(i, parts, procs)) for i in range(procs)]
-    before = _cpu(server_pid)
+    before = _cpu_split(server_pid)
     t0 = time.perf_counter()
     with multiprocessing.get_context("fork").Pool(procs) as pool:
         res = pool.map(_drain_proc, [(tcp, topic, g, per_part, ordered, rdy) for g in groups])
     wall = time.perf_counter() - t0
     got = sum(r[0] for r in res)
-    server = _cpu(server_pid) - before
-    return got / wall, server / got * 1e6, sum(r[1] for r in res) / got * 1e6
+    after = _cpu_split(server_pid)
+    user, kernel = after[0] - before[0], after[1] - before[1]
+    return (got / wall, (user + kernel) / got * 1e6, sum(r[1] for r in res) / got * 1e6,
+            user / got * 1e6, kernel / got * 1e6)
 
 
 def _cpu(pid: int) -> float:
+    return sum(_cpu_split(pid))
+
+
+def _cpu_split(pid: int) -> tuple[float, float]:
+    """(user, kernel) CPU seconds of a process."""
     with open(f"/proc/{pid}/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tck = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tck, int(fields[12]) / tck
 
 
 def main() -> None:
@@ -196,12 +205,12 @@ def main() -> None:
             extra = "&orderedmulti=true" if ordered else ""
             post(http, f"/topic/create?topic={topic}&partition_num={args.partitions}{extra}")
             asyncio.run(preload(tcp, topic, args.partitions, per, args.size))
-            rate, server_us, client_us = drain(tcp, topic, args.partitions, per, ordered, rdy,
-                                               args.client_procs, proc.pid)
+            rate, server_us, client_us, user_us, kernel_us = drain(
+                tcp, topic, args.partitions, per, ordered, rdy, args.client_procs, proc.pid)
             results[name] = rate
             print(f"{name:<24} {rate:>10,.0f} msgs/s  ({args.partitions} partitions x {per}, "
-                  f"{args.size} B)  nsqd {server_us:.1f} us CPU/msg, clients "
-                  f"{client_us:.1f} us/msg", flush=True)
+                  f"{args.size} B)  nsqd {server_us:.1f} us CPU/msg ({user_us:.1f} user + "
+                  f"{kernel_us:.1f} kernel), clients {client_us:.1f} us/msg", flush=True)
         base = results["plain, RDY 1 each"]
         print(f"ordered / plain RDY 1: {results['ordered (SUB_ORDERED)'] / base:.2f}x; "
               f"target >= 50,000 msgs/s ordered: "
