@@ -14,7 +14,7 @@ import pytest
 from nsqx.cluster.etcd_server import EtcdServer
 from nsqx.protocol import v2
 from tests.support.cluster import Cluster, http, wait_until
-from tests.support.rawclient import consumer, publish
+from tests.support.rawclient import RawClient, consumer, publish
 
 pytestmark = pytest.mark.slow
 
@@ -73,3 +73,32 @@ def test_a_dlq_topic_unknown_to_the_cluster_keeps_the_message(etcd_server: EtcdS
     code, st = http("GET", f"http://{leader.http_address}/stats?format=json&topic=tasks")
     ch = st["topics"][0]["channels"][0]
     assert ch["dlq_count"] == 0 and ch["in_flight_count"] + ch["depth"] == 1  # not lost
+
+
+def test_tracing_in_a_cluster_records_into_the_cluster_trace_topic(  # type: ignore[no-untyped-def]
+        etcd_server: EtcdServer, nsqd_factory, lookupd_factory) -> None:
+    """``__trace`` created in the cluster (3 replicas: every node holds the events); the
+    traced topic's leader records pub/deliver/fin there, its search finds them."""
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=3)
+    cluster.create_topic("__trace", partitions=1, replicas=3)
+    cluster.create_topic("orders", partitions=1, replicas=3)
+    leader = cluster.leader("orders")
+    code, body = http("POST", f"http://{leader.http_address}/topic/trace?topic=orders"
+                      "&enable=true")
+    assert code == 200, body
+    with RawClient(leader.tcp_address) as p:
+        p.send(v2.pub_trace("orders", 77, b"traced"))
+        assert v2.parse_traced_response(p.expect_response())[1] == 77
+    with consumer(leader.tcp_address, "orders", "ship", rdy=1) as c:
+        m = c.read_message()
+        c.send(v2.fin(m.id))
+        c.expect_nothing(0.3)
+
+    def events() -> list[str] | None:
+        code, r = http("GET", f"http://{leader.http_address}/trace/search?topic=orders"
+                       "&trace_id=77")
+        if code != 200 or not r["messages"]:
+            return None
+        evs = [e["event"] for e in r["messages"][0]["events"]]
+        return evs if len(evs) >= 3 else None
+    assert wait_until(events, what="trace events recorded") == ["pub", "deliver", "fin"]
