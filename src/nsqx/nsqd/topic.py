@@ -151,6 +151,31 @@ class Topic:
         config.sync_every = n if n > 0 else max(self.nsqd.opts.sync_every, 1)
         self.committer.sync_always = config.sync_every == 1
 
+    def restore_deferred(self) -> int:
+        """Cluster mode, on becoming this partition's leader: defer again the DPUBs whose due
+        time (``##deliver_at_ms``, stamped by the leader that took them) is still ahead, on
+        every channel (or for the first channel to come). A follower mirrors only the
+        channels' confirmed offsets, so without this a failover delivered them at once.
+        Returns how many offsets were deferred."""
+        if isinstance(self.log, MemoryLog):
+            return 0
+        chans = list(self.channels.values())
+        lo = min((ch.cursor.confirmed for ch in chans), default=self.pending_from)
+        now, n = now_ms(), 0
+        for off, h in self.log.headers_range(lo, self.log.flushed_offset).items():
+            raw = h.get(DELIVER_AT_KEY)
+            if raw is None or not raw.isdigit() or int(raw) <= now:
+                continue
+            n += 1
+            for ch in chans:
+                ch.cursor.defer(off, int(raw))
+            if not chans and off >= self.pending_from:
+                self.pending_deferred.append((off, int(raw)))
+        if n:
+            log.info("TOPIC(%s) PARTITION(%d): %d deferred messages deferred again until "
+                     "their due time", self.name, self.partition, n)
+        return n
+
     # -- publishing ------------------------------------------------------------------------
     def publish(self, bodies: list[bytes], defer_ms: int = 0,
                 done: Callable[[int, Exception | None], None] | None = None, *,
@@ -192,6 +217,10 @@ class Topic:
                 done = settle(outer)
             done = self.gate.wrap(self, base + len(bodies), done)
             kw["epoch"] = self.epoch
+            if defer_ms > 0:  # the due time rides in the log: a new leader defers it again
+                due = b"%d" % (now_ms() + defer_ms)
+                kw["headers"] = [{**(h or {}), DELIVER_AT_KEY: due}
+                                 for h in (headers or [None] * len(bodies))]
         if done is None:
             fut: asyncio.Future[int] | None = self.committer.append(bodies, **kw)
         else:
@@ -418,6 +447,9 @@ class Topic:
             self.log.close()
         if delete and not self.ephemeral:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+DELIVER_AT_KEY = "##deliver_at_ms"  # cluster mode: a DPUB's due time (ms), kept in the log
 
 
 class BadPartition(ValueError):
