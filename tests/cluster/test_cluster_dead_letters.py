@@ -102,3 +102,37 @@ def test_tracing_in_a_cluster_records_into_the_cluster_trace_topic(  # type: ign
         evs = [e["event"] for e in r["messages"][0]["events"]]
         return evs if len(evs) >= 3 else None
     assert wait_until(events, what="trace events recorded") == ["pub", "deliver", "fin"]
+
+
+def test_topic_and_channel_settings_survive_a_failover(etcd_server: EtcdServer,  # type: ignore[no-untyped-def]
+                                                       nsqd_factory, lookupd_factory) -> None:
+    """Set on the leader (/channel/config, /topic/config, /topic/trace), the settings ride to
+    the followers with the cursors, so the node that takes over applies them too."""
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=3)
+    cluster.create_topic("jobs", partitions=1, replicas=3)
+    leader = cluster.leader("jobs")
+    with consumer(leader.tcp_address, "jobs", "work", rdy=0):
+        pass
+    base = f"http://{leader.http_address}"
+    assert http("POST", f"{base}/channel/config?topic=jobs&channel=work&max_attempts=4")[0] == 200
+    assert http("POST", f"{base}/topic/config?topic=jobs&ttl=90s")[0] == 200
+    assert http("POST", f"{base}/topic/trace?topic=jobs&enable=true")[0] == 200
+
+    def settings(n) -> tuple | None:  # type: ignore[no-untyped-def]
+        code, st = http("GET", f"http://{n.http_address}/stats?format=json&topic=jobs")
+        if code != 200 or not st["topics"] or not st["topics"][0]["channels"]:
+            return None
+        t = st["topics"][0]
+        return t["msg_ttl_ms"], t["trace"], t["channels"][0]["max_attempts"]
+    for n in cluster.nodes:
+        wait_until(lambda n=n: settings(n) == (90_000, True, 4), what="settings replicated")
+    old = cluster.node_id(leader)
+    leader.kill()
+    new = wait_until(lambda: (p := cluster.partitions("jobs")[0])["leader"] not in (None, old)
+                     and cluster.node_by_id(p["leader"]), what="a new leader")
+    assert settings(new) == (90_000, True, 4)
+    # and a change on the new leader reaches the remaining follower
+    assert http("POST", f"http://{new.http_address}/channel/config?topic=jobs&channel=work"
+                "&max_attempts=default")[0] == 200
+    follower = next(n for n in cluster.nodes if n.is_running() and n is not new)
+    wait_until(lambda: settings(follower) == (90_000, True, 0), what="default again")

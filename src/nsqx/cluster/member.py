@@ -48,6 +48,7 @@ from nsqx.cluster.metadata import ClusterMetadata, Versioned
 from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import expand_isr, shrink_isr
 from nsqx.cluster.replication import LeaderProgress, truncation_point
+from nsqx.nsqd.config_api import apply_settings, export_settings
 from nsqx.nsqd.topic import PublishRefused, settle
 
 log = logging.getLogger("nsqx.cluster.member")
@@ -616,6 +617,8 @@ class NodeMember:
             topic.advance_readable(int(head["hw"]))
         for ch_name, confirmed in (head.get("channels") or {}).items():
             self._advance_channel(topic, ch_name, int(confirmed))
+        if isinstance(head.get("settings"), dict) and apply_settings(topic, head["settings"]):
+            self.nsqd.metadata_changed()  # the leader's settings, kept for a failover
 
     async def _append(self, topic: Any, offset: int, frames: bytes, head: dict) -> None:
         """Append the leader's frames as they are: one batch per run of (timestamp, epoch)."""
@@ -759,6 +762,7 @@ class NodeMember:
             gate.last_cursor_sent[node] = now
             head["channels"] = {c.name: c.cursor.confirmed for c in topic.channels.values()
                                 if not c.ephemeral}
+            head["settings"] = export_settings(topic)  # TTL, tracing, max attempts
         return web.Response(body=orjson.dumps(head) + b"\n" + bytes(data),
                             content_type="application/octet-stream")
 

@@ -37,7 +37,7 @@ MAX_TTL_MS = 366 * 24 * 3600 * 1000
 MAX_ATTEMPTS = 65535  # the frame's attempts field is 16 bits
 MAX_SYNC_EVERY = 1 << 30
 
-__all__ = ["add_routes"]
+__all__ = ["add_routes", "apply_settings", "export_settings"]
 
 
 def _json(obj: Any) -> web.Response:
@@ -52,6 +52,46 @@ def _ttl_ms(raw: str) -> int:
     if not 0 <= ms <= MAX_TTL_MS:
         raise HTTPError(400, "INVALID_TTL")
     return ms
+
+
+def export_settings(part: Any) -> dict[str, Any]:
+    """A partition's per-topic and per-channel settings as a leader sends them to its
+    followers (cluster mode: with the channel cursors), so a failover keeps them."""
+    return {"ttl_ms": part.msg_ttl_ns // 1_000_000 if part.msg_ttl_set else None,
+            "trace": part.tracer is not None,
+            "channels": {c.name: c.max_attempts if c.max_attempts_set else None
+                         for c in part.channels.values() if not c.ephemeral}}
+
+
+def apply_settings(part: Any, settings: Any) -> bool:
+    """A follower takes its leader's settings (see :func:`export_settings`); True if any
+    changed (the caller persists). Malformed values are ignored, with a warning."""
+    nsqd, changed = part.nsqd, False
+    try:
+        ttl = settings.get("ttl_ms")
+        want = (int(ttl) * 1_000_000, True) if ttl is not None else \
+            (int(nsqd.opts.msg_ttl * 1e9), False)
+        if (part.msg_ttl_ns, part.msg_ttl_set) != want and 0 <= want[0] <= MAX_TTL_MS * 10**6:
+            part.msg_ttl_ns, part.msg_ttl_set = want
+            changed = True
+        trace = settings.get("trace") is True
+        tracer = getattr(nsqd, "tracer", None)
+        if tracer is not None and (part.tracer is not None) != trace and \
+                part.name != "__trace":
+            part.tracer = tracer if trace else None
+            changed = True
+        for name, n in (settings.get("channels") or {}).items():
+            ch = part.channels.get(name)
+            if ch is None:
+                continue
+            val = (int(n), True) if n is not None else (nsqd.opts.max_attempts, False)
+            if (ch.max_attempts, ch.max_attempts_set) != val and 0 <= val[0] <= MAX_ATTEMPTS:
+                ch.max_attempts, ch.max_attempts_set = val
+                changed = True
+    except (AttributeError, TypeError, ValueError) as e:
+        log.warning("TOPIC(%s) PARTITION(%d): ignoring malformed settings from the leader: %s",
+                    part.name, part.partition, e)
+    return changed
 
 
 def _sync_every(raw: str) -> int:
