@@ -202,18 +202,25 @@ class Producer:
             if not self._closed:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
-    async def _wait_open(self) -> Connection:
-        """An open connection, chosen at random; waits up to wait_timeout for one."""
+    async def _wait_open(self, address: str | None = None) -> Connection:
+        """An open connection, chosen at random (or the one to ``address``, connected on
+        first use: a partition's leader); waits up to wait_timeout for one."""
         assert self._changed is not None
+        if address is not None and address not in self.addresses:
+            self.addresses.append(address)
+            self._supervisors.append(asyncio.get_running_loop().create_task(
+                self._supervise(address), name=f"nsqx-producer-{address}"))
         deadline = asyncio.get_running_loop().time() + self.wait_timeout
         while True:
             if self._closed:
                 raise ClosedError("producer closed")
-            conns = [c for c in self._conns.values() if c.is_open]
+            conns = [c for a, c in self._conns.items()
+                     if c.is_open and (address is None or a == address)]
             if conns:
                 return random.choice(conns)
             remaining = deadline - asyncio.get_running_loop().time()
-            errors = [self._last_error.get(a) for a in self.addresses]
+            errors = [self._last_error.get(a) for a in
+                      (self.addresses if address is None else [address])]
             if remaining <= 0 or all(e is not None for e in errors):
                 # every nsqd refused us: surface nsqd's own error (E_AUTH_FAILED, ...)
                 refused = [e for e in errors if isinstance(e, NSQError) and not e.retriable]
@@ -258,7 +265,8 @@ class Producer:
             raise ValueError(f"topic {topic} is not route-managed: a key needs partitions=")
         for _ in range(MAX_ROUTE_RETRIES):
             try:
-                await self._send(build(h.route(key).partition, h.newest.version))
+                p = h.route(key).partition
+                await self._send(build(p, h.newest.version), self._leader(topic, p))
                 return
             except NSQError as e:
                 need = refused_version(e.text) if e.code == "E_BAD_PARTITION" else None
@@ -268,7 +276,14 @@ class Producer:
                 # one retry per change: the refusal names the version that sealed it
                 h = await self._routes.get(topic, max(need, h.newest.version + 1))
                 assert h is not None
-        await self._send(build(h.route(key).partition, h.newest.version))
+        p = h.route(key).partition
+        await self._send(build(p, h.newest.version), self._leader(topic, p))
+
+    def _leader(self, topic: str, partition: int) -> str | None:
+        """Where a routed publish goes: the partition's leader when the route source knows
+        it (nsqlookupd in cluster mode), else any connection."""
+        leader = getattr(self.route_source, "leader", None)
+        return leader(topic, partition) if leader is not None else None
 
     async def mpublish(self, topic: str, bodies: Iterable[bytes], *,
                        partition: int | None = None, key: bytes | str | None = None,
@@ -290,7 +305,7 @@ class Producer:
             raise ValueError("delay must be >= 0")
         await self._send(v2.dpub(topic, round(delay * 1000), _bytes(body)))
 
-    async def _send(self, data: bytes) -> bytes:
+    async def _send(self, data: bytes, address: str | None = None) -> bytes:
         if self._closing:
             raise ClosedError("producer closed")
         self._start()
@@ -298,7 +313,7 @@ class Producer:
         async with self._slots:
             attempt = 0
             while True:
-                conn = await self._wait_open()
+                conn = await self._wait_open(address)
                 try:
                     fut = conn.command(data)
                 except ConnectionClosedError:
