@@ -228,3 +228,43 @@ def test_keyed_order_across_split_merge_move_on_three_nodes(  # type: ignore[no-
     assert len(h["versions"]) == 4 and h["pending"] is None
     assert 0 < retries <= keys * 3, retries  # at most one retry per key and change
     print("changes (path, seconds):", changes, "retries:", retries)
+
+
+def test_cli_route_changes_through_lookupd(etcd_server: EtcdServer, nsqd_factory,  # type: ignore[no-untyped-def]
+                                           lookupd_factory) -> None:
+    """`nsqx topic create --logical`, `routes`, `split`, `merge` and `move --route` with
+    --lookupd-http-address; a refusal prints the coordinator's reason and exits 1."""
+    import subprocess
+    import sys
+
+    def nsqx(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "nsqx.cli.nsqx_cmd", *args,
+                               f"--lookupd-http-address={cluster.lookupd.http_address}"],
+                              capture_output=True, text=True, timeout=60)
+
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=2)
+    out = nsqx("topic", "create", "keyed", "--partitions", "1", "--replicas", "1",
+               "--logical", "64")
+    assert out.returncode == 0, out.stderr
+    assert "topic keyed: 1 partition, ordered over 64 logical partitions" in out.stdout
+    wait_until(lambda: cluster.role_of(cluster.leader("keyed", 0), "keyed", 0) == "leader",
+               what="leader")
+    out = nsqx("topic", "split", "keyed", "0", "--at", "64")
+    assert out.returncode == 1 and "nsqlookupd answered 400" in out.stderr
+    assert "the boundary must be strictly inside" in out.stderr
+    out = nsqx("topic", "split", "keyed", "0", "--at", "32")
+    assert out.returncode == 0, out.stderr
+    assert "0-31 -> 1 @ " in out.stdout and "32-63 -> 2 @ " in out.stdout, out.stdout
+    out = nsqx("topic", "merge", "keyed", "1", "2")
+    assert out.returncode == 0 and "0-63 -> 3 @ " in out.stdout, out.stderr
+    leader = cluster.partitions("keyed")[3]["leader"]
+    other = next(cluster.node_id(n) for n in cluster.nodes if cluster.node_id(n) != leader)
+    out = nsqx("topic", "move", "keyed", "3", "--to", other)
+    assert out.returncode == 2 and "--route" in out.stderr
+    out = nsqx("topic", "move", "keyed", "3", "--route", "--to", other)
+    assert out.returncode == 0 and f"0-63 -> 4 @ {other}" in out.stdout, out.stderr
+    out = nsqx("topic", "routes", "keyed", "--json")
+    assert out.returncode == 0, out.stderr
+    body = json.loads(out.stdout)
+    assert len(body["versions"]) == 4 and body["leaders"]["4"] == \
+        cluster.node_by_id(other).tcp_address
