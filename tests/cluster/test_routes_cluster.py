@@ -268,3 +268,40 @@ def test_cli_route_changes_through_lookupd(etcd_server: EtcdServer, nsqd_factory
     body = json.loads(out.stdout)
     assert len(body["versions"]) == 4 and body["leaders"]["4"] == \
         cluster.node_by_id(other).tcp_address
+
+
+def test_a_pending_change_refuses_others_and_a_new_coordinator_rolls_it_forward(  # type: ignore[no-untyped-def]
+        etcd_server: EtcdServer, nsqd_factory, lookupd_factory) -> None:
+    """A coordinator that stored a change as pending and died before committing it: the
+    retired partition already refuses publishes (the nodes saw the pending history), another
+    change is refused with the rule's text, and the next coordinator commits it."""
+    from nsqx.cluster.etcd import EtcdClient
+    from nsqx.cluster.metadata import ClusterMetadata
+    from nsqx.cluster.route_coord import RouteCoordinator
+    from tests.client.helpers import run
+
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=2)
+    assert lk(cluster, "POST", "/topic/create", topic="t", partition_num=1, replicator=2,
+              logical=16)[0] == 200
+    wait_until(lambda: cluster.role_of(cluster.leader("t", 0), "t", 0) == "leader",
+               what="leader")
+    leader = cluster.leader("t", 0)
+
+    async def propose_only() -> None:  # the first half of RouteCoordinator.change
+        async with EtcdClient([etcd_server.endpoint]) as etcd:
+            await RouteCoordinator(ClusterMetadata(etcd, "test")).propose(
+                "t", lambda h: h.split(0, 8))
+
+    run(propose_only())
+    code, body = lk(cluster, "POST", "/topic/merge", topic="t", a=1, b=2)
+    assert code == 400 and "still pending; one change at a time" in body["message"], body
+
+    def refused() -> bool:
+        with RawClient(leader.tcp_address) as c:
+            c.send(b"PUB t 0 0\n" + (1).to_bytes(4, "big") + b"x")
+            return "route version 1 " in c.expect_error("E_BAD_PARTITION")
+    wait_until(refused, what="partition 0 closed by the pending change")
+    cluster.lookupd.restart()  # a new coordinator: it finds the change and finishes it
+    wait_until(lambda: (lambda b: b["pending"] is None and len(b["versions"]) == 2)(
+        lk(cluster, "GET", "/topic/route", topic="t")[1]), what="the change rolled forward")
+    assert lk(cluster, "POST", "/topic/merge", topic="t", a=1, b=2)[0] == 200

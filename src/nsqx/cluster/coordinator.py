@@ -97,6 +97,7 @@ class Coordinator:
         self.passes = 0  # reconciling passes made while leading (for /cluster/stats and tests)
         self.rebalance_moves = 0  # replica moves this coordinator started to spread the load
         self.routes = RouteCoordinator(self.meta)  # route-managed ordered topics' changes
+        self._roll_task: asyncio.Task[None] | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -139,7 +140,8 @@ class Coordinator:
                 rev = await self.reconcile()
                 if not rolled:  # route changes a previous coordinator left pending
                     rolled = True
-                    asyncio.get_running_loop().create_task(self.routes.roll_forward_all())
+                    self._roll_task = asyncio.get_running_loop().create_task(
+                        self.routes.roll_forward_all(), name="route roll-forward")
                 async for _events in self.meta.watch(self.meta.keys.root, rev + 1):
                     await asyncio.sleep(0.05)  # let a burst of changes land together
                     await self.reconcile()

@@ -139,6 +139,12 @@ class RouteCoordinator:
         """Run one split, merge or move to its commit. RouteError (the rule's text) if
         refused; TimeoutError if a step did not finish (the change stays pending and is rolled
         forward later)."""
+        return await self._roll_forward(*await self.propose(topic, op))
+
+    async def propose(self, topic: str, op: Callable[[RouteHistory], RouteHistory]
+                      ) -> tuple[EtcdRouteStore, RouteHistory]:
+        """Step 1 alone: store the change as pending with its placed partitions (CAS).
+        Returns the store and the pending history (what :meth:`_roll_forward` finishes)."""
         store = self.store(topic)
         old = await store.fetch()
         if old is None:
@@ -161,7 +167,7 @@ class RouteCoordinator:
         log.info("TOPIC(%s): %s to route version %d pending (retires %s, creates %s on %s)",
                  topic, ch.kind, ch.version, list(ch.retired), list(ch.created),
                  ", ".join(p.leader or "?" for p in created))
-        return await self._roll_forward(store, new)
+        return store, new
 
     async def _roll_forward(self, store: EtcdRouteStore, pending: RouteHistory) -> RouteHistory:
         ch = pending.pending_change
