@@ -62,6 +62,8 @@ log = logging.getLogger("nsqx.client")
 
 # a keyed publish refused by a sealed partition is retried once per route change it meets
 MAX_ROUTE_RETRIES = 4
+# a routed publish whose partition leader fails is sent to the new leader for this long
+LEADER_WAIT = 15.0
 
 
 class Producer:
@@ -110,6 +112,7 @@ class Producer:
         self.route_source = route_source
         self._routes = RouteCache(route_source, wait_timeout) if route_source else None
         self.route_retries = 0  # publishes sent again after E_BAD_PARTITION route version N
+        self.leader_retries = 0  # routed publishes sent again after their leader failed
 
     # -- lifecycle -------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -219,6 +222,10 @@ class Producer:
             if conns:
                 return random.choice(conns)
             remaining = deadline - asyncio.get_running_loop().time()
+            if address is not None and self._last_error.get(address) is not None:
+                # a partition's leader that cannot be reached: the caller asks where it went
+                raise NoConnectionsError(f"no connection to {address}: "
+                                         f"{self._last_error[address]}")
             errors = [self._last_error.get(a) for a in
                       (self.addresses if address is None else [address])]
             if remaining <= 0 or all(e is not None for e in errors):
@@ -263,13 +270,29 @@ class Producer:
         h = await self._routes.get(topic)
         if h is None:
             raise ValueError(f"topic {topic} is not route-managed: a key needs partitions=")
-        for _ in range(MAX_ROUTE_RETRIES):
+        loop = asyncio.get_running_loop()
+        leader_deadline = loop.time() + LEADER_WAIT
+        attempt = 0
+        while attempt < MAX_ROUTE_RETRIES:
+            attempt += 1
             try:
                 p = h.route(key).partition
-                await self._send(build(p, h.newest.version), self._leader(topic, p))
+                leader = self._leader(topic, p)
+                await self._send(build(p, h.newest.version), leader)
                 return
             except NSQError as e:
                 need = refused_version(e.text) if e.code == "E_BAD_PARTITION" else None
+                if need is None and leader is not None and loop.time() < leader_deadline and (
+                        isinstance(e, ConnectionError) or e.code in ("E_PUB_FAILED", "E_MPUB_FAILED")):
+                    # the leader died or moved (a cluster failover): ask again where the
+                    # partition is led and send there (at least once: it may be a duplicate)
+                    self.leader_retries += 1
+                    attempt -= 1
+                    await asyncio.sleep(0.25)
+                    self._routes.invalidate(topic)
+                    h = await self._routes.get(topic)
+                    assert h is not None
+                    continue
                 if need is None:
                     raise
                 self.route_retries += 1

@@ -100,6 +100,10 @@ class RouteCache:
         self._routes: dict[str, RouteHistory | None] = {}
         self._fetching: dict[str, asyncio.Future[RouteHistory | None]] = {}
 
+    def invalidate(self, topic: str) -> None:
+        """Forget the cached route (and leaders): the next get() fetches it again."""
+        self._routes.pop(topic, None)
+
     async def get(self, topic: str, min_version: int = -1) -> RouteHistory | None:
         """The cached route, fetched if missing or older than ``min_version`` (polling until
         nsqd committed that version, up to ``wait_timeout``)."""
