@@ -56,3 +56,21 @@ def test_pass_keys() -> None:
     assert parse_pass_key(ROOT, ROOT + b"routes/t") is None
     with pytest.raises(RouteError):
         pass_key(ROOT, "t", "bad/name", 1)
+
+
+def test_place_created_leads_on_the_route_node_and_spreads_followers() -> None:
+    from nsqx.cluster.model import PartitionMeta
+    from nsqx.cluster.route_coord import place_created
+
+    h = RouteHistory.initial("t", ["a", "b"], 16)
+    busy = [PartitionMeta("x", i, ("c",), "c", 1, ("c",)) for i in range(3)]
+    placed = place_created("t", h.split(0, 4), 2, ["a", "b", "c"], busy)
+    assert [(p.partition, p.leader, p.replicas) for p in placed] == [
+        (2, "a", ("a", "b")), (3, "a", ("a", "b"))]  # b holds fewer replicas than c
+    assert all(p.isr == p.replicas and p.epoch == 1 for p in placed)
+    placed = place_created("t", h.move(1, "c"), 3, ["a", "b", "c"], [])
+    assert placed[0].leader == "c" and set(placed[0].replicas) == {"a", "b", "c"}
+    with pytest.raises(RouteError, match="node gone is not a live node"):
+        place_created("t", h.move(1, "gone"), 1, ["a", "b"], [])
+    with pytest.raises(RouteError, match="replicator 3 is more than the 2 live nodes"):
+        place_created("t", h.split(0, 4), 3, ["a", "b"], [])

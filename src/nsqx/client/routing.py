@@ -1,8 +1,8 @@
 """Where a producer learns route-managed topics' routes (:mod:`nsqx.cluster.routes`).
 
 :class:`RouteSource` is what :class:`~nsqx.client.Producer` asks; :class:`HttpRouteSource`
-reads nsqd's ``GET /topic/route?topic=T`` (a standalone nsqd). A cluster source (lookupd or
-an etcd watch) can implement the same call later.
+reads ``GET /topic/route?topic=T`` from a standalone nsqd or, in a cluster, from nsqlookupd
+(whose answer also names each partition's leader).
 
 The history's module is imported lazily: ``nsqx.cluster.routes`` itself imports
 ``nsqx.client.producer`` for the key hash.

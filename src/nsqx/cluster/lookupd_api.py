@@ -19,6 +19,10 @@ campaigns; the elected one reconciles. Any of them answers (reads come from etcd
   leadership moves (``move_from`` optional, A stays a follower). The request is checked
   against the partition (400 with the reason), recorded in etcd and carried out by the
   coordinator's reconcile passes; it shows under ``moves`` in ``/cluster/stats`` until done.
+- Route-managed ordered topics (:mod:`nsqx.cluster.route_coord`): ``/topic/create`` with
+  ``&logical=L``; ``GET /topic/route?topic=T`` (the history plus ``leaders``);
+  ``POST /topic/split|merge|move`` with nsqd's parameters, run by the elected coordinator
+  (another lookupd forwards the request), 400 with the rule's text when refused.
 - ``GET /cluster/stats[?log_ends=true]``: coordinator, live nodes, and every partition's
   leader, epoch, ISR and catch-up set; with ``log_ends`` also each replica's log end as its
   node reports it (``/nsqx/cluster/state``, asked concurrently, 2 s timeout; null when a

@@ -14,7 +14,11 @@ same parameters)
     Merge two partitions with adjacent ranges into one new partition.
 ``POST /topic/move?topic=T&partition=P&node=N``
     Move P's range to a new partition labelled with node N (a standalone nsqd creates it
-    locally whatever N says; placement on other nodes is the coordinator's, not done yet).
+    locally whatever N says).
+
+In a cluster the same three calls go to nsqlookupd (:mod:`nsqx.cluster.lookupd_api`, which
+parses them with :func:`parse_change`); a cluster node refuses them with the reason (its
+history is the member's mirror of etcd) but answers ``GET /topic/route`` with its view.
 
 Each change answers 200 with the new history once it is committed; a change the rules
 refuse answers 400 with the RouteError text as ``message`` (bad boundary, non-adjacent

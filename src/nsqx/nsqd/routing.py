@@ -22,6 +22,10 @@
 * Per channel a :class:`~nsqx.cluster.barrier.ChannelRoute` lives in
   ``channels/c-<name>.route`` beside the cursor files; a partition delivers to the channel
   only while it is in :func:`~nsqx.cluster.barrier.readable_partitions`.
+* In a cluster (:meth:`TopicRoutes.mirror`) the history is the cluster member's copy of
+  etcd (:class:`MirroredRouteStore`: no local changes); the member asks for seals, says
+  which partitions this node leads and feeds in the barrier passes other nodes recorded.
+  This module never sees etcd.
 """
 
 from __future__ import annotations
