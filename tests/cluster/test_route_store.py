@@ -74,3 +74,17 @@ def test_place_created_leads_on_the_route_node_and_spreads_followers() -> None:
         place_created("t", h.move(1, "gone"), 1, ["a", "b"], [])
     with pytest.raises(RouteError, match="replicator 3 is more than the 2 live nodes"):
         place_created("t", h.split(0, 4), 3, ["a", "b"], [])
+
+
+def test_relabel_dead_nodes_uses_the_current_leader() -> None:
+    from nsqx.cluster.route_coord import relabel_dead_nodes
+
+    h = RouteHistory.initial("t", ["dead", "b"], 16)
+    new = relabel_dead_nodes(h, h.split(0, 4), ["b", "c"], {0: "c", 1: "b"})
+    assert [(r.partition, r.node) for r in new.pending.routes] == [(2, "c"), (3, "c"), (1, "b")]
+    new = relabel_dead_nodes(h, h.merge(0, 1), ["b", "c"], {0: None, 1: "b"})
+    assert [(r.partition, r.node) for r in new.pending.routes] == [(2, "b")]
+    alive = h.split(1, 12)
+    assert relabel_dead_nodes(h, alive, ["b"], {}) is alive  # its node lives: unchanged
+    moved = h.move(1, "gone")
+    assert relabel_dead_nodes(h, moved, ["b"], {}) is moved  # a move's node is the operator's

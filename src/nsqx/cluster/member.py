@@ -521,7 +521,10 @@ class NodeMember:
         gate = self.gates.get((name, p))
         if not isinstance(gate, LeaderGate) or not gate.active:
             return _answer(409, {"message": "E_NOT_LEADER"})
-        kv = await self.etcd.get(routes_key(self.meta.keys.root, name))
+        try:
+            kv = await self.etcd.get(routes_key(self.meta.keys.root, name))
+        except EtcdError as e:
+            return _answer(503, {"message": f"E_CLUSTER_UNAVAILABLE: {e}"})
         if kv is None:
             return _answer(404, {"message": "TOPIC_NOT_FOUND"})
         h = RouteHistory.from_json(kv.value)

@@ -41,7 +41,7 @@ from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
 
 log = logging.getLogger("nsqx.cluster.routes")
 
-__all__ = ["RouteCoordinator", "place_created"]
+__all__ = ["RouteCoordinator", "place_created", "relabel_dead_nodes"]
 
 STEP_TIMEOUT = 15.0  # seconds each of "ready" and "seal" may take before the change is left pending
 
@@ -69,6 +69,29 @@ def place_created(topic: str, history: RouteHistory, replicas: int, live: list[s
         load.update(reps)
         out.append(PartitionMeta(topic, p, reps, route.node, 1, reps, ()))
     return out
+
+
+def relabel_dead_nodes(old: RouteHistory, new: RouteHistory, live: list[str],
+                       leaders: dict[int, str | None]) -> RouteHistory:
+    """A split or merge puts its new partitions on the retired partition's route node by
+    default: a label from when that partition was created, which may be a node that has
+    since died (its partitions failed over). Then use the retired partition's current
+    leader (or the first live node). A move names its node on purpose: left as it is."""
+    ch, pend = new.pending_change, new.pending
+    assert ch is not None and pend is not None
+    if ch.kind == "move" or not live:
+        return new
+    nodes = [pend.get(p) for p in ch.created]
+    if all(r is not None and r.node in live for r in nodes):
+        return new
+    node = leaders.get(ch.retired[0])
+    if node not in live:
+        node = sorted(live)[0]
+    if ch.kind == "split":
+        second = nodes[1]
+        assert second is not None
+        return old.split(ch.retired[0], second.lo, nodes=(node, node))
+    return old.merge(ch.retired[0], ch.retired[1], node=node)
 
 
 class RouteCoordinator:
@@ -154,7 +177,10 @@ class RouteCoordinator:
         if tm is None:
             raise RouteError(f"topic {topic} has routes but no topic record")
         live = sorted(await self.meta.nodes())
-        current = [v.meta for v in (await self.meta.all_partitions()).values()]
+        parts = await self.meta.all_partitions()
+        current = [v.meta for v in parts.values()]
+        new = relabel_dead_nodes(old, new, live, {p: v.meta.leader for (t, p), v in
+                                                  parts.items() if t == topic})
         created = place_created(topic, new, tm.replicas, live, current)
         grown = TopicMeta(tm.name, max(tm.partitions, new.next_partition), tm.replicas,
                           tm.sync_every, True, tm.min_isr)
