@@ -167,7 +167,8 @@ def test_keyed_order_across_split_merge_move_on_three_nodes(  # type: ignore[no-
     """Keyed producers (nsqx.client, routes and leaders from lookupd) publish numbered
     messages while a split, a merge of partitions led by two different nodes and a move to
     another node run through lookupd; two channels read every partition's leader with
-    SUB_ORDERED (b's readers restarted half way). Per channel and key: every acknowledged message consumed, in order, none
+    SUB_ORDERED (b's readers restarted half way), a third with nsqx's Consumer through
+    lookupd (plain SUB on every leader). Per channel and key: every acknowledged message consumed, in order, none
     before an earlier one - the cross-node barrier holds the new partitions until the
     retired ones' command messages were consumed on their own nodes."""
     from nsqx.client import Producer
@@ -183,8 +184,24 @@ def test_keyed_order_across_split_merge_move_on_three_nodes(  # type: ignore[no-
     keys, per_key = 40, 40
 
     async def main() -> tuple[dict[str, OrderedReaders], set[tuple[str, int]], int, list]:
+        from nsqx.client import Consumer
+
         readers = {c: OrderedReaders(lookupd, "orders", c, 0.003) for c in ("a", "b")}
         tasks = [asyncio.create_task(r.run()) for r in readers.values()]
+        # channel c: a stock-style nsqx Consumer through lookupd (plain SUB on every leader,
+        # which then reads every partition that node leads, new ones included)
+        plain = readers["c"] = OrderedReaders(lookupd, "orders", "c", 0)
+
+        async def handle(m) -> None:  # type: ignore[no-untyped-def]
+            k, s = m.body.decode().split(":")
+            plain.seen.setdefault(k, []).append(int(s))
+            plain.count += 1
+            await asyncio.sleep(0.003)
+
+        consumer = Consumer("orders", "c", handle, lookupd_http_addresses=lookupd,
+                            max_in_flight=50, msg_timeout=2.0, lookupd_poll_interval=0.5,
+                            lookupd_poll_jitter=0.1)
+        await consumer.start()
         await asyncio.sleep(0.5)  # subscribed on both leaders before anything is published
         acked: set[tuple[str, int]] = set()
         producers = [Producer(cluster.nodes[i].tcp_address, nsqd_http_addresses=lookupd)
@@ -233,6 +250,7 @@ def test_keyed_order_across_split_merge_move_on_three_nodes(  # type: ignore[no-
             t.cancel()
         for r in readers.values():
             r.close()
+        await consumer.close()
         return readers, acked, retries, changes
 
     readers, acked, retries, changes = asyncio.run(main())

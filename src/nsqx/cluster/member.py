@@ -479,6 +479,7 @@ class NodeMember:
             routes.apply(h)
         for channel, parts in self.route_passes.get(name, {}).items():
             routes.learn_passes(channel, parts)
+        routes.subscribe_led()
 
     def _leads(self, name: str, p: int) -> bool:
         gate = self.gates.get((name, p))

@@ -288,6 +288,26 @@ class TopicRoutes:
         fut = self._append_command(p)
         return self.sealed[p], fut
 
+    def subscribe_led(self) -> None:
+        """Cluster mode: plain-SUB clients (``sub_all``) read every partition this node
+        leads, including ones a change created or a failover gave it after they subscribed
+        (the member closes the clients of a partition this node stops leading)."""
+        for name, ch0 in list(self.topic.channels.items()):
+            clients = {c.id: c for sib in ch0.siblings() for c in sib.clients.values()
+                       if getattr(c, "sub_all", False)}
+            if not clients:
+                continue
+            for p, part in enumerate(self.topic.partitions):
+                ch = part.channels.get(name)
+                if ch is None or not self.leads(p):
+                    continue
+                for c in clients.values():
+                    if ch not in c.subs:
+                        ch.set_ordered()
+                        c.subs.append(ch)
+                        ch.add_client(c)
+                        ch.wake()
+
     def learn_passes(self, name: str, partitions: set[int]) -> None:
         """Other nodes' leaders recorded that channel ``name`` consumed these partitions'
         command messages: feed them to the local barrier (kept for a channel created later)."""
