@@ -166,6 +166,7 @@ class TopicRoutes:
         self.leads: Callable[[int], bool] = lambda _p: True
         self.on_pass: Callable[[str, int], None] | None = None
         self.remote_passed: dict[str, set[int]] = {}
+        self._sealing: dict[int, asyncio.Future[int]] = {}  # command appends under way
         self._set_history(history)
 
     # -- creation / load -------------------------------------------------------------------
@@ -279,13 +280,16 @@ class TopicRoutes:
         if self.history.retired_in(p) is None:
             raise RouteError(f"topic {self.topic.name}: partition {p} is not retired by any "
                              f"route version")
-        off = self.sealed.get(p)
-        if off is None:
-            off = self._command_at_end(p)
+        busy = self._sealing.get(p)
+        if busy is not None and not busy.done():  # a retried request while it is written
+            return self.sealed[p], busy
+        # the log, not the cached offset: a follower may have truncated an unacknowledged
+        # command of a leader that died (this node leads now and must append its own)
+        off = self._command_at_end(p)
         if off is not None:
             self.sealed[p] = off
             return off, None
-        fut = self._append_command(p)
+        fut = self._sealing[p] = self._append_command(p)
         return self.sealed[p], fut
 
     def subscribe_led(self) -> None:
