@@ -280,6 +280,7 @@ class NodeMember:
         self.route_histories: dict[str, RouteHistory] = {}
         self.route_passes: dict[str, dict[str, set[int]]] = {}
         self._passes_sent: set[tuple[str, str, int]] = set()
+        self._pass_tasks: set[asyncio.Task[None]] = set()
         nsqd.http_route_hooks.append(self.add_routes)
         nsqd.topic_hooks.append(self._on_new_topic)
 
@@ -493,7 +494,9 @@ class NodeMember:
             return
         self._passes_sent.add(k)
         self.route_passes.setdefault(name, {}).setdefault(channel, set()).add(p)
-        asyncio.get_running_loop().create_task(self._put_pass(name, channel, p))
+        task = asyncio.get_running_loop().create_task(self._put_pass(name, channel, p))
+        self._pass_tasks.add(task)
+        task.add_done_callback(self._pass_tasks.discard)
 
     async def _put_pass(self, name: str, channel: str, p: int) -> None:
         key = pass_key(self.meta.keys.root, name, channel, p)
@@ -532,7 +535,10 @@ class NodeMember:
         if h.retired_in(p) != version:
             return _answer(400, {"message": f"partition {p} is not retired by route version "
                                             f"{version}"})
-        self.route_histories[name] = h
+        known = self.route_histories.get(name)
+        if known is None or (known.newest.version, known.pending is not None) <= (
+                h.newest.version, h.pending is not None):
+            self.route_histories[name] = h  # the watch may not have brought it yet
         self._sync_routes(name)
         routes = gate.topic.routes
         if routes is None:
