@@ -65,5 +65,9 @@ def test_mirror_seal_and_learnt_passes(tmp_path: Path) -> None:
             topic.get_channel("late")
             assert ("late", 0) in passes and ("late", 3) in passes
             assert ("late", 1) not in passes and routes.states["late"].version == 1
+            from nsqx.protocol.v2 import parse_start_position
+
+            with pytest.raises(RouteError, match="not supported yet"):
+                routes.reset_channel("c", parse_start_position(b"earliest"))
 
     asyncio.run(main())

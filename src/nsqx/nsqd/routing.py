@@ -566,6 +566,9 @@ class TopicRoutes:
         earliest (no partition is deleted yet), the newest for latest, ``version_at(T)``.
         A per-partition offset has no meaning across partitions: RouteError."""
         h = self.history
+        if self.cluster:  # the barrier state lives on every node and in etcd: not one node's
+            raise RouteError(f"topic {h.topic} is a route-managed cluster topic: resetting a "
+                             f"channel across the cluster is not supported yet")
         if pos.kind == "earliest":
             version = 0
         elif pos.kind == "latest":
