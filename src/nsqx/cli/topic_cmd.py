@@ -5,12 +5,16 @@
     nsqx topic describe orders --nsqd-http-address 127.0.0.1:4151
     nsqx topic move orders 0 --from NODE --to NODE --lookupd-http-address 127.0.0.1:4161
 
-Route-managed ordered topics (``/topic/create?...&logical=L`` on one nsqd):
+Route-managed ordered topics (``/topic/create?...&logical=L``) on one nsqd, or in a cluster
+through nsqlookupd (``--lookupd-http-address``; ``move --route`` there, as a plain ``move``
+in a cluster moves a replica):
 
+    nsqx topic create orders --partitions 2 --logical 1024 --lookupd-http-address 127.0.0.1:4161
     nsqx topic routes orders --nsqd-http-address 127.0.0.1:4151
     nsqx topic split orders 0 --at 512 --nsqd-http-address 127.0.0.1:4151
-    nsqx topic merge orders 1 2 --nsqd-http-address 127.0.0.1:4151
+    nsqx topic merge orders 1 2 --lookupd-http-address 127.0.0.1:4161
     nsqx topic move orders 3 --to NODE --nsqd-http-address 127.0.0.1:4151
+    nsqx topic move orders 3 --route --to NODE --lookupd-http-address 127.0.0.1:4161
 """
 
 from __future__ import annotations
@@ -66,8 +70,10 @@ def cmd_topic_create(args: argparse.Namespace) -> int:
     prog = "nsqx topic create"
     who, addr = _target(args, args.parser)
     params = {"topic": args.topic, "partition_num": str(args.partitions)}
-    if args.ordered:
+    if args.ordered or args.logical:
         params["orderedmulti"] = "true"
+    if args.logical:  # route-managed: keys -> logical partitions -> physical ones by route
+        params["logical"] = str(args.logical)
     if who == "nsqlookupd":
         if args.replicas:
             params["replicator"] = str(args.replicas)
@@ -90,7 +96,9 @@ def cmd_topic_create(args: argparse.Namespace) -> int:
     if status != 200:
         return _fail(prog, who, status, body)
     what = f"{args.partitions} partition{'s' if args.partitions != 1 else ''}"
-    print(f"topic {args.topic}: {what}{', ordered' if args.ordered else ''}"
+    ordered = (f", ordered over {args.logical} logical partitions" if args.logical
+               else ", ordered" if args.ordered else "")
+    print(f"topic {args.topic}: {what}{ordered}"
           + (f", leaders {', '.join(str(p['leader']) for p in body['partitions'])}"
              if isinstance(body, dict) and "partitions" in body else ""))
     return 0
@@ -165,15 +173,21 @@ def _print_routes(topic: str, body: dict) -> None:
 
 def _route_call(prog: str, args: argparse.Namespace, path: str, params: dict[str, str],
                 method: str = "POST") -> int:
-    """A route request to nsqd (a change, or GET the history); prints the history."""
-    addr = args.nsqd_http_address
+    """A route request (a change, or GET the history) to one nsqd or, in a cluster, to
+    nsqlookupd (same paths and parameters; its coordinator runs the change); prints the
+    history."""
+    lookupd = getattr(args, "lookupd_http_address", None)
+    who, addr = ("nsqlookupd", lookupd) if lookupd else ("nsqd", args.nsqd_http_address)
+    if not addr:
+        args.parser.error("give --nsqd-http-address (one node) or --lookupd-http-address "
+                          "(cluster mode)")
     try:
         status, body = _call(method, addr, path, {"topic": args.topic, **params})
     except OSError as e:
-        print(f"{prog}: cannot reach nsqd at {addr}: {e}", file=sys.stderr)
+        print(f"{prog}: cannot reach {who} at {addr}: {e}", file=sys.stderr)
         return 1
     if status != 200:
-        return _fail(prog, "nsqd", status, body)
+        return _fail(prog, who, status, body)
     if args.json:
         print(json.dumps(body, indent=2, sort_keys=True))
     else:
@@ -196,13 +210,16 @@ def cmd_topic_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_topic_move(args: argparse.Namespace) -> int:
-    if args.nsqd_http_address:  # a route-managed topic's range -> a new partition on NODE
+    if args.nsqd_http_address or args.route:  # a route-managed topic's range -> a new
+        if args.nsqd_http_address:            # partition on NODE (one nsqd or a cluster)
+            args.lookupd_http_address = None
         return _route_call("nsqx topic move", args, "/topic/move",
                              {"partition": str(args.partition), "node": args.target})
     prog = "nsqx topic move"
     addr = args.lookupd_http_address
     if not args.source and not args.leader:
-        args.parser.error("give --from NODE (move a replica) or --leader (move leadership only)")
+        args.parser.error("give --from NODE (move a replica), --leader (move leadership only) "
+                          "or --route (a route-managed topic's range to a new partition)")
     try:
         move_leader = args.leader
         if args.source and not move_leader:
@@ -262,6 +279,9 @@ def add_topic_commands(sub: Any) -> None:
     p.add_argument("topic")
     p.add_argument("--partitions", type=int, default=1, help="partition count (default 1)")
     p.add_argument("--ordered", action="store_true", help="strictly ordered partitions")
+    p.add_argument("--logical", type=int, default=0, metavar="L",
+                   help="route-managed ordered topic: keys hash to L logical partitions, "
+                   "mapped onto the physical ones by a versioned route (split/merge/move)")
     p.add_argument("--replicas", type=int, default=0, help="replica count (cluster mode)")
     p.add_argument("--min-isr", type=int, default=0,
                    help="in-sync replicas needed to take a publish (cluster; default 2)")
@@ -302,6 +322,9 @@ def add_topic_commands(sub: Any) -> None:
     p.add_argument("--lookupd-http-address", default="127.0.0.1:4161")
     p.add_argument("--nsqd-http-address",
                    help="a route-managed ordered topic on this nsqd: a route move")
+    p.add_argument("--route", action="store_true",
+                   help="with --lookupd-http-address: a route move of a route-managed topic "
+                   "(its range to a new partition led by --to, a node id or TCP address)")
     p.add_argument("--json", action="store_true", help="print the JSON answer (route move)")
     p.set_defaults(func=cmd_topic_move, parser=p)
     p = tsub.add_parser(
@@ -311,6 +334,7 @@ def add_topic_commands(sub: Any) -> None:
         "channel's barrier state as nsqd reports them (GET /topic/route).")
     p.add_argument("topic")
     p.add_argument("--nsqd-http-address", default="127.0.0.1:4151")
+    p.add_argument("--lookupd-http-address", help="a cluster: any nsqlookupd's HTTP API")
     p.add_argument("--json", action="store_true", help="print the JSON answer")
     p.set_defaults(func=cmd_topic_routes, parser=p)
     p = tsub.add_parser(
@@ -322,6 +346,7 @@ def add_topic_commands(sub: Any) -> None:
     p.add_argument("partition", type=int)
     p.add_argument("--at", type=int, required=True, help="first logical partition of the upper half")
     p.add_argument("--nsqd-http-address", default="127.0.0.1:4151")
+    p.add_argument("--lookupd-http-address", help="a cluster: any nsqlookupd's HTTP API")
     p.add_argument("--json", action="store_true", help="print the JSON answer")
     p.set_defaults(func=cmd_topic_split, parser=p)
     p = tsub.add_parser(
@@ -332,5 +357,6 @@ def add_topic_commands(sub: Any) -> None:
     p.add_argument("a", type=int)
     p.add_argument("b", type=int)
     p.add_argument("--nsqd-http-address", default="127.0.0.1:4151")
+    p.add_argument("--lookupd-http-address", help="a cluster: any nsqlookupd's HTTP API")
     p.add_argument("--json", action="store_true", help="print the JSON answer")
     p.set_defaults(func=cmd_topic_merge, parser=p)

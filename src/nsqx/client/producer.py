@@ -62,6 +62,8 @@ log = logging.getLogger("nsqx.client")
 
 # a keyed publish refused by a sealed partition is retried once per route change it meets
 MAX_ROUTE_RETRIES = 4
+# a routed publish whose partition leader fails is sent to the new leader for this long
+LEADER_WAIT = 15.0
 
 
 class Producer:
@@ -110,6 +112,7 @@ class Producer:
         self.route_source = route_source
         self._routes = RouteCache(route_source, wait_timeout) if route_source else None
         self.route_retries = 0  # publishes sent again after E_BAD_PARTITION route version N
+        self.leader_retries = 0  # routed publishes sent again after their leader failed
 
     # -- lifecycle -------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -202,18 +205,29 @@ class Producer:
             if not self._closed:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
-    async def _wait_open(self) -> Connection:
-        """An open connection, chosen at random; waits up to wait_timeout for one."""
+    async def _wait_open(self, address: str | None = None) -> Connection:
+        """An open connection, chosen at random (or the one to ``address``, connected on
+        first use: a partition's leader); waits up to wait_timeout for one."""
         assert self._changed is not None
+        if address is not None and address not in self.addresses:
+            self.addresses.append(address)
+            self._supervisors.append(asyncio.get_running_loop().create_task(
+                self._supervise(address), name=f"nsqx-producer-{address}"))
         deadline = asyncio.get_running_loop().time() + self.wait_timeout
         while True:
             if self._closed:
                 raise ClosedError("producer closed")
-            conns = [c for c in self._conns.values() if c.is_open]
+            conns = [c for a, c in self._conns.items()
+                     if c.is_open and (address is None or a == address)]
             if conns:
                 return random.choice(conns)
             remaining = deadline - asyncio.get_running_loop().time()
-            errors = [self._last_error.get(a) for a in self.addresses]
+            if address is not None and self._last_error.get(address) is not None:
+                # a partition's leader that cannot be reached: the caller asks where it went
+                raise NoConnectionsError(f"no connection to {address}: "
+                                         f"{self._last_error[address]}")
+            errors = [self._last_error.get(a) for a in
+                      (self.addresses if address is None else [address])]
             if remaining <= 0 or all(e is not None for e in errors):
                 # every nsqd refused us: surface nsqd's own error (E_AUTH_FAILED, ...)
                 refused = [e for e in errors if isinstance(e, NSQError) and not e.retriable]
@@ -256,19 +270,43 @@ class Producer:
         h = await self._routes.get(topic)
         if h is None:
             raise ValueError(f"topic {topic} is not route-managed: a key needs partitions=")
-        for _ in range(MAX_ROUTE_RETRIES):
+        loop = asyncio.get_running_loop()
+        leader_deadline = loop.time() + LEADER_WAIT
+        attempt = 0
+        while attempt < MAX_ROUTE_RETRIES:
+            attempt += 1
             try:
-                await self._send(build(h.route(key).partition, h.newest.version))
+                p = h.route(key).partition
+                leader = self._leader(topic, p)
+                await self._send(build(p, h.newest.version), leader)
                 return
             except NSQError as e:
                 need = refused_version(e.text) if e.code == "E_BAD_PARTITION" else None
+                if need is None and leader is not None and loop.time() < leader_deadline and (
+                        isinstance(e, ConnectionError) or e.code in ("E_PUB_FAILED", "E_MPUB_FAILED")):
+                    # the leader died or moved (a cluster failover): ask again where the
+                    # partition is led and send there (at least once: it may be a duplicate)
+                    self.leader_retries += 1
+                    attempt -= 1
+                    await asyncio.sleep(0.25)
+                    self._routes.invalidate(topic)
+                    h = await self._routes.get(topic)
+                    assert h is not None
+                    continue
                 if need is None:
                     raise
                 self.route_retries += 1
                 # one retry per change: the refusal names the version that sealed it
                 h = await self._routes.get(topic, max(need, h.newest.version + 1))
                 assert h is not None
-        await self._send(build(h.route(key).partition, h.newest.version))
+        p = h.route(key).partition
+        await self._send(build(p, h.newest.version), self._leader(topic, p))
+
+    def _leader(self, topic: str, partition: int) -> str | None:
+        """Where a routed publish goes: the partition's leader when the route source knows
+        it (nsqlookupd in cluster mode), else any connection."""
+        leader = getattr(self.route_source, "leader", None)
+        return leader(topic, partition) if leader is not None else None
 
     async def mpublish(self, topic: str, bodies: Iterable[bytes], *,
                        partition: int | None = None, key: bytes | str | None = None,
@@ -295,7 +333,7 @@ class Producer:
         nsqd's answer; for forwarding nodes and tools that already hold the wire bytes."""
         return await self._send(data)
 
-    async def _send(self, data: bytes) -> bytes:
+    async def _send(self, data: bytes, address: str | None = None) -> bytes:
         if self._closing:
             raise ClosedError("producer closed")
         self._start()
@@ -303,7 +341,7 @@ class Producer:
         async with self._slots:
             attempt = 0
             while True:
-                conn = await self._wait_open()
+                conn = await self._wait_open(address)
                 try:
                     fut = conn.command(data)
                 except ConnectionClosedError:

@@ -1,8 +1,8 @@
 """Where a producer learns route-managed topics' routes (:mod:`nsqx.cluster.routes`).
 
 :class:`RouteSource` is what :class:`~nsqx.client.Producer` asks; :class:`HttpRouteSource`
-reads nsqd's ``GET /topic/route?topic=T`` (a standalone nsqd). A cluster source (lookupd or
-an etcd watch) can implement the same call later.
+reads ``GET /topic/route?topic=T`` from a standalone nsqd or, in a cluster, from nsqlookupd
+(whose answer also names each partition's leader).
 
 The history's module is imported lazily: ``nsqx.cluster.routes`` itself imports
 ``nsqx.client.producer`` for the key hash.
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
+import orjson
 
 if TYPE_CHECKING:
     from nsqx.cluster.routes import RouteHistory
@@ -38,7 +39,11 @@ class RouteSource(Protocol):
 
 
 class HttpRouteSource:
-    """``GET http://<nsqd http>/topic/route?topic=T`` on one of the given addresses."""
+    """``GET http://<nsqd http>/topic/route?topic=T`` on one of the given addresses.
+
+    nsqlookupd in cluster mode answers the same call with ``leaders`` added (partition ->
+    leader TCP address): :meth:`leader` then tells the producer where to send a keyed
+    publish (a cluster partition takes publishes on its leader only)."""
 
     def __init__(self, http_addresses: str | Sequence[str], *, timeout: float = 5.0) -> None:
         if isinstance(http_addresses, str):
@@ -48,6 +53,11 @@ class HttpRouteSource:
         self.addresses = list(http_addresses)
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
+        self.leaders: dict[str, dict[int, str]] = {}
+
+    def leader(self, topic: str, partition: int) -> str | None:
+        """The TCP address of the partition's leader, if the last answer named one."""
+        return self.leaders.get(topic, {}).get(partition)
 
     async def fetch(self, topic: str) -> RouteHistory | None:
         from nsqx.cluster.routes import RouteHistory
@@ -66,7 +76,11 @@ class HttpRouteSource:
                     if r.status != 200:
                         errors.append(f"{addr}: HTTP {r.status}")
                         continue
-                    return RouteHistory.from_json(body)
+                    h = RouteHistory.from_json(body)
+                    leaders = orjson.loads(body).get("leaders")
+                    if isinstance(leaders, dict):
+                        self.leaders[topic] = {int(p): str(a) for p, a in leaders.items()}
+                    return h
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 errors.append(f"{addr}: {exc!r}")
         raise ConnectionError(f"no route for topic {topic}: {'; '.join(errors)}")
@@ -85,6 +99,10 @@ class RouteCache:
         self.wait_timeout = wait_timeout
         self._routes: dict[str, RouteHistory | None] = {}
         self._fetching: dict[str, asyncio.Future[RouteHistory | None]] = {}
+
+    def invalidate(self, topic: str) -> None:
+        """Forget the cached route (and leaders): the next get() fetches it again."""
+        self._routes.pop(topic, None)
 
     async def get(self, topic: str, min_version: int = -1) -> RouteHistory | None:
         """The cached route, fetched if missing or older than ``min_version`` (polling until

@@ -40,6 +40,7 @@ from nsqx.cluster.placement import (
     preferred_leader_move,
     remove_replica,
 )
+from nsqx.cluster.route_coord import RouteCoordinator
 
 log = logging.getLogger("nsqx.cluster.coordinator")
 
@@ -95,6 +96,8 @@ class Coordinator:
         self._lead_task: asyncio.Task[None] | None = None
         self.passes = 0  # reconciling passes made while leading (for /cluster/stats and tests)
         self.rebalance_moves = 0  # replica moves this coordinator started to spread the load
+        self.routes = RouteCoordinator(self.meta)  # route-managed ordered topics' changes
+        self._roll_task: asyncio.Task[None] | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -110,6 +113,7 @@ class Coordinator:
     async def close(self) -> None:
         await self._stop_leading()
         await self.election.close()
+        await self.routes.close()
 
     def _on_leader_change(self, _leader: str | None, is_me: bool) -> None:
         if is_me and self._lead_task is None:
@@ -130,9 +134,14 @@ class Coordinator:
 
     async def _lead(self) -> None:
         log.info("coordinator %s: leading", self.candidate_id)
+        rolled = False
         while True:
             try:
                 rev = await self.reconcile()
+                if not rolled:  # route changes a previous coordinator left pending
+                    rolled = True
+                    self._roll_task = asyncio.get_running_loop().create_task(
+                        self.routes.roll_forward_all(), name="route roll-forward")
                 async for _events in self.meta.watch(self.meta.keys.root, rev + 1):
                     await asyncio.sleep(0.05)  # let a burst of changes land together
                     await self.reconcile()

@@ -20,6 +20,10 @@ campaigns; the elected one reconciles. Any of them answers (reads come from etcd
   leadership moves (``move_from`` optional, A stays a follower). The request is checked
   against the partition (400 with the reason), recorded in etcd and carried out by the
   coordinator's reconcile passes; it shows under ``moves`` in ``/cluster/stats`` until done.
+- Route-managed ordered topics (:mod:`nsqx.cluster.route_coord`): ``/topic/create`` with
+  ``&logical=L``; ``GET /topic/route?topic=T`` (the history plus ``leaders``);
+  ``POST /topic/split|merge|move`` with nsqd's parameters, run by the elected coordinator
+  (another lookupd forwards the request), 400 with the rule's text when refused.
 - ``GET /cluster/stats[?log_ends=true]``: coordinator, live nodes, and every partition's
   leader, epoch, ISR and catch-up set; with ``log_ends`` also each replica's log end as its
   node reports it (``/nsqx/cluster/state``, asked concurrently, 2 s timeout; null when a
@@ -41,6 +45,7 @@ from nsqx.cluster.coordinator import Coordinator
 from nsqx.cluster.etcd import EtcdClient, EtcdError
 from nsqx.cluster.model import MetaError, NodeInfo, TopicMeta
 from nsqx.cluster.placement import plan_move
+from nsqx.cluster.routes import DEFAULT_LOGICAL, MAX_LOGICAL, RouteError
 
 log = logging.getLogger("nsqx.cluster.lookupd")
 
@@ -91,11 +96,14 @@ class ClusterLookupd:
         self._upstream_lookup: Any = None
         self._session: aiohttp.ClientSession | None = None
         lookupd.plugins.append(self)
-        for path, fn in (("/lookup", self.h_lookup), ("/cluster/stats", self.h_stats)):
+        for path, fn in (("/lookup", self.h_lookup), ("/cluster/stats", self.h_stats),
+                         ("/topic/route", self.h_route)):
             lookupd.http_routes.append(("GET", path, fn))
         for path, fn in (("/topic/create", self.h_topic_create),
                          ("/topic/partition/move", self.h_partition_move),
-                         ("/cluster/node/remove", self.h_node_remove)):
+                         ("/cluster/node/remove", self.h_node_remove),
+                         ("/topic/split", self.h_route_change), ("/topic/merge", self.h_route_change),
+                         ("/topic/move", self.h_route_change)):
             lookupd.http_routes.append(("POST", path, fn))
 
     @property
@@ -163,18 +171,97 @@ class ClusterLookupd:
             nodes = await self.meta.nodes()
             parts = _int(q, "partition_num", 1, 1, 1024)
             reps = _int(q, "replicator", min(3, max(len(nodes), 1)), 1, 16)
+            routed = q.get("logical") is not None  # a route-managed ordered topic
             tm = TopicMeta(name, parts, reps, sync_every=_int(q, "syncdisk", 0, 0, 1 << 30),
-                           ordered=q.get("orderedmulti") == "true",
+                           ordered=routed or q.get("orderedmulti") == "true",
                            min_isr=_int(q, "min_isr", 0, 0, 16))
-            placed = await self.meta.create_topic(tm, sorted(nodes))
+            if routed:
+                logical = _int(q, "logical", DEFAULT_LOGICAL, 1, MAX_LOGICAL)
+                history, placed = await self.coordinator.routes.create(  # type: ignore[union-attr]
+                    tm, logical)
+            else:
+                placed = await self.meta.create_topic(tm, sorted(nodes))
+        except RouteError as e:
+            return _err(400, "E_INVALID", str(e))
         except MetaError as e:
             code = "E_TOPIC_EXISTS" if "already exists" in str(e) else "E_INVALID"
             return _err(400, code, str(e))
         except EtcdError as e:
             return _err(503, "E_CLUSTER_UNAVAILABLE", str(e))
-        return _json(200, {"topic": name, "partitions": [
+        body: dict[str, Any] = {"topic": name, "partitions": [
             {"partition": p.partition, "leader": p.leader, "replicas": list(p.replicas),
-             "epoch": p.epoch, "isr": list(p.isr)} for p in placed]})
+             "epoch": p.epoch, "isr": list(p.isr)} for p in placed]}
+        if routed:
+            body["route"] = history.to_dict()
+        return _json(200, body)
+
+    # -- route-managed ordered topics (nsqx.cluster.route_coord) ----------------------------
+    async def h_route(self, request: web.Request) -> web.Response:
+        """``GET /topic/route?topic=T``: the route history (the shape of nsqd's answer, so
+        ``HttpRouteSource`` reads either) plus ``leaders``: partition -> leader TCP address,
+        where a producer sends a keyed publish."""
+        name = request.query.get("topic", "")
+        if not name:
+            return _err(400, "MISSING_ARG_TOPIC")
+        try:
+            h = await self.coordinator.routes.history(name)  # type: ignore[union-attr]
+            if h is None:
+                return _err(404, "TOPIC_NOT_FOUND", f"no route-managed topic {name}")
+            nodes = await self.meta.nodes()
+            parts = await self.meta.partitions(name)
+        except (EtcdError, RouteError) as e:
+            return _err(503, "E_CLUSTER_UNAVAILABLE", str(e))
+        body = h.to_dict()
+        body["leaders"] = {str(p): nodes[v.meta.leader].tcp_address for p, v in parts.items()
+                           if v.meta.leader in nodes}
+        return _json(200, body)
+
+    async def h_route_change(self, request: web.Request) -> web.StreamResponse:
+        """``POST /topic/split|merge|move`` with nsqd's parameters (``parse_change``): run by
+        the elected coordinator (another lookupd passes the request on to it); 400 with the
+        rule's text as ``message`` when refused, as nsqd answers."""
+        from nsqx.httpapi import HTTPError
+        from nsqx.httpapi import query as parse_query
+        from nsqx.nsqd.routes_api import parse_change
+
+        c = self.coordinator
+        assert c is not None
+        if not c.is_leader:
+            return await self._to_coordinator(request)
+        kind = request.path.rsplit("/", 1)[-1]
+        try:
+            params = parse_query(request)
+            name = (params.get("topic") or [""])[0]
+            if not name:
+                return _err(400, "MISSING_ARG_TOPIC")
+            nodes = await self.meta.nodes()
+            what, op = parse_change(kind, params, node=lambda n: _node_id(n, nodes))
+            h = await c.routes.change(name, op)
+        except HTTPError as e:
+            return _err(e.status, e.code)
+        except RouteError as e:
+            log.info("CLUSTER: TOPIC(%s): route change refused - %s", name, e)
+            return _err(400, str(e))
+        except TimeoutError as e:
+            return _err(503, "E_ROUTE_CHANGE_PENDING", str(e))
+        except EtcdError as e:
+            return _err(503, "E_CLUSTER_UNAVAILABLE", str(e))
+        log.info("CLUSTER: TOPIC(%s): %s by HTTP client %s", name, what, request.remote)
+        return _json(200, h.to_dict())
+
+    async def _to_coordinator(self, request: web.Request) -> web.Response:
+        leader = self.coordinator.leader if self.coordinator else None
+        if not leader:
+            return _err(503, "E_NO_COORDINATOR", "no coordinator is elected; retry")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        try:
+            async with self._session.post(f"http://{leader}{request.path_qs}",
+                                          timeout=aiohttp.ClientTimeout(total=60)) as r:
+                return web.Response(status=r.status, body=await r.read(),
+                                    content_type="application/json")
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            return _err(503, "E_NO_COORDINATOR", f"coordinator {leader}: {e!r}")
 
     async def h_node_remove(self, request: web.Request) -> web.Response:
         node = request.query.get("remove_node", "")
@@ -290,6 +377,16 @@ class ClusterLookupd:
             else:
                 log.warning("CLUSTER: /cluster/stats: no log ends from %s: %r", n.id, r)
         return out
+
+
+def _node_id(given: str, nodes: dict[str, NodeInfo]) -> str:
+    """A move's ``node``: a node id, or a live node's TCP or HTTP address (its id then)."""
+    if given in nodes:
+        return given
+    for n in nodes.values():
+        if given in (n.tcp_address, n.http_address):
+            return n.id
+    return given  # unknown: place_created refuses it with the live nodes listed
 
 
 def _replica_ends(pm: Any, ends: dict[str, dict[tuple[str, int], int]] | None

@@ -48,7 +48,10 @@ from nsqx.cluster.metadata import ClusterMetadata, Versioned
 from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import expand_isr, shrink_isr
 from nsqx.cluster.replication import LeaderProgress, truncation_point
+from nsqx.cluster.route_store import parse_pass_key, pass_key, passes_prefix, routes_prefix
+from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
 from nsqx.nsqd.config_api import apply_settings, export_settings
+from nsqx.nsqd.routing import TopicRoutes
 from nsqx.nsqd.topic import PublishRefused, settle
 
 log = logging.getLogger("nsqx.cluster.member")
@@ -281,6 +284,12 @@ class NodeMember:
         self._producers: dict[str, Any] = {}  # leader tcp address -> nsqx.client Producer
         self.forwarded = 0
         self.etcd_ok = True
+        # route-managed ordered topics: their histories and the barrier passes recorded by
+        # the leaders (this node's own included), both from the etcd watch
+        self.route_histories: dict[str, RouteHistory] = {}
+        self.route_passes: dict[str, dict[str, set[int]]] = {}
+        self._passes_sent: set[tuple[str, str, int]] = set()
+        self._pass_tasks: set[asyncio.Task[None]] = set()
         nsqd.http_route_hooks.append(self.add_routes)
         nsqd.topic_hooks.append(self._on_new_topic)
 
@@ -389,6 +398,8 @@ class NodeMember:
         self.partitions.clear()
         self.topic_meta.clear()
         self.nodes.clear()
+        self.route_histories.clear()
+        self.route_passes.clear()
         for kv in kvs:
             self._apply_kv(kv.key, kv.value)
         self._reconcile()
@@ -415,6 +426,17 @@ class NodeMember:
                     self.nodes.pop(nid, None)
                 else:
                     self.nodes[nid] = NodeInfo.from_json(value)
+            elif key.startswith(routes_prefix(keys.root)):
+                name = key[len(routes_prefix(keys.root)):].decode()
+                if value is None:
+                    self.route_histories.pop(name, None)
+                else:
+                    self.route_histories[name] = RouteHistory.from_json(value)
+            elif key.startswith(passes_prefix(keys.root)):
+                found = parse_pass_key(keys.root, key)
+                if found is not None and value is not None:
+                    topic, channel, p = found
+                    self.route_passes.setdefault(topic, {}).setdefault(channel, set()).add(p)
         except (ValueError, KeyError, TypeError, MetaError) as e:
             log.warning("CLUSTER: ignoring malformed metadata %r: %s", key, e)
 
@@ -447,6 +469,108 @@ class NodeMember:
             if not topic.ephemeral:
                 for part in topic.partitions:
                     self._guard(part)
+        for name in list(self.route_histories):
+            self._sync_routes(name)
+
+    # -- route-managed ordered topics -------------------------------------------------------
+    def _sync_routes(self, name: str) -> None:
+        """Give the local topic the route history from etcd and the barrier passes other
+        nodes recorded (nsqd's TopicRoutes never reads etcd itself)."""
+        h = self.route_histories.get(name)
+        topic = self.nsqd.topics.get(name)
+        if h is None or topic is None:
+            return
+        routes = topic.routes
+        if routes is None:
+            routes = TopicRoutes.mirror(self.nsqd, topic, h, lambda p: self._leads(name, p),
+                                        lambda ch, p: self._record_pass(name, ch, p))
+            for part in topic.partitions:
+                if not topic.ephemeral:
+                    self._guard(part)
+        elif (routes.history.newest.version, routes.history.pending is not None) <= (
+                h.newest.version, h.pending is not None):  # never back to an older copy
+            routes.apply(h)
+        for channel, parts in self.route_passes.get(name, {}).items():
+            routes.learn_passes(channel, parts)
+        routes.subscribe_led()
+
+    def _leads(self, name: str, p: int) -> bool:
+        gate = self.gates.get((name, p))
+        return isinstance(gate, LeaderGate) and gate.active
+
+    def _record_pass(self, name: str, channel: str, p: int) -> None:
+        """A channel passed the command message of a partition this node leads: record it in
+        etcd (once), so the nodes leading the next version's partitions open them to it."""
+        k = (name, channel, p)
+        if k in self._passes_sent or not self._leads(name, p):
+            return
+        self._passes_sent.add(k)
+        self.route_passes.setdefault(name, {}).setdefault(channel, set()).add(p)
+        task = asyncio.get_running_loop().create_task(self._put_pass(name, channel, p))
+        self._pass_tasks.add(task)
+        task.add_done_callback(self._pass_tasks.discard)
+
+    async def _put_pass(self, name: str, channel: str, p: int) -> None:
+        key = pass_key(self.meta.keys.root, name, channel, p)
+        for attempt in range(100):
+            try:
+                await self.etcd.put(key, b"1")
+                log.info("CLUSTER: TOPIC(%s) CHANNEL(%s): passed the command message of "
+                         "partition %d (recorded for the other nodes)", name, channel, p)
+                return
+            except EtcdError as e:
+                log.warning("CLUSTER: recording a route pass failed (%s); retry %d", e, attempt)
+                await asyncio.sleep(0.5)
+        self._passes_sent.discard((name, channel, p))
+
+    async def h_route_seal(self, request: web.Request) -> web.Response:
+        """``POST /nsqx/route/seal?topic=T&partition=P&version=V`` (the coordinator): append
+        the command message of route version V to P, which this node leads, and answer once
+        the ISR has it. The history is read from etcd first, so the seal never runs ahead of
+        the pending change it belongs to."""
+        q = request.query
+        try:
+            name, p, version = q["topic"], int(q["partition"]), int(q["version"])
+        except (KeyError, ValueError):
+            return _answer(400, {"message": "E_INVALID",
+                                 "detail": "topic, partition and version are required"})
+        gate = self.gates.get((name, p))
+        if not isinstance(gate, LeaderGate) or not gate.active:
+            return _answer(409, {"message": "E_NOT_LEADER"})
+        try:
+            kv = await self.etcd.get(routes_key(self.meta.keys.root, name))
+        except EtcdError as e:
+            return _answer(503, {"message": f"E_CLUSTER_UNAVAILABLE: {e}"})
+        if kv is None:
+            return _answer(404, {"message": "TOPIC_NOT_FOUND"})
+        h = RouteHistory.from_json(kv.value)
+        if h.retired_in(p) != version:
+            return _answer(400, {"message": f"partition {p} is not retired by route version "
+                                            f"{version}"})
+        known = self.route_histories.get(name)
+        if known is None or (known.newest.version, known.pending is not None) <= (
+                h.newest.version, h.pending is not None):
+            self.route_histories[name] = h  # the watch may not have brought it yet
+        self._sync_routes(name)
+        routes = gate.topic.routes
+        if routes is None:
+            return _answer(409, {"message": "E_NOT_ROUTE_MANAGED"})
+        try:
+            off, fut = routes.seal(p)
+            if fut is not None:
+                await fut
+        except RouteError as e:
+            return _answer(400, {"message": str(e)})
+        if gate.acked_end() <= off:  # wait until the ISR has the command message
+            done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            gate.wrap(gate.topic, off + 1, settle(done))(off, None)
+            try:
+                await asyncio.wait_for(done, 10)
+            except (TimeoutError, PublishRefused) as e:
+                return _answer(503, {"message": f"command message not replicated: {e}"})
+        log.info("CLUSTER: TOPIC(%s) PARTITION(%d): sealed for route version %d (command "
+                 "message at %d)", name, p, version, off)
+        return _answer(200, {"offset": off})
 
     def _guard(self, part: Any) -> None:
         """A local partition this node holds no role for may not take publishes."""
@@ -691,6 +815,7 @@ class NodeMember:
         app.router.add_get("/nsqx/replica/epochs", self.h_epochs)
         app.router.add_get("/nsqx/replica/fetch", self.h_fetch)
         app.router.add_get("/nsqx/cluster/state", self.h_state)
+        app.router.add_post("/nsqx/route/seal", self.h_route_seal)
 
     def _leader_gate(self, request: web.Request
                      ) -> tuple[LeaderGate, Any, dict[str, str]] | web.Response:

@@ -11,6 +11,8 @@ and the tests agree on one layout. Keys (all under ``/nsqx/<cluster-id>/``):
 | ``partitions/<topic>/<p>`` | :class:`PartitionMeta` (leader, epoch, ISR, catch-up) | coordinator, CAS on mod revision |
 | ``drain/<node-id>`` | ``1`` while the node is being drained | lookupd (operator), cleared by the operator |
 | ``moves/<topic>/<p>`` | :class:`MoveRequest` (one pending move per partition) | lookupd (put-if-absent), cleared by the coordinator |
+| ``routes/<topic>`` | a route-managed topic's ``RouteHistory`` (:mod:`nsqx.cluster.route_store`) | coordinator, CAS on mod revision |
+| ``route_passed/<topic>/<channel>/<p>`` | ``1``: the channel consumed p's command message | the node leading p |
 """
 
 from __future__ import annotations

@@ -14,7 +14,11 @@ same parameters)
     Merge two partitions with adjacent ranges into one new partition.
 ``POST /topic/move?topic=T&partition=P&node=N``
     Move P's range to a new partition labelled with node N (a standalone nsqd creates it
-    locally whatever N says; placement on other nodes is the coordinator's, not done yet).
+    locally whatever N says).
+
+In a cluster the same three calls go to nsqlookupd (:mod:`nsqx.cluster.lookupd_api`, which
+parses them with :func:`parse_change`); a cluster node refuses them with the reason (its
+history is the member's mirror of etcd) but answers ``GET /topic/route`` with its view.
 
 Each change answers 200 with the new history once it is committed; a change the rules
 refuse answers 400 with the RouteError text as ``message`` (bad boundary, non-adjacent
@@ -25,12 +29,13 @@ merge, a change while another is pending, unknown or retired partition); 404
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from nsqx.cluster.routes import DEFAULT_LOGICAL, RouteError
+from nsqx.cluster.routes import DEFAULT_LOGICAL, RouteError, RouteHistory
 from nsqx.httpapi import HTTPError
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
@@ -39,14 +44,15 @@ from nsqx.protocol.names import valid_topic_name
 
 log = logging.getLogger("nsqx.nsqd.http")
 
-__all__ = ["add_routes", "create_routed"]
+__all__ = ["add_routes", "create_routed", "parse_change", "parse_int"]
 
 
 def _json(obj: Any) -> web.Response:
     return web.Response(body=orjson.dumps(obj), content_type="application/json")
 
 
-def _int(params: dict[str, list[str]], name: str, *, default: int | None = None) -> int:
+def parse_int(params: dict[str, list[str]], name: str, *, default: int | None = None) -> int:
+    """A non-negative integer argument (HTTPError ``MISSING_ARG_X`` / ``INVALID_X``)."""
     raw = _first(params, name)
     if raw is None or raw == "":
         if default is None:
@@ -65,10 +71,10 @@ async def create_routed(nsqd: Any, name: str, params: dict[str, list[str]]) -> T
     """Create (or find, same shape) the route-managed topic ``name``; HTTPError if not."""
     if name.endswith("#ephemeral"):
         raise HTTPError(400, "INVALID_PARTITION_NUM")
-    count = _int(params, "partition_num", default=1)
+    count = parse_int(params, "partition_num", default=1)
     if not 1 <= count <= 1024:
         raise HTTPError(400, "INVALID_PARTITION_NUM")
-    logical = _int(params, "logical", default=DEFAULT_LOGICAL)
+    logical = parse_int(params, "logical", default=DEFAULT_LOGICAL)
     existing = nsqd.topics.get(name)
     if existing is not None:
         r = existing.routes
@@ -126,24 +132,42 @@ class _RoutesAPI:
         return _json(routes.to_dict())
 
     async def split(self, request: web.Request) -> web.Response:
-        params, routes = self._routes(request)
-        p, at = _int(params, "partition"), _int(params, "at")
-        return await self._change(routes, lambda h: h.split(p, at), f"split {p} at {at}",
-                                  request)
+        return await self._op(request, "split")
 
     async def merge(self, request: web.Request) -> web.Response:
-        params, routes = self._routes(request)
-        a, b = _int(params, "a"), _int(params, "b")
-        return await self._change(routes, lambda h: h.merge(a, b), f"merge {a}+{b}", request)
+        return await self._op(request, "merge")
 
     async def move(self, request: web.Request) -> web.Response:
+        return await self._op(request, "move")
+
+    async def _op(self, request: web.Request, kind: str) -> web.Response:
         params, routes = self._routes(request)
-        p = _int(params, "partition")
-        node = _first(params, "node")
-        if not node:
+        what, op = parse_change(kind, params)
+        return await self._change(routes, op, what, request)
+
+
+RouteOp = Callable[[RouteHistory], RouteHistory]
+
+
+def parse_change(kind: str, params: dict[str, list[str]],
+                 node: Callable[[str], str] = lambda n: n) -> tuple[str, RouteOp]:
+    """The query of ``/topic/split|merge|move`` as (description, operation on a history);
+    HTTPError for a missing or malformed argument. Shared by nsqd and, in a cluster,
+    nsqlookupd (whose ``node`` resolves the ``node`` argument to a cluster node id)."""
+    if kind == "split":
+        p, at = parse_int(params, "partition"), parse_int(params, "at")
+        return f"split {p} at {at}", lambda h: h.split(p, at)
+    if kind == "merge":
+        a, b = parse_int(params, "a"), parse_int(params, "b")
+        return f"merge {a}+{b}", lambda h: h.merge(a, b)
+    if kind == "move":
+        p = parse_int(params, "partition")
+        raw = _first(params, "node")
+        if not raw:
             raise HTTPError(400, "MISSING_ARG_NODE")
-        return await self._change(routes, lambda h: h.move(p, node), f"move {p} to {node}",
-                                  request)
+        target = node(raw)
+        return f"move {p} to {target}", lambda h: h.move(p, target)
+    raise HTTPError(400, f"unknown route change {kind!r}")
 
 
 def add_routes(app: web.Application, nsqd: Any) -> None:

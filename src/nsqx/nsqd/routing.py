@@ -22,6 +22,10 @@
 * Per channel a :class:`~nsqx.cluster.barrier.ChannelRoute` lives in
   ``channels/c-<name>.route`` beside the cursor files; a partition delivers to the channel
   only while it is in :func:`~nsqx.cluster.barrier.readable_partitions`.
+* In a cluster (:meth:`TopicRoutes.mirror`) the history is the cluster member's copy of
+  etcd (:class:`MirroredRouteStore`: no local changes); the member asks for seals, says
+  which partitions this node leads and feeds in the barrier passes other nodes recorded.
+  This module never sees etcd.
 """
 
 from __future__ import annotations
@@ -94,6 +98,21 @@ class FileRouteStore:
         self._current = new
 
 
+class MirroredRouteStore:
+    """A cluster topic's history as the cluster member last saw it in etcd. Changes go
+    through nsqlookupd's coordinator (:mod:`nsqx.cluster.route_coord`), never this node."""
+
+    def __init__(self, history: RouteHistory) -> None:
+        self._current = history
+
+    def load(self) -> RouteHistory | None:
+        return self._current
+
+    async def replace(self, old: RouteHistory | None, new: RouteHistory) -> None:
+        raise RouteError(f"topic {new.topic} is a cluster topic: change its route through "
+                         f"nsqlookupd (/topic/split, /topic/merge, /topic/move)")
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -139,6 +158,15 @@ class TopicRoutes:
         self.open: frozenset[int] = frozenset()
         self._rr = 0
         self._lock = asyncio.Lock()
+        # cluster mode (set by the member, see mirror()): whether this node leads a partition
+        # (only a leader's cursors count as a channel passing a command message), who hears
+        # of a local pass (the member records it in etcd for the other nodes), and the passes
+        # recorded by other nodes, per channel
+        self.cluster = False
+        self.leads: Callable[[int], bool] = lambda _p: True
+        self.on_pass: Callable[[str, int], None] | None = None
+        self.remote_passed: dict[str, set[int]] = {}
+        self._sealing: dict[int, asyncio.Future[int]] = {}  # command appends under way
         self._set_history(history)
 
     # -- creation / load -------------------------------------------------------------------
@@ -187,6 +215,133 @@ class TopicRoutes:
             async with self._lock:
                 await self._commit(pending.version)
 
+    # -- cluster mode (driven by nsqx.cluster.member; nsqd itself knows no etcd) -----------
+    @classmethod
+    def mirror(cls, nsqd: NSQD, topic: Topic, history: RouteHistory,
+               leads: Callable[[int], bool], on_pass: Callable[[str, int], None]) -> TopicRoutes:
+        """Attach a cluster topic's history (read from etcd by the member). The route is
+        changed by the coordinator only; this node seals the partitions it leads when asked
+        (:meth:`seal`) and learns the other nodes' barrier passes (:meth:`learn_passes`)."""
+        nsqd.ensure_partitions(topic.name, history.next_partition, ordered=True)
+        routes = cls(nsqd, topic, MirroredRouteStore(history), history)
+        routes.cluster, routes.leads, routes.on_pass = True, leads, on_pass
+        routes._find_commands()
+        routes.attach()
+        for cname in list(topic.channels):
+            routes.channel_created(cname, first=True)
+        return routes
+
+    def apply(self, history: RouteHistory) -> None:
+        """A newer history from etcd: pending (its retired partitions refuse publishes from
+        now on) or committed (channels advance)."""
+        if history == self.history:
+            if any(part.routes is not self for part in self.topic.partitions):
+                self.attach()
+            return
+        old = self.history
+        self.store = MirroredRouteStore(history)
+        self._set_history(history)
+        if history.next_partition > len(self.topic.partitions):
+            self.nsqd.ensure_partitions(self.topic.name, history.next_partition, ordered=True)
+        if any(part.routes is not self for part in self.topic.partitions):
+            self.attach()  # partitions the member created first (it saw the topic grow)
+        self._find_commands()
+        if history.newest.version != old.newest.version:
+            log.info("TOPIC(%s): route version %d committed", self.topic.name,
+                     history.newest.version)
+        for name in list(self.states):
+            self._set_state(name, self._with_passes(name, advance(self.states[name], history)))
+            self._refresh(name)
+
+    def _find_commands(self) -> None:
+        """Learn where the command messages of retired partitions are (a new leader after a
+        failover holds them: the seal was acked by the ISR). Never appends: only
+        :meth:`seal` on the leader does."""
+        for p in range(min(len(self.topic.partitions), self.history.next_partition)):
+            if p not in self.sealed and self.history.retired_in(p) is not None:
+                off = self._command_at_end(p)
+                if off is not None:
+                    self.sealed[p] = off
+
+    def _command_at_end(self, p: int) -> int | None:
+        part = self.topic.partitions[p]
+        end = part.log.next_offset
+        if end <= part.log.start_offset:
+            return None
+        try:
+            _, ch = parse_command(part.log.read_frame(end - 1)[34:])
+        except (RouteError, KeyError, ValueError):
+            return None
+        return end - 1 if ch.version == self.history.retired_in(p) else None
+
+    def seal(self, p: int) -> tuple[int, asyncio.Future[int] | None]:
+        """Append p's command message (the history must retire p): its offset, and the
+        append's future (None if it was already there). Idempotent."""
+        if self.history.retired_in(p) is None:
+            raise RouteError(f"topic {self.topic.name}: partition {p} is not retired by any "
+                             f"route version")
+        busy = self._sealing.get(p)
+        if busy is not None and not busy.done():  # a retried request while it is written
+            return self.sealed[p], busy
+        # the log, not the cached offset: a follower may have truncated an unacknowledged
+        # command of a leader that died (this node leads now and must append its own)
+        off = self._command_at_end(p)
+        if off is not None:
+            self.sealed[p] = off
+            return off, None
+        fut = self._sealing[p] = self._append_command(p)
+        return self.sealed[p], fut
+
+    def subscribe_led(self) -> None:
+        """Cluster mode: plain-SUB clients (``sub_all``) read every partition this node
+        leads, including ones a change created or a failover gave it after they subscribed
+        (the member closes the clients of a partition this node stops leading)."""
+        for name, ch0 in list(self.topic.channels.items()):
+            clients = {c.id: c for sib in ch0.siblings() for c in sib.clients.values()
+                       if getattr(c, "sub_all", False)}
+            if not clients:
+                continue
+            for p, part in enumerate(self.topic.partitions):
+                ch = part.channels.get(name)
+                if ch is None or not self.leads(p):
+                    continue
+                for c in clients.values():
+                    if ch not in c.subs:
+                        ch.set_ordered()
+                        c.subs.append(ch)
+                        ch.add_client(c)
+                        ch.wake()
+
+    def learn_passes(self, name: str, partitions: set[int]) -> None:
+        """Other nodes' leaders recorded that channel ``name`` consumed these partitions'
+        command messages: feed them to the local barrier (kept for a channel created later)."""
+        known = self.remote_passed.setdefault(name, set())
+        if partitions <= known:
+            return
+        known |= partitions
+        if name in self.states:
+            self._set_state(name, self._with_passes(name, self.states[name]))
+
+    def _with_passes(self, name: str, state: ChannelRoute) -> ChannelRoute:
+        """Apply the remote passes that fit (one may name a partition of a later version:
+        it applies once the channel reaches that version)."""
+        passes = self.remote_passed.get(name)
+        if not passes:
+            return state
+        while True:
+            before = state
+            for p in passes:
+                try:
+                    state = on_command_fin(state, self.history, p)
+                except RouteError:
+                    continue  # not readable yet at the channel's version, or not retired yet
+            if state == before:
+                return state
+
+    def _passed(self, name: str, p: int) -> None:
+        if self.on_pass is not None and not name.endswith("#ephemeral"):
+            self.on_pass(name, p)
+
     def attach(self) -> None:
         for part in self.topic.partitions:
             part.routes = self
@@ -214,6 +369,8 @@ class TopicRoutes:
     def pick_open(self) -> int:
         """A partition for a publish that names none (no key: no order to keep)."""
         parts = sorted(self.open)
+        if self.cluster:  # only a leader takes publishes
+            parts = [p for p in parts if self.leads(p)] or parts
         if not parts:  # only while a change is pending on a one-partition topic
             self.check_publish(self.history.newest.partitions[0])
         self._rr += 1
@@ -315,9 +472,12 @@ class TopicRoutes:
             except (OSError, RouteError) as exc:
                 log.error("TOPIC(%s) CHANNEL(%s): bad route state (%s): starting again",
                           self.topic.name, name, exc)
-        state = start(self.history, 0 if first else None)
+        # in a cluster every channel walks from version 0: whether it passed a command is
+        # known only from the leaders' cursors (here or, through etcd, on other nodes)
+        state = start(self.history, 0 if first or self.cluster else None)
         self.states[name] = state
-        self._set_state(name, self._past_commands(name, state), force=True)
+        self._set_state(name, self._with_passes(name, self._past_commands(name, state)),
+                        force=True)
 
     def _past_commands(self, name: str, state: ChannelRoute) -> ChannelRoute:
         """Count the commands the channel's cursors already passed (creation, reset)."""
@@ -326,8 +486,10 @@ class TopicRoutes:
             for p in readable_partitions(state, self.history):
                 off = self.sealed.get(p)
                 ch = self.topic.partitions[p].channels.get(name)
-                if off is not None and ch is not None and ch.cursor.confirmed > off:
+                if off is not None and ch is not None and ch.cursor.confirmed > off and \
+                        self.leads(p):  # a follower's cursor may not be the leader's yet
                     state = on_command_fin(state, self.history, p)
+                    self._passed(name, p)
             if state == before:
                 return state
 
@@ -380,13 +542,19 @@ class TopicRoutes:
             return -1
         off = self.sealed.get(p)
         if off is None:
-            return end
+            if not self.cluster or self.history.retired_in(p) is None:
+                return end
+            self._find_commands()  # a retired partition whose command is not known yet
+            off = self.sealed.get(p)
+            if off is None:
+                return end
         cur = channel.cursor
         if cur.confirmed >= off and cur.in_flight_count == 0:
             if cur.confirmed == off:
                 cur.skip_to(off + 1)
                 channel.dirty = True
             self._set_state(name, on_command_fin(self.states[name], self.history, p))
+            self._passed(name, p)
             log.info("TOPIC(%s) CHANNEL(%s): passed the command message of partition %d "
                      "(route version %d)", self.topic.name, name, p, self.states[name].version)
             return -1
@@ -398,6 +566,9 @@ class TopicRoutes:
         earliest (no partition is deleted yet), the newest for latest, ``version_at(T)``.
         A per-partition offset has no meaning across partitions: RouteError."""
         h = self.history
+        if self.cluster:  # the barrier state lives on every node and in etcd: not one node's
+            raise RouteError(f"topic {h.topic} is a route-managed cluster topic: resetting a "
+                             f"channel across the cluster is not supported yet")
         if pos.kind == "earliest":
             version = 0
         elif pos.kind == "latest":

@@ -1,0 +1,287 @@
+"""Route changes of route-managed ordered topics in a cluster, carried out by the coordinator.
+
+A standalone nsqd runs a change itself (:meth:`nsqx.nsqd.routing.TopicRoutes.change`). In a
+cluster the physical partitions are cluster partitions (replicated, each with a leader), so
+the elected coordinator runs the same steps across nodes, every write a CAS in etcd:
+
+1. **pending**: ``op(history)`` checks the rules (:class:`~nsqx.cluster.routes.RouteHistory`:
+   one change at a time, a boundary strictly inside, adjacent merges, a live target node);
+   one transaction stores the pending history with a CAS on ``routes/<topic>``, the new
+   physical partitions (placed with replicas: the route's node leads, the least-loaded
+   other live nodes follow) and the topic's partition count. Every node's member sees the
+   pending history in its watch: the retired partitions refuse publishes from then on.
+2. **ready**: the new partitions' leaders report ``leader`` in ``/nsqx/cluster/state`` (so
+   the producers that route by the committed version find them serving).
+3. **seal**: the leader of each retired partition appends the command message and answers
+   once its ISR has it (``POST /nsqx/route/seal`` on the node, :mod:`nsqx.cluster.member`).
+4. **commit**: the version becomes the newest with a CAS; nodes learn it from their watch,
+   and channels advance through the cross-node barrier (``route_passed/`` keys).
+
+A change interrupted after step 1 (the coordinator died, a leader did not answer) stays
+pending: every further change is refused with the rule's text until the coordinator rolls
+it forward (:meth:`RouteCoordinator.roll_forward_all`, run when a coordinator is elected).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+import orjson
+
+from nsqx.cluster.etcd import Compare, Op
+from nsqx.cluster.metadata import ClusterMetadata
+from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
+from nsqx.cluster.placement import load_of, place
+from nsqx.cluster.route_store import EtcdRouteStore, routes_prefix
+from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
+
+log = logging.getLogger("nsqx.cluster.routes")
+
+__all__ = ["RouteCoordinator", "place_created", "relabel_dead_nodes"]
+
+STEP_TIMEOUT = 15.0  # seconds each of "ready" and "seal" may take before the change is left pending
+
+
+def place_created(topic: str, history: RouteHistory, replicas: int, live: list[str],
+                  current: list[PartitionMeta]) -> list[PartitionMeta]:
+    """PartitionMeta of the partitions the pending change creates (pure): the route's node
+    leads, followers are the least-loaded other live nodes. RouteError if the route names a
+    node that is not live or there are too few nodes."""
+    ch = history.pending_change
+    assert ch is not None and history.pending is not None
+    load, _ = load_of(current)
+    out = []
+    for p in ch.created:
+        route = history.pending.get(p)
+        assert route is not None
+        if route.node not in live:
+            raise RouteError(f"topic {topic}: node {route.node} is not a live node (live: "
+                             f"{', '.join(sorted(live))})")
+        if replicas > len(live):
+            raise RouteError(f"topic {topic}: replicator {replicas} is more than the "
+                             f"{len(live)} live nodes")
+        others = sorted((n for n in live if n != route.node), key=lambda n: (load[n], n))
+        reps = (route.node, *others[:replicas - 1])
+        load.update(reps)
+        out.append(PartitionMeta(topic, p, reps, route.node, 1, reps, ()))
+    return out
+
+
+def relabel_dead_nodes(old: RouteHistory, new: RouteHistory, live: list[str],
+                       leaders: dict[int, str | None]) -> RouteHistory:
+    """A split or merge puts its new partitions on the retired partition's route node by
+    default: a label from when that partition was created, which may be a node that has
+    since died (its partitions failed over). Then use the retired partition's current
+    leader (or the first live node). A move names its node on purpose: left as it is."""
+    ch, pend = new.pending_change, new.pending
+    assert ch is not None and pend is not None
+    if ch.kind == "move" or not live:
+        return new
+    nodes = [pend.get(p) for p in ch.created]
+    if all(r is not None and r.node in live for r in nodes):
+        return new
+    node = leaders.get(ch.retired[0])
+    if node not in live:
+        node = sorted(live)[0]
+    if ch.kind == "split":
+        second = nodes[1]
+        assert second is not None
+        return old.split(ch.retired[0], second.lo, nodes=(node, node))
+    return old.merge(ch.retired[0], ch.retired[1], node=node)
+
+
+class RouteCoordinator:
+    """The coordinator's route operations (lookupd's HTTP handlers call them)."""
+
+    def __init__(self, meta: ClusterMetadata) -> None:
+        self.meta = meta
+        self._session: aiohttp.ClientSession | None = None
+        self._rolling: set[str] = set()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def store(self, topic: str) -> EtcdRouteStore:
+        return EtcdRouteStore(self.meta.etcd, self.meta.keys.root, topic)
+
+    async def history(self, topic: str) -> RouteHistory | None:
+        return await self.store(topic).fetch()
+
+    # -- creation ---------------------------------------------------------------------------
+    async def create(self, tm: TopicMeta, logical: int) -> tuple[RouteHistory, list[PartitionMeta]]:
+        """A route-managed ordered topic: partitions placed as any cluster topic's, version 0
+        mapping ``logical`` partitions over them (each range labelled with its leader), all in
+        one transaction. The same shape again returns what exists; another is refused."""
+        store = self.store(tm.name)
+        existing = await self.meta.topic(tm.name)
+        if existing is not None:
+            return await self._same_or_refuse(store, tm, logical)
+        nodes = sorted(await self.meta.nodes())
+        if tm.effective_min_isr > len(nodes):
+            raise MetaError(f"min ISR {tm.effective_min_isr} is more than the {len(nodes)} "
+                            f"live nodes")
+        current = [v.meta for v in (await self.meta.all_partitions()).values()]
+        parts = place(tm.name, tm.partitions, tm.replicas, nodes, current)
+        history = RouteHistory.initial(tm.name, [p.leader or "" for p in parts], logical,
+                                       now_ms=time.time_ns() // 1_000_000)
+        key = routes_key(self.meta.keys.root, tm.name)
+        ops = [Op.put(self.meta.keys.topic(tm.name), tm.to_json()), Op.put(key, history.to_json())]
+        ops += [Op.put(self.meta.keys.partition(tm.name, p.partition), p.to_json()) for p in parts]
+        won, _ = await self.meta.etcd.txn(
+            [Compare.absent(self.meta.keys.topic(tm.name)), Compare.absent(key)], ops)
+        if not won:
+            return await self._same_or_refuse(store, tm, logical)
+        log.info("TOPIC(%s): route-managed, %d logical over %d partitions x %d replicas",
+                 tm.name, logical, tm.partitions, tm.replicas)
+        return history, parts
+
+    async def _same_or_refuse(self, store: EtcdRouteStore, tm: TopicMeta, logical: int
+                              ) -> tuple[RouteHistory, list[PartitionMeta]]:
+        h = await store.fetch()
+        existing = await self.meta.topic(tm.name)
+        if h is None or existing is None or h.logical != logical or \
+                len(h.versions[0].routes) != tm.partitions or existing.replicas != tm.replicas:
+            what = (f"{len(h.versions[0].routes)} partitions over {h.logical} logical"
+                    if h is not None else "without routes")
+            raise MetaError(f"topic {tm.name} already exists ({what})")
+        return h, [v.meta for v in (await self.meta.partitions(tm.name)).values()]
+
+    # -- changes ----------------------------------------------------------------------------
+    async def change(self, topic: str, op: Callable[[RouteHistory], RouteHistory]
+                     ) -> RouteHistory:
+        """Run one split, merge or move to its commit. RouteError (the rule's text) if
+        refused; TimeoutError if a step did not finish (the change stays pending and is rolled
+        forward later)."""
+        return await self._roll_forward(*await self.propose(topic, op))
+
+    async def propose(self, topic: str, op: Callable[[RouteHistory], RouteHistory]
+                      ) -> tuple[EtcdRouteStore, RouteHistory]:
+        """Step 1 alone: store the change as pending with its placed partitions (CAS).
+        Returns the store and the pending history (what :meth:`_roll_forward` finishes)."""
+        store = self.store(topic)
+        old = await store.fetch()
+        if old is None:
+            raise RouteError(f"topic {topic} is not a route-managed topic in this cluster")
+        new = op(old)  # refuses a second change while one is pending
+        tm = await self.meta.topic(topic)
+        if tm is None:
+            raise RouteError(f"topic {topic} has routes but no topic record")
+        live = sorted(await self.meta.nodes())
+        parts = await self.meta.all_partitions()
+        current = [v.meta for v in parts.values()]
+        new = relabel_dead_nodes(old, new, live, {p: v.meta.leader for (t, p), v in
+                                                  parts.items() if t == topic})
+        created = place_created(topic, new, tm.replicas, live, current)
+        grown = TopicMeta(tm.name, max(tm.partitions, new.next_partition), tm.replicas,
+                          tm.sync_every, True, tm.min_isr)
+        ops = [Op.put(self.meta.keys.topic(topic), grown.to_json())]
+        ops += [Op.put(self.meta.keys.partition(topic, p.partition), p.to_json())
+                for p in created]
+        await store.replace(old, new, ops)
+        ch = new.pending_change
+        assert ch is not None
+        log.info("TOPIC(%s): %s to route version %d pending (retires %s, creates %s on %s)",
+                 topic, ch.kind, ch.version, list(ch.retired), list(ch.created),
+                 ", ".join(p.leader or "?" for p in created))
+        return store, new
+
+    async def _roll_forward(self, store: EtcdRouteStore, pending: RouteHistory) -> RouteHistory:
+        ch = pending.pending_change
+        assert ch is not None and pending.pending is not None
+        topic = pending.topic
+        self._rolling.add(topic)
+        try:
+            await self._wait_ready(topic, ch.created)
+            await asyncio.gather(*(self._seal(topic, p, ch.version) for p in ch.retired))
+            done = pending.commit(ch.version, time.time_ns() // 1_000_000)
+            await store.replace(pending, done)
+        finally:
+            self._rolling.discard(topic)
+        log.info("TOPIC(%s): route version %d committed (%s: %s -> %s)", topic, ch.version,
+                 ch.kind, list(ch.retired), list(ch.created))
+        return done
+
+    async def roll_forward_all(self) -> None:
+        """Finish every change left pending (a coordinator that died between pending and
+        commit): run when this coordinator is elected."""
+        kvs, _ = await self.meta.etcd.get_prefix(routes_prefix(self.meta.keys.root))
+        for kv in kvs:
+            try:
+                h = RouteHistory.from_json(kv.value)
+            except RouteError as e:
+                log.error("ignoring a malformed route history %r: %s", kv.key, e)
+                continue
+            if h.pending is None or h.topic in self._rolling:
+                continue
+            store = self.store(h.topic)
+            if await store.fetch() != h:
+                continue
+            log.warning("TOPIC(%s): rolling forward the pending change to route version %d",
+                        h.topic, h.pending.version)
+            try:
+                await self._roll_forward(store, h)
+            except (TimeoutError, RouteError) as e:
+                log.error("TOPIC(%s): roll-forward failed: %s", h.topic, e)
+
+    async def _leader(self, topic: str, p: int) -> tuple[PartitionMeta | None, NodeInfo | None]:
+        v = (await self.meta.partitions(topic)).get(p)
+        if v is None or v.meta.leader is None:
+            return (v.meta if v else None), None
+        return v.meta, (await self.meta.nodes()).get(v.meta.leader)
+
+    async def _wait_ready(self, topic: str, parts: tuple[int, ...]) -> None:
+        deadline = time.monotonic() + STEP_TIMEOUT
+        todo = set(parts)
+        while todo:
+            for p in sorted(todo):
+                pm, node = await self._leader(topic, p)
+                if pm is None or node is None:
+                    continue
+                try:
+                    async with self._http().get(
+                            f"http://{node.http_address}/nsqx/cluster/state") as r:
+                        state = orjson.loads(await r.read()) if r.status == 200 else {}
+                except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+                    continue
+                if any(e["topic"] == topic and e["partition"] == p and e["role"] == "leader"
+                       and e.get("epoch") == pm.epoch for e in state.get("partitions", ())):
+                    todo.discard(p)
+            if todo:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"topic {topic}: new partitions {sorted(todo)} have no "
+                                       f"serving leader after {STEP_TIMEOUT:.0f} s; the change "
+                                       f"stays pending")
+                await asyncio.sleep(0.05)
+
+    async def _seal(self, topic: str, p: int, version: int) -> None:
+        """Have p's leader append the command message of ``version`` (idempotent there)."""
+        deadline = time.monotonic() + STEP_TIMEOUT
+        last = "no leader"
+        while time.monotonic() < deadline:
+            _pm, node = await self._leader(topic, p)
+            if node is not None:
+                try:
+                    async with self._http().post(
+                            f"http://{node.http_address}/nsqx/route/seal",
+                            params={"topic": topic, "partition": str(p),
+                                    "version": str(version)},
+                            timeout=aiohttp.ClientTimeout(total=STEP_TIMEOUT)) as r:
+                        body = await r.read()
+                        if r.status == 200:
+                            return
+                        last = f"{node.id}: HTTP {r.status} {body[:200]!r}"
+                except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                    last = f"{node.id}: {e!r}"
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"topic {topic}: partition {p} not sealed for route version "
+                           f"{version} ({last}); the change stays pending")

@@ -1,0 +1,106 @@
+"""Route histories of route-managed ordered topics in etcd (cluster mode).
+
+The standalone nsqd keeps a topic's :class:`~nsqx.cluster.routes.RouteHistory` in a file
+(:class:`nsqx.nsqd.routing.FileRouteStore`); a cluster keeps it at
+``<root>routes/<topic>`` (:func:`~nsqx.cluster.routes.routes_key`) and replaces it only with
+a transaction comparing the key's mod revision with the one this store last read or wrote,
+so two coordinators (one that just lost its lease and its successor) can never both move a
+route: the loser gets :class:`~nsqx.nsqd.routing.RouteConflict`, re-reads and decides again.
+The history's own rules (versions +1, one pending change at a time, pending -> seal ->
+commit) are checked by ``RouteHistory`` before anything is written.
+
+The cross-node consumer barrier lives beside it: ``<root>route_passed/<topic>/<channel>/<p>``
+says that channel ``channel`` consumed the command message of physical partition ``p``
+(written by the node leading ``p``, once per change and channel; read by every node through
+its member's watch). See ``docs/design-notes.md`` §Route changes in a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nsqx.cluster.etcd import Compare, EtcdClient, Op
+from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
+from nsqx.protocol.names import valid_name
+
+__all__ = ["EtcdRouteStore", "pass_key", "parse_pass_key", "passes_prefix", "routes_prefix"]
+
+
+class EtcdRouteStore:
+    """One topic's history at ``<root>routes/<topic>``, replaced with a CAS on its mod
+    revision. :meth:`fetch` reads it; :meth:`load` gives what was last read or written
+    (the ``RouteStore`` protocol of :mod:`nsqx.nsqd.routing`)."""
+
+    def __init__(self, etcd: EtcdClient, root: bytes, topic: str) -> None:
+        self.etcd = etcd
+        self.topic = topic
+        self.key = routes_key(root, topic)
+        self._current: RouteHistory | None = None
+        self._mod = 0  # mod revision of what _current was read as (0: absent)
+
+    async def fetch(self) -> RouteHistory | None:
+        kv = await self.etcd.get(self.key)
+        if kv is None:
+            self._current, self._mod = None, 0
+        else:
+            self._current, self._mod = RouteHistory.from_json(kv.value), kv.mod_revision
+        return self._current
+
+    def load(self) -> RouteHistory | None:
+        return self._current
+
+    def compare(self) -> Compare:
+        """The condition a write of this key must hold (for callers adding ops to the txn)."""
+        return (Compare.absent(self.key) if self._mod == 0
+                else Compare.mod_revision(self.key, self._mod))
+
+    async def replace(self, old: RouteHistory | None, new: RouteHistory,
+                      extra: Sequence[Op] = ()) -> None:
+        """Store ``new`` if the stored history is still ``old``, with ``extra`` ops in the
+        same transaction (the partitions a change creates). RouteConflict if not."""
+        from nsqx.nsqd.routing import RouteConflict
+
+        if new.topic != self.topic:
+            raise RouteError(f"route history of {new.topic} given to the store of {self.topic}")
+        if self._current != old:
+            raise RouteConflict(f"topic {self.topic}: the stored route history changed "
+                                f"meanwhile")
+        won, rev = await self.etcd.txn([self.compare()],
+                                       [Op.put(self.key, new.to_json()), *extra])
+        if not won:
+            await self.fetch()
+            raise RouteConflict(f"topic {self.topic}: the route history in etcd changed "
+                                f"meanwhile (now version {self._newest()})")
+        self._current, self._mod = new, rev
+
+    def _newest(self) -> str:
+        h = self._current
+        if h is None:
+            return "none"
+        return f"{h.newest.version}" + (f", pending {h.pending.version}" if h.pending else "")
+
+
+def routes_prefix(root: bytes) -> bytes:
+    return root + b"routes/"
+
+
+def passes_prefix(root: bytes) -> bytes:
+    return root + b"route_passed/"
+
+
+def pass_key(root: bytes, topic: str, channel: str, partition: int) -> bytes:
+    """``<root>route_passed/<topic>/<channel>/<p>``: ``channel`` consumed p's command message."""
+    if not valid_name(topic) or not valid_name(channel):
+        raise RouteError(f"invalid topic or channel name {topic!r}/{channel!r}")
+    return passes_prefix(root) + f"{topic}/{channel}/{partition}".encode()
+
+
+def parse_pass_key(root: bytes, key: bytes) -> tuple[str, str, int] | None:
+    """(topic, channel, partition) of a :func:`pass_key`, None if it is not one."""
+    prefix = passes_prefix(root)
+    if not key.startswith(prefix):
+        return None
+    parts = key[len(prefix):].decode(errors="replace").split("/")
+    if len(parts) != 3 or not parts[2].isdigit():
+        return None
+    return parts[0], parts[1], int(parts[2])
