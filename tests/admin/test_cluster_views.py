@@ -208,3 +208,34 @@ def test_cluster_api_create_stats_drain(real_cluster: Cluster, admin_factory) ->
     assert r.status == 200 and victim not in lookupd_stats(c)["draining"]
     r = _post(admin, "/api/cluster/nodes/127.0.0.1%3A9%3A9", {"action": "drain"})
     assert r.status == 404 and r.json()["message"].startswith("NODE_NOT_FOUND"), r.body
+
+
+def test_route_changes_go_through_lookupd_in_cluster_mode(real_cluster: Cluster,
+                                                          admin_factory) -> None:
+    """A cluster's route-managed topic is split and merged through nsqadmin: the change goes
+    to lookupd's coordinator (a node would refuse it), a refusal comes back in its words."""
+    c = real_cluster
+    admin = start_admin(admin_factory, c)
+    q = "topic=keyed&partition_num=1&replicator=2&orderedmulti=true&logical=16"
+    code, body = c_http(c, "POST", f"/topic/create?{q}")
+    assert code == 200, body
+    wait_for(lambda: all(p["leader"] for p in c.partitions("keyed")), 30, what="leader")
+    publish_to_leaders(c, "keyed", 1)  # nsqadmin finds the topic through its producers
+    wait_for(lambda: get_json(admin.url + "/api/topics/keyed").get("nodes"), 30,
+             what="topic registered")
+    r = _post(admin, "/api/topics/keyed", {"action": "split", "partition": 0, "at": 8})
+    assert r.status == 200, r.body
+    assert r.json()["node"] == "nsqlookupd" and r.json()["version"] == 1
+    route = get_json(f"http://{c.lookupd.http_address}/topic/route?topic=keyed")
+    assert route["versions"][-1]["version"] == 1
+    r = _post(admin, "/api/topics/keyed", {"action": "split", "partition": 1, "at": 12})
+    assert r.status == 400 and "boundary" in r.json()["message"], r.body
+    r = _post(admin, "/api/topics/keyed", {"action": "merge", "a": 1, "b": 2})
+    assert r.status == 200 and r.json()["version"] == 2, r.body
+    page = http("GET", admin.url + "/topics/keyed").body.decode()
+    assert 'id="route-table"' in page and "v2" in page, page[-3000:]
+
+
+def c_http(c: Cluster, method: str, path: str) -> tuple[int, Any]:
+    r = http(method, f"http://{c.lookupd.http_address}{path}")
+    return r.status, r.json()

@@ -465,6 +465,24 @@ class ClusterClient:
             raise self._refused(status, body)
         return body, errs
 
+    async def cluster_route(self, topic: str) -> dict[str, Any] | None:
+        """lookupd's ``GET /topic/route`` (cluster mode): the route history of a route-managed
+        topic, or None (no lookupd, a standalone one, not route-managed)."""
+        if not self.lookupd_addrs:
+            return None
+        status, body, _ = await self._cluster_call("GET", f"/topic/route?topic={_q(topic)}")
+        if status != 200 or not isinstance(body, dict) or not body.get("versions"):
+            return None
+        return body
+
+    async def cluster_route_change(self, topic: str, action: str, qs: str) -> dict[str, Any]:
+        """lookupd's ``POST /topic/split|merge|move`` (run by the elected coordinator);
+        a refusal raises ClusterRefused with lookupd's status and text."""
+        status, body, _ = await self._cluster_call("POST", f"/topic/{action}?{qs}")
+        if status != 200 or not isinstance(body, dict):
+            raise self._refused(status, body)
+        return body
+
     async def cluster_create_topic(self, topic: str, partitions: int, replicas: int,
                                    ordered: bool) -> dict[str, Any]:
         qs = f"topic={_q(topic)}&partition_num={partitions}"

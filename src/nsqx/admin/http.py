@@ -86,6 +86,7 @@ def _warn(messages: list[str]) -> str:
     return "WARNING: " + "; ".join(messages) if messages else ""
 
 
+CLUSTER_ROUTES = "nsqlookupd"  # a cluster topic's routes are changed through lookupd
 _ROUTE_ARGS = {"split": ("partition", "at"), "merge": ("a", "b"), "move": ("partition", "node")}
 
 
@@ -337,8 +338,15 @@ class AdminHTTP:
 
     async def _topic_routes(self, topic: str, nodes: list[str]
                             ) -> tuple[str, dict[str, Any]] | None:
-        """A route-managed ordered topic's history from the first node that has one (nsqd's
-        ``GET /topic/route``; other topics answer 400 there), else None."""
+        """A route-managed ordered topic's history: in cluster mode lookupd's (its
+        coordinator changes it; ``"nsqlookupd"`` is returned as the node), else from the
+        first nsqd that has one (``GET /topic/route``; other topics answer 400 there)."""
+        try:
+            body = await self.cluster.cluster_route(topic)
+        except UpstreamError:
+            body = None
+        if body is not None:
+            return CLUSTER_ROUTES, body
         for node in nodes:
             try:
                 body = await self.cluster.get_json("nsqd", node,
@@ -849,7 +857,13 @@ class AdminHTTP:
             raise HTTPError(400, "TOPIC_NOT_ROUTE_MANAGED")
         node = found[0]
         try:
-            h = await self.cluster.post_json("nsqd", node, f"/topic/{action}?{urlencode(params)}")
+            if node == CLUSTER_ROUTES:
+                h = await self.cluster.cluster_route_change(topic, action, urlencode(params))
+            else:
+                h = await self.cluster.post_json("nsqd", node,
+                                                 f"/topic/{action}?{urlencode(params)}")
+        except ClusterRefused as e:
+            raise HTTPError(e.status if 400 <= e.status < 600 else 502, e.message) from None
         except RequestError as e:
             if e.status in (400, 404) and e.detail:
                 raise HTTPError(e.status, e.detail) from None
