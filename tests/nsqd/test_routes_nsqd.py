@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,15 @@ from tests.nsqd.inprocess import running_node
 from tests.support import http_api
 from tests.support.nsqd_process import NsqdProcess
 from tests.support.rawclient import RawClient
+
+
+def wait_for(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def route(nsqd: NsqdProcess, topic: str) -> dict:
@@ -292,3 +302,36 @@ def test_keyed_order_across_split_merge_move(nsqd: NsqdProcess) -> None:
     assert len(h["versions"]) == 8
     assert {c: s["version"] for c, s in h["channels"].items()} == {"a": 7, "b": 7, "r": 7}
     assert 0 < out["retries"] <= keys * 7  # at most one retry per key and change
+
+
+def test_a_retired_partition_is_released_once_every_channel_passed_it(
+        nsqd_factory) -> None:  # type: ignore[no-untyped-def]
+    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096"])
+    a = nsqd.http_address
+    assert http_api.post(a, "/topic/create", topic="t", partition_num=1, logical=16).status == 200
+    for c in ("a", "b"):
+        assert http_api.post(a, "/channel/create", topic="t", channel=c).status == 200
+    with RawClient(nsqd.tcp_address) as pub:
+        for i in range(0, 200, 20):
+            pub.send(v2.mpub("t", [b"%0100d" % j for j in range(i, i + 20)], partition=0))
+            pub.expect_ok()
+    assert http_api.post(a, "/topic/split", topic="t", partition=0, at=8).status == 200
+
+    def earliest() -> int:
+        doc = http_api.get(a, "/nsqx/offsets", topic="t").json()
+        return next(p["earliest"] for p in doc["partitions"] if p["partition"] == 0)
+
+    def drain(channel: str) -> None:
+        with RawClient(nsqd.tcp_address) as sub:
+            sub.subscribe("t", channel, rdy=10)
+            for _ in range(200):
+                sub.send(v2.fin(sub.read_message().id))
+            sub.expect_nothing(0.3)
+        assert wait_for(lambda: route(nsqd, "t")["channels"][channel]["version"] == 1)
+
+    drain("a")
+    assert earliest() == 0  # channel b has not read partition 0 yet: all of it is kept
+    drain("b")
+    assert wait_for(lambda: earliest() > 100)  # consumed segments went at once
+    assert http_api.get(a, "/message/get", topic="t", partition=0, search_mode="count",
+                        search_pos="0").status == 404

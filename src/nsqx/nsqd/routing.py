@@ -42,6 +42,7 @@ from nsqx.cluster.barrier import (
     ChannelRoute,
     StaleRoute,
     advance,
+    can_retire,
     check_publish_version,
     on_command_fin,
     readable_partitions,
@@ -515,6 +516,21 @@ class TopicRoutes:
                 write_atomic(path, state.to_json())
         self._refresh(name)
 
+    def _retire_if_passed(self, p: int) -> None:
+        """Every channel has passed retired partition ``p``'s command message: nothing in it
+        will be read again except by a replay, so its consumed segments go now, under the
+        node's retention rules (``--retention-time``/``--retention-bytes`` keep them for
+        replay as for any log), rather than at the next periodic pass. The last segment,
+        which holds the command record, stays: it is how a restart finds the seal."""
+        if not can_retire(p, self.history, self.states.values()):
+            return
+        part = self.topic.partitions[p]
+        before = part.log.start_offset
+        part.apply_retention()
+        log.info("TOPIC(%s) PARTITION(%d): retired - every channel passed its command "
+                 "message; log start %d -> %d", self.topic.name, p, before,
+                 part.log.start_offset)
+
     def _refresh(self, name: str) -> None:
         before = self.readable.get(name)
         now = frozenset(readable_partitions(self.states[name], self.history))
@@ -557,6 +573,7 @@ class TopicRoutes:
             self._passed(name, p)
             log.info("TOPIC(%s) CHANNEL(%s): passed the command message of partition %d "
                      "(route version %d)", self.topic.name, name, p, self.states[name].version)
+            self._retire_if_passed(p)
             return -1
         return min(end, off)
 
