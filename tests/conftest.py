@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nsqx.cluster.etcd_server import EtcdServer
 from tests.support.auth_server import AuthServer
 from tests.support.certs import TLSFiles, make_tls_files
 from tests.support.lookupd_process import LookupdFactory
@@ -81,3 +82,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     lookupds = item.stash.get(_LOOKUPD_KEY, None)
     if lookupds is not None and lookupds.procs:
         report.sections.append(("nsqlookupd logs", lookupds.logs()))
+
+
+@pytest.fixture
+def etcd_server(tmp_path: Path) -> Iterator[EtcdServer]:
+    """A real etcd (single member on free loopback ports), stopped afterwards."""
+    server = EtcdServer(tmp_path / "etcd")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(kill=True)

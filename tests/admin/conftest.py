@@ -90,20 +90,10 @@ def cluster(lookupd_factory: LookupdFactory, nsqd_factory: NsqdFactory,
 
 
 @pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    server = EtcdServer(tmp_path / "etcd")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop(kill=True)
-
-
-@pytest.fixture
-def real_cluster(etcd: EtcdServer, nsqd_factory: NsqdFactory,
+def real_cluster(etcd_server: EtcdServer, nsqd_factory: NsqdFactory,
                  lookupd_factory: LookupdFactory) -> RealCluster:
     """Cluster mode: etcd + nsqlookupd (the coordinator) + three nsqd."""
-    return RealCluster(etcd, nsqd_factory, lookupd_factory).start(nodes=3)
+    return RealCluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=3)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,16 +36,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 TOPIC = "sparked"
 PARTS = 3
-
-
-@pytest.fixture
-def etcd_server(tmp_path: Path) -> Iterator[EtcdServer]:
-    server = EtcdServer(tmp_path / "etcd")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop(kill=True)
 
 
 @pytest.fixture
