@@ -203,22 +203,21 @@ class ClusterClient:
         self._mark(kind, addr, True, latency=time.monotonic() - t0)
         return body
 
-    async def get_json(self, kind: str, addr: str, path: str) -> Any:
-        body = await self._request(kind, addr, "GET", path)
+    async def _request_json(self, kind: str, addr: str, method: str, path: str) -> Any:
+        body = await self._request(kind, addr, method, path)
         try:
             return orjson.loads(body) if body else None
         except orjson.JSONDecodeError:
-            raise RequestError(f"GET {self.url(addr, path)}: invalid JSON", 200) from None
+            raise RequestError(f"{method} {self.url(addr, path)}: invalid JSON", 200) from None
+
+    async def get_json(self, kind: str, addr: str, path: str) -> Any:
+        return await self._request_json(kind, addr, "GET", path)
 
     async def post(self, kind: str, addr: str, path: str) -> None:
         await self._request(kind, addr, "POST", path)
 
     async def post_json(self, kind: str, addr: str, path: str) -> Any:
-        body = await self._request(kind, addr, "POST", path)
-        try:
-            return orjson.loads(body) if body else None
-        except orjson.JSONDecodeError:
-            raise RequestError(f"POST {self.url(addr, path)}: invalid JSON", 200) from None
+        return await self._request_json(kind, addr, "POST", path)
 
     async def _fan_out(self, what: str, addrs: Iterable[T],
                        fn: Callable[[T], Awaitable[Any]], *, all_or_nothing: bool = True

@@ -624,9 +624,7 @@ class NodeMember:
         topic.gate = gate
         self.gates[k] = gate
         _hold_reads(topic)
-        restore = getattr(topic, "restore_deferred", None)
-        if restore is not None:
-            restore()  # before anything is delivered: DPUBs still due later stay deferred
+        topic.restore_deferred()  # before anything is delivered: DPUBs due later stay deferred
         gate.release()  # reads go on from this node's high watermark as the ISR catches up
         log.info("CLUSTER: TOPIC(%s) PARTITION(%d): leading at epoch %d, ISR %s, log end %d",
                  pm.topic, pm.partition, pm.epoch, ",".join(pm.isr), topic.log.flushed_offset)

@@ -105,8 +105,8 @@ class NodeClient:
         return json.loads(self.request("GET", "/nsqx/offsets", params))["partitions"]
 
     def cluster_state(self) -> dict[tuple[str, int], dict[str, Any]]:
-        """Cluster mode: this node's partitions, (topic, partition) -> role, epoch, log end,
-        ``readable_end`` (the high watermark: what every ISR member has)."""
+        """Cluster mode: this node's partitions, (topic, partition) -> role, epoch, log end
+        (the source checks ``role``: does the node lead the partition still)."""
         doc = json.loads(self.request("GET", "/nsqx/cluster/state", {}))
         return {(str(p["topic"]), int(p["partition"])): p for p in doc.get("partitions") or []}
 

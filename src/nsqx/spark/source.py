@@ -7,8 +7,9 @@ when several nodes serve the topic (a list in ``nsqd`` or ``lookupd`` discovery)
 
 A topic of an nsqx cluster found through ``lookupd`` (its ``/lookup?access=r&metainfo=true``
 maps every partition to its leader) is read once per partition, at the partition's leader,
-up to the leader's high watermark (``readable_end`` of ``/nsqx/cluster/state``: what every
-in-sync replica has, so never a record a failover could take back), under the key ``"P"``,
+up to the leader's high watermark (``latest`` of its ``/nsqx/offsets``: what every in-sync
+replica has, so never a record a failover could take back; ``/nsqx/cluster/state`` says
+whether the node still leads), under the key ``"P"``,
 which survives leader changes; discovery waits (up to ``timeout``) while a partition has no
 leader, and an executor whose leader dies mid-read goes on at the new one.
 
@@ -269,12 +270,10 @@ def _discover(s: Settings, timestamp_ms: int | None = None) -> dict[str, PartInf
     return dict(sorted(out.items(), key=lambda kv: _sort_key(kv[0])))
 
 
-def _part_info(s: Settings, key: str, node: str, p: dict[str, Any],
-               hw: int | None = None) -> PartInfo:
-    """PartInfo of one entry of /nsqx/offsets, its end capped at ``hw`` when given."""
+def _part_info(s: Settings, key: str, node: str, p: dict[str, Any]) -> PartInfo:
+    """PartInfo of one entry of /nsqx/offsets (whose ``latest`` is, on a cluster leader, the
+    high watermark: nsqd never offers a tail a failover may take back)."""
     latest = int(p["latest"])
-    if hw is not None:
-        latest = min(latest, hw)
     if s.synced_only:
         latest = min(latest, int(p.get("synced", latest)))
     for_ts = p.get("offset_for_timestamp")
@@ -356,9 +355,7 @@ def _read_leaders(s: Settings, leaders: dict[int, str], ts_ns: int | None
             st = state.get((s.topic, pid))
             if pid not in offsets or st is None or st.get("role") != "leader":
                 raise _NotLeader(f"{node} does not lead partition {pid} (any more)")
-            hw = st.get("readable_end")
-            out[str(pid)] = _part_info(s, str(pid), node, offsets[pid],
-                                       None if hw is None else int(hw))
+            out[str(pid)] = _part_info(s, str(pid), node, offsets[pid])
     return out
 
 
