@@ -1,10 +1,12 @@
-"""Dead letters in cluster mode (real etcd, lookupd, 3 nsqd started with --max-attempts=2).
+"""The consumers issue's features in cluster mode (real etcd, lookupd, 3 nsqd).
 
-The leader of a topic's partition moves a message delivered too often to ``<topic>.dlq``,
-a cluster topic like any other: when another node leads it the publish (its ``dlq_*``
-headers included) is forwarded there and acknowledged after that leader's ISR; only then
-is the message finished on its channel. A dead-letter topic the cluster does not know
-refuses the publish, and the message stays in flight (nothing lost) until it exists.
+Dead letters (nsqd started with --max-attempts=2): the leader of a topic's partition moves a
+message delivered too often to ``<topic>.dlq``, a cluster topic like any other: when another
+node leads it the publish (its ``dlq_*`` headers included) is forwarded there and
+acknowledged after that leader's ISR; only then is the message finished on its channel. A
+dead-letter topic the cluster does not know refuses the publish, and the message stays in
+flight (nothing lost) until it exists. Tracing into a cluster ``__trace`` topic, and a
+leader's per-partition settings surviving a failover.
 """
 
 from __future__ import annotations

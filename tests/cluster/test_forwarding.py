@@ -92,3 +92,11 @@ def test_topic_fsync_policy_reaches_every_replica(cluster: Cluster) -> None:
     leader = cluster.leader("careful")
     for i in range(20):
         assert http("POST", f"http://{leader.http_address}/pub?topic=careful", b"%d" % i)[0] == 200
+    # acked = fsynced on every ISR member: a follower fetches past a batch (its ack) only
+    # once its commit, fsync included, is done; with the node default (fsync every 2,500
+    # messages or 2 s) nothing would be synced yet
+    for n in cluster.nodes:
+        _, doc = http("GET", f"http://{n.http_address}/nsqx/offsets?topic=careful"
+                      "&uncommitted=1")
+        (p,) = doc["partitions"]
+        assert p["synced"] == p["latest"] == 20, (cluster.node_id(n), p)
