@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 
+import orjson
 import pytest
 
 from nsqx.protocol import v2
@@ -328,6 +329,39 @@ def test_data_path_is_locked(nsqd_factory: NsqdFactory) -> None:
     node.restart(graceful=False)
     with consumer(node.tcp_address, "still", "c", rdy=1) as c:
         assert c.read_message().body == b"fine"
+
+
+def test_topic_missing_from_metadata_is_adopted(nsqd_factory: NsqdFactory) -> None:
+    """A topic whose log is on disk but not in nsqd.dat (kill -9 between the PUB's ack and
+    the coalesced metadata write, simulated by removing it from nsqd.dat) is loaded at
+    start with its channel, so its acknowledged messages are delivered without waiting
+    for another publish; a deleted topic does not come back."""
+    node = nsqd_factory.start()
+    with RawClient(node.tcp_address) as p:
+        p.mpub("unlisted", [b"u1", b"u2"])
+        p.pub("gone", b"g1")
+    with consumer(node.tcp_address, "unlisted", "c", rdy=1) as c:
+        m = c.read_message()
+        c.send(v2.rdy(0))  # the FIN must not let u2 out
+        c.send(v2.fin(m.id))
+        deadline = time.monotonic() + 5
+        while http_api.channel_stats(node.http_address, "unlisted", "c")["in_flight_count"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    assert http_api.post(node.http_address, "/topic/delete", topic="gone").status == 200
+    node.stop()
+    dat = node.data_path / "nsqd.dat"
+    meta = orjson.loads(dat.read_bytes())
+    meta["topics"] = [t for t in meta["topics"] if t["name"] != "unlisted"]
+    dat.write_bytes(orjson.dumps(meta))
+    node.start()
+    stats = orjson.loads(http_api.get(node.http_address, "/stats", format="json").body)
+    topics = {t["topic_name"]: t for t in stats["topics"]}
+    assert "gone" not in topics
+    assert [ch["channel_name"] for ch in topics["unlisted"]["channels"]] == ["c"]
+    with consumer(node.tcp_address, "unlisted", "c", rdy=10) as c:
+        assert [m.body for m in c.drain_messages(quiet=0.5)] == [b"u2"]
+    assert b"adopted from" in node.log_bytes()
 
 
 def test_topic_buffer_and_empty_survive_sigkill(nsqd_factory: NsqdFactory) -> None:

@@ -231,6 +231,7 @@ class _Handlers:
     async def topic_empty(self, request: web.Request) -> web.Response:
         topic = self._existing_topic(self._topic_arg(request, validate=True))
         await _maybe_await(topic.empty())
+        self._persist_metadata()  # answered only once kept: a crash must not refill it
         return _empty()
 
     async def _topic_pause(self, request: web.Request, pause: bool) -> web.Response:

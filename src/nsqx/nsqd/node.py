@@ -345,6 +345,36 @@ class NSQD:
         self.share_memory()
         log.info("loaded %d topics from %s", len(self.topics), path)
 
+    def _adopt_unlisted_topics(self) -> None:
+        """Load topics whose log is on disk but not in nsqd.dat.
+
+        A topic made by its first PUB is acknowledged before the (coalesced) nsqd.dat
+        write; a kill -9 in between must not hide its messages until someone publishes
+        to it again. Only single-partition logs are adopted: partitioned, ordered and
+        route-managed topics are made by /topic/create, which persists before answering.
+        A deleted topic's directory is gone, so nothing deleted comes back.
+        """
+        root = self.data_path / "topics"
+        if not root.is_dir():
+            return
+        for d in sorted(root.iterdir()):
+            name = d.name[2:]
+            if (not d.name.startswith("t-") or name in self.topics or not d.is_dir()
+                    or not valid_topic_name(name) or name.endswith("#ephemeral")
+                    or not (d / "p0").is_dir() or (d / "p1").exists() or has_routes(d)):
+                continue
+            topic = Topic(self, name)
+            self.topics[name] = topic
+            cdir = d / "channels"
+            for f in sorted(cdir.glob("c-*.cursor")) if cdir.is_dir() else ():
+                cname = f.name[2:-len(".cursor")]
+                if valid_channel_name(cname):
+                    topic.get_channel(cname)
+            log.warning("TOPIC(%s): adopted from %s (not in nsqd.dat: a crash came before "
+                        "its metadata was written)", name, d)
+            self.metadata_changed()
+            self.share_memory()
+
     # -- life cycle ----------------------------------------------------------------------
     def _make_tls_context(self) -> ssl.SSLContext | None:
         o = self.opts
@@ -380,6 +410,8 @@ class NSQD:
 
         self._lock_data_path()
         self._load_metadata()
+        if not self.opts.cluster_leadership_addresses:
+            self._adopt_unlisted_topics()
         for topic in list(self.topics.values()):
             if topic.routes is not None:
                 await topic.routes.recover()  # commit a change a stop interrupted
