@@ -169,11 +169,11 @@ def test_cluster_reset_refusals_change_nothing(  # type: ignore[no-untyped-def]
     from tests.client.helpers import run
 
     cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=2)
-    lookupd = cluster.lookupd.http_address
     start_ordered_topic(cluster, "t")
     assert lk(cluster, "POST", "/topic/split", topic="t", partition=0, at=16)[0] == 200
 
-    async def consume(n: int, before: float = 0.0) -> OrderedReaders:
+    async def consume(n: int) -> OrderedReaders:
+        lookupd = cluster.lookupd.http_address  # a restarted lookupd has new ports
         reader = OrderedReaders(lookupd, "t", "a", 0)
         task = asyncio.create_task(reader.run())
         await asyncio.sleep(0.7)
