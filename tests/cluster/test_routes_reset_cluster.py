@@ -118,6 +118,47 @@ def test_reset_to_earliest_walks_the_versions_again_across_nodes(  # type: ignor
         ok = await drained(reader)
         await asyncio.sleep(0.5)  # anything delivered out of place would show up now
         again = reader.seen
+        passes_again = await asyncio.to_thread(etcd_keys, etcd_server, "route_passed/orders/a/")
+        # a second round published after time T while partition 2 splits; then a reset to
+        # T: version 2 (the merge committed before T), partition 2 walked again from its
+        # first message at/after T (its command is after T), 5 and 6 (created after T) from
+        # their start, 0, 1 and 3 passed (their commands are before T): exactly the second
+        # round again, in key order
+        await asyncio.sleep(1.05 - time.time() % 1)
+        t_reset = int(time.time())
+        second: set[tuple[str, int]] = set()
+        producers = [Producer(cluster.nodes[i].tcp_address, nsqd_http_addresses=lookupd)
+                     for i in range(2)]
+
+        async def publish_more(p: Producer, k: int) -> None:
+            for s in range(per_key, per_key + 8):
+                await p.publish("orders", f"k{k}:{s}".encode(), key=f"k{k}")
+                second.add((f"k{k}", s))
+                await asyncio.sleep(0.03)
+
+        async def split_again() -> None:
+            await asyncio.sleep(0.1)
+            code, body = await asyncio.to_thread(lk, cluster, "POST", "/topic/split",
+                                                 topic="orders", partition=2, at=8)
+            assert code == 200, body
+
+        await asyncio.gather(split_again(), *(publish_more(producers[k % 2], k)
+                                              for k in range(keys)))
+        for p in producers:
+            await p.close()
+        acked |= second
+        assert await drained(reader), "second round not drained"
+        await asyncio.sleep(0.5)
+        reader.seen, reader.count = {}, 0
+        code, at_body = await asyncio.to_thread(reset, cluster, "orders", "a",
+                                                f"timestamp:{t_reset}".encode())
+        assert code == 200, at_body
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not {
+                (k, s) for k, ss in reader.seen.items() for s in ss} >= second:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        at_t = reader.seen
         # latest (the CLI): nothing old comes again
         reader.seen, reader.count = {}, 0
         out = await asyncio.to_thread(
@@ -130,10 +171,11 @@ def test_reset_to_earliest_walks_the_versions_again_across_nodes(  # type: ignor
         reader.close()
         return {"acked": acked, "first": first, "again": again, "ok": ok, "body": body,
                 "took": took, "passes_before": passes_before, "passes_after": passes_after,
-                "cli": out, "after_latest": after_latest}
+                "passes_again": passes_again, "cli": out, "after_latest": after_latest, "second": second, "at_t": at_t,
+                "at_body": at_body}
 
     r = asyncio.run(main())
-    acked = r["acked"]
+    acked = {(k, s) for k, s in r["acked"] if s < per_key}
     assert len(acked) == keys * per_key
     in_key_order(r["first"], "first pass")
     body = r["body"]
@@ -148,11 +190,19 @@ def test_reset_to_earliest_walks_the_versions_again_across_nodes(  # type: ignor
     assert r["ok"] and got >= acked, f"not delivered again: {sorted(acked - got)[:10]}"
     in_key_order(r["again"], "after the reset")
     # ...and walking them again recorded the passes again
-    assert {k.rsplit("/", 1)[1] for k in etcd_keys(etcd_server, "route_passed/orders/a/")} \
-        == {"0", "1", "3"}
+    assert {k.rsplit("/", 1)[1] for k in r["passes_again"]} == {"0", "1", "3"}
+    at_body, second = r["at_body"], r["second"]
+    print("reset to a time:", {k: at_body[k] for k in ("route_version", "partitions", "passed")})
+    assert at_body["route_version"] == 2 and at_body["passed"] == [0, 1, 3], at_body
+    assert at_body["partitions"]["5"] == 0 and at_body["partitions"]["6"] == 0, at_body
+    assert at_body["partitions"]["2"] > 0, at_body  # after the first round's messages
+    got = {(k, s) for k, ss in r["at_t"].items() for s in ss}
+    assert got == second, (f"missing {sorted(second - got)[:10]}, "
+                           f"extra {sorted(got - second)[:10]}")
+    in_key_order({k: [s - per_key for s in ss] for k, ss in r["at_t"].items()}, "from T")
     cli = r["cli"]
     assert cli.returncode == 0, cli.stderr
-    assert "walking route versions again from version 2" in cli.stdout, cli.stdout
+    assert "walking route versions again from version 3" in cli.stdout, cli.stdout
     assert r["after_latest"] == 0
 
 
