@@ -118,6 +118,9 @@ def test_reset_to_earliest_walks_the_versions_again_across_nodes(  # type: ignor
         ok = await drained(reader)
         await asyncio.sleep(0.5)  # anything delivered out of place would show up now
         again = reader.seen
+        got = {(k, s) for k, ss in again.items() for s in ss}
+        assert ok, f"not delivered again after the reset: {sorted(acked - got)[:10]}"
+        in_key_order(again, "after the reset")
         passes_again = await asyncio.to_thread(etcd_keys, etcd_server, "route_passed/orders/a/")
         # a second round published after time T while partition 2 splits; then a reset to
         # T: version 2 (the merge committed before T), partition 2 walked again from its

@@ -94,5 +94,11 @@ def test_mirror_seal_and_learnt_passes(tmp_path: Path) -> None:
             assert routes.states["c"] == ChannelRoute(2)
             assert set(routes.readable["c"]) == {2, 4}
             assert topic.partitions[3].channels["c"].cursor.next_read == 1
+            # a channel this node did not have is created by the reset, its cursors at the
+            # reset's offsets; being created at the log end is no pass of the commands
+            passes.clear()
+            assert routes.apply_reset("new", 1, 0, {0: 0, 1: 0, 2: 0, 3: 0, 4: 0}, set())
+            assert passes == [] and routes.states["new"] == ChannelRoute(0)
+            assert topic.partitions[0].channels["new"].cursor.next_read == 0
 
     asyncio.run(main())

@@ -414,11 +414,18 @@ class TopicRoutes:
         if gen <= self.reset_gen(name):
             self.release(name)
             return False
+        on_pass, self.on_pass = self.on_pass, None  # a channel created here below counts
+        try:  # the commands its new cursors are past: those are not passes, the reset's are
+            for p in offsets:
+                if p < len(self.topic.partitions) and self.leads(p):
+                    self.topic.partitions[p].get_channel(name)
+        finally:
+            self.on_pass = on_pass
         for p, off in sorted(offsets.items()):
             if p >= len(self.topic.partitions) or not self.leads(p):
                 continue
             part = self.topic.partitions[p]
-            ch = part.get_channel(name)
+            ch = part.channels.get(name)
             if ch is None:
                 continue
             off = min(max(off, part.log.start_offset), part.log.next_offset)
