@@ -283,3 +283,49 @@ def test_cluster_reset_refusals_change_nothing(  # type: ignore[no-untyped-def]
     code, answer = reset(cluster, "t", "a", b"earliest")
     assert code == 503, answer
     assert answer["message"] in ("E_CLUSTER_UNAVAILABLE", "E_NO_COORDINATOR"), answer
+
+
+def test_cluster_reset_refuses_a_position_retention_deleted(  # type: ignore[no-untyped-def]
+        etcd_server: EtcdServer, nsqd_factory, lookupd_factory) -> None:
+    """Small segments and the default retention (consumed segments go): once channel a has
+    passed the split's command message, the retired partition's consumed segments are
+    deleted, so a reset to earliest - which would walk that partition again - is refused
+    with E_RETENTION and changes nothing; a reset to latest still works."""
+    from nsqx.client import Producer
+    from tests.client.helpers import run
+
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(
+        nodes=2, nsqd_args=["--max-bytes-per-file=4096"])
+    start_ordered_topic(cluster, "t")
+    lookupd = cluster.lookupd.http_address
+    n = 200
+
+    async def main() -> int:
+        reader = OrderedReaders(lookupd, "t", "a", 0)
+        task = asyncio.create_task(reader.run())
+        await asyncio.sleep(0.7)
+        async with Producer(cluster.nodes[0].tcp_address, nsqd_http_addresses=lookupd) as p:
+            for i in range(n):
+                await p.publish("t", f"k{i % 7}:{i // 7}".encode() + b" " * 100,
+                                key=f"k{i % 7}")
+        code, body = await asyncio.to_thread(lk, cluster, "POST", "/topic/split", topic="t",
+                                             partition=0, at=16)
+        assert code == 200, body
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and reader.count < n:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # partition 0's command passed: its consumed segments go
+        task.cancel()
+        reader.close()
+        return reader.count
+
+    assert run(main()) >= n
+    passes = etcd_keys(etcd_server, "route_passed/t/a/")
+    assert set(passes) == {"/nsqx/test/route_passed/t/a/0"}
+    code, answer = reset(cluster, "t", "a", b"earliest")
+    assert code == 400 and answer["message"] == "E_RETENTION", answer
+    assert "partition 0 keeps offsets" in answer["detail"], answer
+    assert etcd_keys(etcd_server, "route_reset/") == {}
+    assert etcd_keys(etcd_server, "route_passed/t/a/") == passes
+    code, answer = reset(cluster, "t", "a", b"latest")
+    assert code == 200 and answer["route_version"] == 1, answer

@@ -259,6 +259,12 @@ class TopicRoutes:
         for name in list(self.states):
             self._set_state(name, self._with_passes(name, advance(self.states[name], history)))
             self._refresh(name)
+        # a channel may have passed a command before the node saw the change commit (the
+        # seal comes first): release those partitions now rather than at the periodic pass
+        for v in range(old.newest.version + 1, history.newest.version + 1):
+            for p in history.change(v).retired:
+                if p < len(self.topic.partitions):
+                    self._retire_if_passed(p)
 
     def _find_commands(self) -> None:
         """Learn where the command messages of retired partitions are (a new leader after a
