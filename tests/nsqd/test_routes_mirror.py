@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nsqx.cluster.barrier import ChannelRoute
 from nsqx.cluster.routes import RouteError, RouteHistory
 from nsqx.nsqd.routing import TopicRoutes
 from tests.nsqd.inprocess import running_node
@@ -67,7 +68,37 @@ def test_mirror_seal_and_learnt_passes(tmp_path: Path) -> None:
             assert ("late", 1) not in passes and routes.states["late"].version == 1
             from nsqx.protocol.v2 import parse_start_position
 
-            with pytest.raises(RouteError, match="not supported yet"):
+            with pytest.raises(RouteError, match="through nsqlookupd"):
                 routes.reset_channel("c", parse_start_position(b"earliest"))
+            # a cluster reset (the coordinator drives these through the member): held, the
+            # channel delivers from no partition; the report gives positions and commands
+            routes.hold("c", 30)
+            assert routes.readable["c"] == frozenset()
+            report = routes.prepare_reset("c", parse_start_position(b"earliest"))
+            assert set(report) == {0, 2, 3} and report[0]["command"] == 1
+            assert report[0]["offset"] == 0 and report[0]["channel"]
+            # applied: cursors of the led partitions at their offsets, the barrier back on
+            # version 0 with etcd's passes (1's was deleted), released
+            passes.clear()
+            assert routes.apply_reset("c", 1, 0, {0: 0, 1: 0, 2: 0, 3: 0, 4: 0}, set())
+            assert routes.states["c"] == ChannelRoute(0) and "c" not in routes.held
+            assert set(routes.readable["c"]) == {0, 1}
+            assert topic.partitions[0].channels["c"].cursor.next_read == 0
+            assert passes == []  # nothing passed again yet
+            assert not routes.apply_reset("c", 1, 0, {0: 0}, set())  # the same gen: once
+            assert routes.reset_gen("c") == 1
+            assert (topic.dir / "channels" / "c-c.reset").read_text() == "1"
+            # latest: the newest version at once (the coordinator keeps the pass keys of the
+            # retired partitions, every cursor being beyond its command)
+            assert routes.apply_reset("c", 2, 2, {0: 2, 3: 1}, {0, 1, 3})
+            assert routes.states["c"] == ChannelRoute(2)
+            assert set(routes.readable["c"]) == {2, 4}
+            assert topic.partitions[3].channels["c"].cursor.next_read == 1
+            # a channel this node did not have is created by the reset, its cursors at the
+            # reset's offsets; being created at the log end is no pass of the commands
+            passes.clear()
+            assert routes.apply_reset("new", 1, 0, {0: 0, 1: 0, 2: 0, 3: 0, 4: 0}, set())
+            assert passes == [] and routes.states["new"] == ChannelRoute(0)
+            assert topic.partitions[0].channels["new"].cursor.next_read == 0
 
     asyncio.run(main())

@@ -283,16 +283,39 @@ def cmd_channel_reset(args: argparse.Namespace) -> int:
     params = {"topic": args.topic, "channel": args.channel}
     if args.partition is not None:
         params["partition"] = str(args.partition)
-    got = _http_call(prog, "POST", args.nsqd_http_address, "/channel/setoffset", params,
-                     position.encode())
+    lookupd = args.lookupd_http_address
+    if lookupd and position.startswith("msgcount:"):
+        print(f"{prog}: through nsqlookupd a route-managed topic's channel is reset on every "
+              f"partition: use --to-time, --earliest or --latest", file=sys.stderr)
+        return 2
+    got = _http_call(prog, "POST", lookupd or args.nsqd_http_address, "/channel/setoffset",
+                     params, position.encode())
     if got is None:
         return 1
     status, data, _ = got
     if status != 200:
+        if lookupd:
+            try:
+                doc = json.loads(data)
+                msg = doc["message"] + (f": {doc['detail']}" if doc.get("detail") else "")
+            except (ValueError, KeyError, TypeError):
+                msg = data.decode("utf-8", "replace").strip()[:300]
+            print(f"{prog}: nsqlookupd answered {status} {msg}", file=sys.stderr)
+            return 1
         return _http_failed(prog, status, data)
     doc = json.loads(data)
     if args.json:
         print(json.dumps(doc))
+        return 0
+    if lookupd:  # a cluster reset of a route-managed topic's channel
+        print(f"{doc['topic']}/{doc['channel']}: reset on every node (reset {doc['gen']}), "
+              f"walking route versions again from version {doc['route_version']}")
+        for p, off in doc["partitions"].items():
+            note = " (beyond its command message)" if int(p) in doc["passed"] else ""
+            print(f"  partition {p}: offset {off}{note}")
+        if doc.get("unapplied"):
+            print(f"  not confirmed by {', '.join(doc['unapplied'])} (they apply it from "
+                  f"etcd)", file=sys.stderr)
         return 0
     print(f"{doc['topic']}/{doc['channel']} partition {doc['partition']}: reset to offset "
           f"{doc['offset']} (log holds {doc['earliest']}..{doc['latest']})")
@@ -322,7 +345,9 @@ def add_channel_commands(sub: Any) -> None:
                "--nsqd-http-address 127.0.0.1:4151\n"
                "  nsqx channel reset orders billing --to-offset 1200 --partition 0 "
                "--nsqd-http-address 127.0.0.1:4151\n"
-               "  nsqx channel reset orders billing --latest --nsqd-http-address 127.0.0.1:4151")
+               "  nsqx channel reset orders billing --latest --nsqd-http-address 127.0.0.1:4151\n"
+               "  nsqx channel reset orders billing --earliest --lookupd-http-address "
+               "127.0.0.1:4161")
     p.add_argument("topic", metavar="TOPIC")
     p.add_argument("channel", metavar="CHANNEL")
     where = p.add_mutually_exclusive_group(required=True)
@@ -340,9 +365,13 @@ def add_channel_commands(sub: Any) -> None:
                        help="the end of the log: only messages published from now on")
     p.add_argument("--partition", type=_offset_arg, metavar="P",
                    help="partition of the topic (default 0)")
-    p.add_argument("--nsqd-http-address", required=True, metavar="HOST:PORT",
-                   help="HTTP address of the nsqd that holds the partition")
-    p.add_argument("--json", action="store_true", help="print nsqd's JSON answer")
+    at = p.add_mutually_exclusive_group(required=True)
+    at.add_argument("--nsqd-http-address", metavar="HOST:PORT",
+                    help="HTTP address of the nsqd that holds the partition")
+    at.add_argument("--lookupd-http-address", metavar="HOST:PORT",
+                    help="a cluster's nsqlookupd: resets a route-managed ordered topic's "
+                         "channel on every node at once (--to-time, --earliest, --latest)")
+    p.add_argument("--json", action="store_true", help="print the JSON answer")
     p.set_defaults(func=cmd_channel_reset)
 
 

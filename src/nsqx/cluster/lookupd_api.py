@@ -24,6 +24,16 @@ campaigns; the elected one reconciles. Any of them answers (reads come from etcd
   ``&logical=L``; ``GET /topic/route?topic=T`` (the history plus ``leaders``);
   ``POST /topic/split|merge|move`` with nsqd's parameters, run by the elected coordinator
   (another lookupd forwards the request), 400 with the rule's text when refused.
+- ``POST /channel/setoffset?topic=T&channel=C`` on a route-managed topic, with nsqd's body
+  forms (``earliest``, ``latest``, ``timestamp:<unix s>``, or ``?to=``): resets the channel
+  on every node at once and walks the route versions again from the one current at that
+  position (:meth:`~nsqx.cluster.route_coord.RouteCoordinator.reset_channel`); run by the
+  elected coordinator. 200 ``{"topic", "channel", "route_version", "gen", "partitions":
+  {p: offset}, "passed", "unapplied"}``; refusals change nothing: 400 (``E_INVALID``: a
+  per-partition offset, a time in the future; ``E_ROUTE_CHANGE_PENDING``; ``E_RETENTION``;
+  ``E_CONFLICT``: a route change started meanwhile), 404 ``TOPIC_NOT_FOUND`` /
+  ``CHANNEL_NOT_FOUND``, 503 (``E_CLUSTER_UNAVAILABLE``: etcd, ``E_NO_LEADER``,
+  ``E_NODE_UNAVAILABLE``: a live node did not answer).
 - ``GET /cluster/stats[?log_ends=true]``: coordinator, live nodes, and every partition's
   leader, epoch, ISR and catch-up set; with ``log_ends`` also each replica's log end as its
   node reports it (``/nsqx/cluster/state``, asked concurrently, 2 s timeout; null when a
@@ -103,7 +113,8 @@ class ClusterLookupd:
                          ("/topic/partition/move", self.h_partition_move),
                          ("/cluster/node/remove", self.h_node_remove),
                          ("/topic/split", self.h_route_change), ("/topic/merge", self.h_route_change),
-                         ("/topic/move", self.h_route_change)):
+                         ("/topic/move", self.h_route_change),
+                         ("/channel/setoffset", self.h_channel_setoffset)):
             lookupd.http_routes.append(("POST", path, fn))
 
     @property
@@ -249,6 +260,38 @@ class ClusterLookupd:
         log.info("CLUSTER: TOPIC(%s): %s by HTTP client %s", name, what, request.remote)
         return _json(200, h.to_dict())
 
+    async def h_channel_setoffset(self, request: web.Request) -> web.StreamResponse:
+        """``POST /channel/setoffset?topic=T&channel=C`` + nsqd's position body: a cluster
+        reset of a route-managed topic's channel (RouteCoordinator.reset_channel)."""
+        from nsqx.cluster.route_coord import ResetRefused
+        from nsqx.httpapi import HTTPError, topic_channel_args
+        from nsqx.httpapi import query as parse_query
+        from nsqx.nsqd.replay_api import MAX_POSITION_BODY, split_position_arg
+
+        c = self.coordinator
+        assert c is not None
+        if not c.is_leader:
+            return await self._to_coordinator(request)
+        try:
+            params = parse_query(request)
+            name, channel = topic_channel_args(params)
+            body = await request.content.read(MAX_POSITION_BODY + 1)
+            if len(body) > MAX_POSITION_BODY:
+                return _err(413, "BODY_TOO_BIG")
+            pos = split_position_arg(body, params)
+            if params.get("partition"):
+                return _err(400, "E_BAD_PARTITION",
+                            "a route-managed topic's channel is reset on every partition")
+            out = await c.routes.reset_channel(name, channel, pos)
+        except HTTPError as e:
+            return _err(e.status, e.code)
+        except ResetRefused as e:
+            log.info("CLUSTER: TOPIC(%s) CHANNEL(%s): reset refused - %s", name, channel, e)
+            return _err(e.status, e.code, str(e))
+        log.info("CLUSTER: TOPIC(%s) CHANNEL(%s): reset to route version %d by HTTP client %s",
+                 name, channel, out["route_version"], request.remote)
+        return _json(200, out)
+
     async def _to_coordinator(self, request: web.Request) -> web.Response:
         leader = self.coordinator.leader if self.coordinator else None
         if not leader:
@@ -256,7 +299,8 @@ class ClusterLookupd:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
         try:
-            async with self._session.post(f"http://{leader}{request.path_qs}",
+            body = await request.read()
+            async with self._session.post(f"http://{leader}{request.path_qs}", data=body,
                                           timeout=aiohttp.ClientTimeout(total=60)) as r:
                 return web.Response(status=r.status, body=await r.read(),
                                     content_type="application/json")

@@ -48,7 +48,16 @@ from nsqx.cluster.metadata import ClusterMetadata, Versioned
 from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import expand_isr, shrink_isr
 from nsqx.cluster.replication import LeaderProgress, truncation_point
-from nsqx.cluster.route_store import parse_pass_key, pass_key, passes_prefix, routes_prefix
+from nsqx.cluster.route_store import (
+    ResetRecord,
+    parse_pass_key,
+    parse_reset_key,
+    pass_key,
+    passes_prefix,
+    reset_key,
+    resets_prefix,
+    routes_prefix,
+)
 from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
 from nsqx.nsqd.config_api import apply_settings, export_settings
 from nsqx.nsqd.routing import TopicRoutes
@@ -64,6 +73,7 @@ FETCH_MAX_BYTES = 4 << 20
 CURSOR_EVERY = 1.0  # channel cursors ride with a fetch answer at least this often
 ORDERED_CURSOR_EVERY = 0.1  # ...and for ordered topics with every answer, this often when idle
 FORWARD_TIMEOUT = 10.0  # a publish forwarded to the leader fails after this
+RESET_HOLD = 20.0  # a channel held for a cluster reset delivers again after this at most
 _FRAME_HEAD = struct.Struct(">IIQH")  # size, type, timestamp, attempts
 
 
@@ -290,6 +300,7 @@ class NodeMember:
         self.route_passes: dict[str, dict[str, set[int]]] = {}
         self._passes_sent: set[tuple[str, str, int]] = set()
         self._pass_tasks: set[asyncio.Task[None]] = set()
+        self.route_resets: dict[tuple[str, str], ResetRecord] = {}
         nsqd.http_route_hooks.append(self.add_routes)
         nsqd.topic_hooks.append(self._on_new_topic)
 
@@ -400,6 +411,7 @@ class NodeMember:
         self.nodes.clear()
         self.route_histories.clear()
         self.route_passes.clear()
+        self.route_resets.clear()
         for kv in kvs:
             self._apply_kv(kv.key, kv.value)
         self._reconcile()
@@ -434,9 +446,21 @@ class NodeMember:
                     self.route_histories[name] = RouteHistory.from_json(value)
             elif key.startswith(passes_prefix(keys.root)):
                 found = parse_pass_key(keys.root, key)
-                if found is not None and value is not None:
+                if found is not None:
                     topic, channel, p = found
-                    self.route_passes.setdefault(topic, {}).setdefault(channel, set()).add(p)
+                    passes = self.route_passes.setdefault(topic, {}).setdefault(channel, set())
+                    if value is not None:
+                        passes.add(p)
+                    else:  # a cluster reset of the channel walks that partition again
+                        passes.discard(p)
+                        self._passes_sent.discard((topic, channel, p))
+            elif key.startswith(resets_prefix(keys.root)):
+                where = parse_reset_key(keys.root, key)
+                if where is not None:
+                    if value is None:
+                        self.route_resets.pop(where, None)
+                    else:
+                        self.route_resets[where] = ResetRecord.from_json(value)
         except (ValueError, KeyError, TypeError, MetaError) as e:
             log.warning("CLUSTER: ignoring malformed metadata %r: %s", key, e)
 
@@ -491,7 +515,14 @@ class NodeMember:
                 h.newest.version, h.pending is not None):  # never back to an older copy
             routes.apply(h)
         for channel, parts in self.route_passes.get(name, {}).items():
-            routes.learn_passes(channel, parts)
+            routes.set_passes(channel, parts)
+        for (topic, channel), rec in self.route_resets.items():
+            # a reset this node was prepared for (held) whose apply call did not come (the
+            # coordinator died after its transaction): applied from the watch
+            if topic == name and channel in routes.held and rec.gen > routes.reset_gen(channel):
+                self._clear_sent(name, channel)
+                routes.apply_reset(channel, rec.gen, rec.version, rec.offsets,
+                                   set(self.route_passes.get(name, {}).get(channel, ())))
         routes.subscribe_led()
 
     def _leads(self, name: str, p: int) -> bool:
@@ -506,9 +537,13 @@ class NodeMember:
             return
         self._passes_sent.add(k)
         self.route_passes.setdefault(name, {}).setdefault(channel, set()).add(p)
-        task = asyncio.get_running_loop().create_task(self._put_pass(name, channel, p))
+        task = asyncio.get_running_loop().create_task(self._put_pass(name, channel, p),
+                                                      name=f"pass {name}/{channel}")
         self._pass_tasks.add(task)
         task.add_done_callback(self._pass_tasks.discard)
+
+    def _clear_sent(self, name: str, channel: str) -> None:
+        self._passes_sent = {k for k in self._passes_sent if k[:2] != (name, channel)}
 
     async def _put_pass(self, name: str, channel: str, p: int) -> None:
         key = pass_key(self.meta.keys.root, name, channel, p)
@@ -571,6 +606,91 @@ class NodeMember:
         log.info("CLUSTER: TOPIC(%s) PARTITION(%d): sealed for route version %d (command "
                  "message at %d)", name, p, version, off)
         return _answer(200, {"offset": off})
+
+    # -- cluster reset of a channel (the coordinator's steps on this node) -------------------
+    def _reset_target(self, request: web.Request) -> tuple[str, str, Any] | web.Response:
+        q = request.query
+        name, channel = q.get("topic", ""), q.get("channel", "")
+        try:
+            pass_key(self.meta.keys.root, name, channel, 0)  # validates both names
+        except RouteError as e:
+            return _answer(400, {"message": "E_INVALID", "detail": str(e)})
+        topic = self.nsqd.topics.get(name)
+        return name, channel, topic.routes if topic is not None else None
+
+    async def h_reset_prepare(self, request: web.Request) -> web.Response:
+        """``POST /nsqx/route/reset/prepare?topic=T&channel=C&to=POS`` (the coordinator):
+        hold channel C on this node (nothing delivered, so no barrier pass is recorded),
+        wait for the pass records already under way, and report, per partition this node
+        leads, where POS is, the log's bounds and the command message's offset."""
+        from nsqx.protocol.errors import ProtocolError
+        from nsqx.protocol.v2 import parse_start_position
+
+        found = self._reset_target(request)
+        if isinstance(found, web.Response):
+            return found
+        name, channel, routes = found
+        try:
+            pos = parse_start_position(request.query.get("to", "").encode())
+        except ProtocolError:
+            return _answer(400, {"message": "E_INVALID", "detail": "bad position"})
+        if routes is None:  # this node holds nothing of the topic
+            return _answer(200, {"node": self.node_id, "partitions": {}})
+        routes.hold(channel, RESET_HOLD)
+        busy = [t for t in self._pass_tasks if t.get_name() == f"pass {name}/{channel}"]
+        if busy:
+            _done, pending = await asyncio.wait(busy, timeout=5)
+            if pending:
+                routes.release(channel)
+                return _answer(503, {"message": "E_CLUSTER_UNAVAILABLE",
+                                     "detail": f"{self.node_id}: a barrier pass of {channel} "
+                                               f"could not be recorded in etcd"})
+        parts = routes.prepare_reset(channel, pos)
+        return _answer(200, {"node": self.node_id,
+                             "partitions": {str(p): v for p, v in parts.items()}})
+
+    async def h_reset_apply(self, request: web.Request) -> web.Response:
+        """``POST /nsqx/route/reset/apply?topic=T&channel=C&gen=N``: apply the reset record
+        N the coordinator committed (read from etcd with the channel's pass keys, so this
+        never acts on an older watch view), then deliver again."""
+        found = self._reset_target(request)
+        if isinstance(found, web.Response):
+            return found
+        name, channel, routes = found
+        try:
+            gen = int(request.query.get("gen", ""))
+            kv = await self.etcd.get(reset_key(self.meta.keys.root, name, channel))
+            kvs, _ = await self.etcd.get_prefix(passes_prefix(self.meta.keys.root)
+                                                + f"{name}/{channel}/".encode())
+        except ValueError:
+            return _answer(400, {"message": "E_INVALID", "detail": "gen must be an integer"})
+        except EtcdError as e:
+            return _answer(503, {"message": "E_CLUSTER_UNAVAILABLE", "detail": str(e)})
+        if kv is None:
+            return _answer(404, {"message": "E_NO_RESET"})
+        rec = ResetRecord.from_json(kv.value)
+        if rec.gen != gen:
+            return _answer(409, {"message": "E_STALE_RESET", "gen": rec.gen})
+        self.route_resets[(name, channel)] = rec
+        passes = {pk[2] for k in kvs if (pk := parse_pass_key(self.meta.keys.root, k.key))}
+        self.route_passes.setdefault(name, {})[channel] = set(passes)
+        self._clear_sent(name, channel)
+        applied = False
+        if routes is not None:
+            applied = routes.apply_reset(channel, rec.gen, rec.version, rec.offsets, passes)
+            routes.subscribe_led()
+        return _answer(200, {"node": self.node_id, "applied": applied, "gen": rec.gen})
+
+    async def h_reset_release(self, request: web.Request) -> web.Response:
+        """``POST /nsqx/route/reset/release?topic=T&channel=C``: the coordinator gave the
+        reset up before its transaction: deliver again, nothing changed."""
+        found = self._reset_target(request)
+        if isinstance(found, web.Response):
+            return found
+        _name, channel, routes = found
+        if routes is not None:
+            routes.release(channel)
+        return _answer(200, {"node": self.node_id})
 
     def _guard(self, part: Any) -> None:
         """A local partition this node holds no role for may not take publishes."""
@@ -814,6 +934,9 @@ class NodeMember:
         app.router.add_get("/nsqx/replica/fetch", self.h_fetch)
         app.router.add_get("/nsqx/cluster/state", self.h_state)
         app.router.add_post("/nsqx/route/seal", self.h_route_seal)
+        app.router.add_post("/nsqx/route/reset/prepare", self.h_reset_prepare)
+        app.router.add_post("/nsqx/route/reset/apply", self.h_reset_apply)
+        app.router.add_post("/nsqx/route/reset/release", self.h_reset_release)
 
     def _leader_gate(self, request: web.Request
                      ) -> tuple[LeaderGate, Any, dict[str, str]] | web.Response:

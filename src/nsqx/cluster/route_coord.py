@@ -28,20 +28,37 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import orjson
 
-from nsqx.cluster.etcd import Compare, Op
+from nsqx.cluster.etcd import Compare, EtcdError, Op
 from nsqx.cluster.metadata import ClusterMetadata
 from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import load_of, place
-from nsqx.cluster.route_store import EtcdRouteStore, routes_prefix
+from nsqx.cluster.route_store import (
+    EtcdRouteStore,
+    ResetRecord,
+    pass_key,
+    reset_key,
+    routes_prefix,
+)
 from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
+from nsqx.protocol.v2 import StartPosition
 
 log = logging.getLogger("nsqx.cluster.routes")
 
-__all__ = ["RouteCoordinator", "place_created", "relabel_dead_nodes"]
+__all__ = ["ResetRefused", "RouteCoordinator", "place_created", "relabel_dead_nodes"]
+
+class ResetRefused(Exception):
+    """A channel reset that was refused or could not be done; nothing was changed.
+    ``status`` (400, 404 or 503) and ``code`` are lookupd's answer, the text its detail."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.code = status, code
+
 
 STEP_TIMEOUT = 15.0  # seconds each of "ready" and "seal" may take before the change is left pending
 
@@ -101,6 +118,7 @@ class RouteCoordinator:
         self.meta = meta
         self._session: aiohttp.ClientSession | None = None
         self._rolling: set[str] = set()
+        self._resetting: set[str] = set()  # topics with a channel reset under way
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -172,6 +190,9 @@ class RouteCoordinator:
         old = await store.fetch()
         if old is None:
             raise RouteError(f"topic {topic} is not a route-managed topic in this cluster")
+        if topic in self._resetting:
+            raise RouteError(f"topic {topic}: a channel reset is under way; change the route "
+                             f"after it")
         new = op(old)  # refuses a second change while one is pending
         tm = await self.meta.topic(topic)
         if tm is None:
@@ -285,3 +306,191 @@ class RouteCoordinator:
             await asyncio.sleep(0.1)
         raise TimeoutError(f"topic {topic}: partition {p} not sealed for route version "
                            f"{version} ({last}); the change stays pending")
+
+    # -- channel reset ----------------------------------------------------------------------
+    async def reset_channel(self, topic: str, channel: str, pos: StartPosition,
+                            now_ms: int | None = None) -> dict[str, Any]:
+        """Reset ``channel`` of a route-managed topic on every node at once (lookupd's
+        ``POST /channel/setoffset``); the mechanism is in docs/design-notes.md, "Channel
+        reset in a cluster":
+
+        1. **prepare**: every live node holds the channel (delivers nothing of it, so no
+           barrier pass can be recorded meanwhile, and waits for passes under way) and
+           reports, per partition it leads, where ``pos`` is, its log's bounds and its
+           command message's offset;
+        2. **check**: every physical partition answered by its leader, the channel exists,
+           no position the walk needs was deleted by retention;
+        3. **commit**, one etcd transaction guarded by the route history's and the reset
+           record's mod revisions (so a route change started meanwhile makes it fail):
+           delete the channel's pass keys of the retired partitions the channel now walks
+           again, keep those it is already beyond, and write ``route_reset/<topic>/<channel>``
+           (generation + 1, the route version it restarts on, each partition's offset);
+        4. **apply**: every node moves its led partitions' cursors, restarts the channel's
+           barrier on that version with the passes etcd holds, and delivers again.
+
+        Any refusal before step 3 releases the holds and changes nothing (ResetRefused).
+        """
+        if topic in self._resetting:
+            raise ResetRefused(400, "E_RESET_IN_PROGRESS",
+                               f"topic {topic}: another channel reset is under way")
+        self._resetting.add(topic)
+        nodes: dict[str, NodeInfo] = {}
+        try:
+            try:
+                store = self.store(topic)
+                h = await store.fetch()
+                if h is None:
+                    raise ResetRefused(404, "TOPIC_NOT_FOUND",
+                                       f"no route-managed topic {topic} in this cluster")
+                if h.pending is not None:
+                    ch = h.pending_change
+                    assert ch is not None
+                    raise ResetRefused(400, "E_ROUTE_CHANGE_PENDING",
+                                       f"topic {topic}: {ch.kind} to route version "
+                                       f"{ch.version} is still pending; reset the channel "
+                                       f"after it commits")
+                now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+                if pos.kind == "earliest":
+                    version, to = 0, "earliest"
+                elif pos.kind == "latest":
+                    version, to = h.newest.version, "latest"
+                elif pos.kind == "timestamp":
+                    if pos.value * 1000 > now:
+                        raise ResetRefused(400, "E_INVALID",
+                                           f"timestamp {pos.value} is in the future (now "
+                                           f"{now // 1000}): nothing to replay from there")
+                    version, to = h.version_at(pos.value * 1000), f"timestamp:{pos.value}"
+                else:
+                    raise ResetRefused(400, "E_INVALID",
+                                       f"topic {topic} is route-managed: reset a channel to "
+                                       f"earliest, latest or a timestamp, not to a "
+                                       f"partition's {pos.kind}")
+                nodes = await self.meta.nodes()
+                parts = {p: v.meta for (t, p), v in (await self.meta.all_partitions()).items()
+                         if t == topic}
+                rkey = reset_key(self.meta.keys.root, topic, channel)
+                last = await self.meta.etcd.get(rkey)
+            except EtcdError as e:
+                raise ResetRefused(503, "E_CLUSTER_UNAVAILABLE", str(e)) from None
+            want = range(h.next_partition)
+            leaders = {p: parts[p].leader for p in want if p in parts}
+            missing = [p for p in want if leaders.get(p) not in nodes]
+            if missing:
+                raise ResetRefused(503, "E_NO_LEADER",
+                                   f"topic {topic}: partitions {missing} have no live leader")
+            reports = await self._reset_prepare(topic, channel, to, nodes)
+            offsets: dict[int, int] = {}
+            exists = False
+            for p in want:
+                r = reports.get(leaders[p] or "", {}).get(str(p))
+                if r is None:
+                    raise ResetRefused(503, "E_NO_LEADER",
+                                       f"topic {topic}: partition {p}'s leader "
+                                       f"{leaders[p]} does not lead it yet")
+                exists = exists or r["channel"]
+                retired = h.retired_in(p)
+                walked = retired is None or retired > version
+                if walked and r["start"] > 0 and r["offset"] <= r["start"] and \
+                        pos.kind != "latest":
+                    raise ResetRefused(400, "E_RETENTION",
+                                       f"topic {topic}: partition {p} keeps offsets "
+                                       f"{r['start']}..{r['end']} only (retention deleted "
+                                       f"the messages before); the reset would walk it "
+                                       f"again from where they were")
+                if retired is not None and retired <= h.newest.version and \
+                        r["command"] is None:
+                    raise ResetRefused(503, "E_NOT_SEALED",
+                                       f"topic {topic}: retired partition {p} has no "
+                                       f"command message on its leader {leaders[p]}")
+                offsets[p] = r["offset"]
+            if not exists:
+                raise ResetRefused(404, "CHANNEL_NOT_FOUND",
+                                   f"channel {channel} of topic {topic} exists on no "
+                                   f"partition leader")
+            passed = frozenset(p for p in want if h.retired_in(p) is not None
+                               and offsets[p] > reports[leaders[p] or ""][str(p)]["command"])
+            gen = (ResetRecord.from_json(last.value).gen if last is not None else 0) + 1
+            rec = ResetRecord(gen, version, offsets, passed)
+            ops = []
+            for p in want:
+                if h.retired_in(p) is None:
+                    continue
+                k = pass_key(self.meta.keys.root, topic, channel, p)
+                ops.append(Op.put(k, b"1") if p in passed else Op.delete(k))
+            ops.append(Op.put(rkey, rec.to_json()))
+            cmp = [store.compare(), Compare.absent(rkey) if last is None
+                   else Compare.mod_revision(rkey, last.mod_revision)]
+            try:
+                won, _ = await self.meta.etcd.txn(cmp, ops)
+            except EtcdError as e:
+                raise ResetRefused(503, "E_CLUSTER_UNAVAILABLE", str(e)) from None
+            if not won:
+                raise ResetRefused(400, "E_CONFLICT",
+                                   f"topic {topic}: its route or the channel's reset changed "
+                                   f"during the reset; nothing was reset, try again")
+        except BaseException:
+            await self._reset_release(topic, channel, nodes)
+            self._resetting.discard(topic)
+            raise
+        try:
+            log.info("TOPIC(%s) CHANNEL(%s): reset %d committed (%s: route version %d, "
+                     "walks again %s)", topic, channel, gen, to, version,
+                     sorted(p for p in offsets if p not in passed and
+                            (h.retired_in(p) or 1 << 30) > version))
+            unapplied = await self._reset_apply(topic, channel, gen, nodes)
+        finally:
+            self._resetting.discard(topic)
+        return {"topic": topic, "channel": channel, "route_version": version, "gen": gen,
+                "partitions": {str(p): o for p, o in sorted(offsets.items())},
+                "passed": sorted(passed), "unapplied": unapplied}
+
+    async def _reset_post(self, node: NodeInfo, step: str, params: dict[str, str]
+                          ) -> tuple[int, dict]:
+        async with self._http().post(f"http://{node.http_address}/nsqx/route/reset/{step}",
+                                     params=params,
+                                     timeout=aiohttp.ClientTimeout(total=10)) as r:
+            body = await r.read()
+            try:
+                return r.status, orjson.loads(body)
+            except ValueError:
+                return r.status, {"message": body[:200].decode(errors="replace")}
+
+    async def _reset_prepare(self, topic: str, channel: str, to: str,
+                             nodes: dict[str, NodeInfo]) -> dict[str, dict]:
+        """Hold the channel on every live node; {node id: {partition: report}}."""
+        params = {"topic": topic, "channel": channel, "to": to}
+        got = await asyncio.gather(*(self._reset_post(n, "prepare", params)
+                                     for n in nodes.values()), return_exceptions=True)
+        out: dict[str, dict] = {}
+        for n, r in zip(nodes.values(), got, strict=True):
+            if isinstance(r, BaseException) or r[0] != 200:
+                why = repr(r) if isinstance(r, BaseException) else f"HTTP {r[0]} {r[1]}"
+                raise ResetRefused(503, "E_NODE_UNAVAILABLE",
+                                   f"node {n.id} did not hold channel {channel}: {why}")
+            out[n.id] = r[1].get("partitions") or {}
+        return out
+
+    async def _reset_release(self, topic: str, channel: str, nodes: dict[str, NodeInfo]) -> None:
+        params = {"topic": topic, "channel": channel}
+        await asyncio.gather(*(self._reset_post(n, "release", params) for n in nodes.values()),
+                             return_exceptions=True)  # one that misses it: its hold expires
+
+    async def _reset_apply(self, topic: str, channel: str, gen: int,
+                           nodes: dict[str, NodeInfo]) -> list[str]:
+        """Every node applies reset ``gen`` (retried for a while); the nodes that did not
+        (they apply it from their watch, or deliver again when their hold expires)."""
+        params = {"topic": topic, "channel": channel, "gen": str(gen)}
+        todo = dict(nodes)
+        deadline = time.monotonic() + STEP_TIMEOUT
+        while todo and time.monotonic() < deadline:
+            got = await asyncio.gather(*(self._reset_post(n, "apply", params)
+                                         for n in todo.values()), return_exceptions=True)
+            for n, r in zip(list(todo.values()), got, strict=True):
+                if not isinstance(r, BaseException) and r[0] == 200:
+                    todo.pop(n.id)
+                else:
+                    log.warning("TOPIC(%s) CHANNEL(%s): reset %d not applied on %s yet: %r",
+                                topic, channel, gen, n.id, r)
+            if todo:
+                await asyncio.sleep(0.2)
+        return sorted(todo)

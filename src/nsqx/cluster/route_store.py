@@ -18,12 +18,16 @@ its member's watch). See ``docs/design-notes.md`` §Route changes in a cluster.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import orjson
 
 from nsqx.cluster.etcd import Compare, EtcdClient, Op
 from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
 from nsqx.protocol.names import valid_name
 
-__all__ = ["EtcdRouteStore", "pass_key", "parse_pass_key", "passes_prefix", "routes_prefix"]
+__all__ = ["EtcdRouteStore", "ResetRecord", "parse_pass_key", "parse_reset_key", "pass_key",
+           "passes_prefix", "reset_key", "resets_prefix", "routes_prefix"]
 
 
 class EtcdRouteStore:
@@ -104,3 +108,55 @@ def parse_pass_key(root: bytes, key: bytes) -> tuple[str, str, int] | None:
     if len(parts) != 3 or not parts[2].isdigit():
         return None
     return parts[0], parts[1], int(parts[2])
+
+
+def resets_prefix(root: bytes) -> bytes:
+    return root + b"route_reset/"
+
+
+def reset_key(root: bytes, topic: str, channel: str) -> bytes:
+    """``<root>route_reset/<topic>/<channel>``: the channel's last cluster reset
+    (:class:`ResetRecord`), written by the coordinator in the same transaction that clears
+    the channel's pass keys of the versions it walks again."""
+    if not valid_name(topic) or not valid_name(channel):
+        raise RouteError(f"invalid topic or channel name {topic!r}/{channel!r}")
+    return resets_prefix(root) + f"{topic}/{channel}".encode()
+
+
+def parse_reset_key(root: bytes, key: bytes) -> tuple[str, str] | None:
+    prefix = resets_prefix(root)
+    if not key.startswith(prefix):
+        return None
+    parts = key[len(prefix):].decode(errors="replace").split("/")
+    return (parts[0], parts[1]) if len(parts) == 2 else None
+
+
+@dataclass(frozen=True, slots=True)
+class ResetRecord:
+    """A channel reset across the cluster: ``gen`` grows by one per reset of the channel;
+    the channel restarts on route ``version``, each physical partition's cursor at
+    ``offsets[p]`` (set by p's leader), and ``passed`` are the retired partitions whose
+    command message that position is already beyond (their pass keys stay)."""
+
+    gen: int
+    version: int
+    offsets: dict[int, int]
+    passed: frozenset[int]
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"gen": self.gen, "version": self.version,
+                             "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
+                             "passed": sorted(self.passed)})
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> ResetRecord:
+        try:
+            d = orjson.loads(raw)
+            rec = cls(int(d["gen"]), int(d["version"]),
+                      {int(p): int(o) for p, o in d["offsets"].items()},
+                      frozenset(int(p) for p in d["passed"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RouteError(f"bad channel reset record: {e!r:.80}") from None
+        if rec.gen < 1 or rec.version < 0:
+            raise RouteError("bad channel reset record: gen >= 1 and version >= 0")
+        return rec

@@ -168,6 +168,12 @@ class TopicRoutes:
         self.on_pass: Callable[[str, int], None] | None = None
         self.remote_passed: dict[str, set[int]] = {}
         self._sealing: dict[int, asyncio.Future[int]] = {}  # command appends under way
+        # a cluster reset of a channel (nsqx.cluster.route_coord.RouteCoordinator.reset_channel):
+        # channels held (nothing delivered on this node) between the coordinator's prepare and
+        # apply, each with the timer that releases it if the coordinator never comes back;
+        # and the last reset generation applied per channel (persisted, c-<name>.reset)
+        self.held: dict[str, asyncio.TimerHandle] = {}
+        self.reset_gens: dict[str, int] = {}
         self._set_history(history)
 
     # -- creation / load -------------------------------------------------------------------
@@ -253,6 +259,12 @@ class TopicRoutes:
         for name in list(self.states):
             self._set_state(name, self._with_passes(name, advance(self.states[name], history)))
             self._refresh(name)
+        # a channel may have passed a command before the node saw the change commit (the
+        # seal comes first): release those partitions now rather than at the periodic pass
+        for v in range(old.newest.version + 1, history.newest.version + 1):
+            for p in history.change(v).retired:
+                if p < len(self.topic.partitions):
+                    self._retire_if_passed(p)
 
     def _find_commands(self) -> None:
         """Learn where the command messages of retired partitions are (a new leader after a
@@ -322,6 +334,132 @@ class TopicRoutes:
         known |= partitions
         if name in self.states:
             self._set_state(name, self._with_passes(name, self.states[name]))
+
+    def set_passes(self, name: str, partitions: set[int]) -> None:
+        """The passes recorded in etcd for channel ``name`` are now exactly ``partitions``
+        (a cluster reset deleted some). Applied to the local barrier as they are; forgetting
+        one never moves a channel back by itself: only :meth:`apply_reset` does."""
+        known = self.remote_passed.get(name, set())
+        if partitions == known:
+            return
+        self.remote_passed[name] = set(partitions)
+        if name in self.states and not partitions <= known:
+            self._set_state(name, self._with_passes(name, self.states[name]))
+
+    # -- cluster reset of a channel (driven by the member for the coordinator) -------------
+    def hold(self, name: str, timeout: float) -> None:
+        """Deliver nothing of channel ``name`` from this node's partitions until
+        :meth:`release` (or ``timeout`` seconds: a coordinator that died mid-reset)."""
+        old = self.held.pop(name, None)
+        if old is not None:
+            old.cancel()
+        self.held[name] = asyncio.get_running_loop().call_later(
+            timeout, self._hold_expired, name)
+        if name in self.states:
+            self._refresh(name)
+
+    def _hold_expired(self, name: str) -> None:
+        if self.held.pop(name, None) is not None:
+            log.warning("TOPIC(%s) CHANNEL(%s): reset hold expired (the coordinator did not "
+                        "finish the reset): delivering again", self.topic.name, name)
+            if name in self.states:
+                self._refresh(name)
+
+    def release(self, name: str) -> None:
+        timer = self.held.pop(name, None)
+        if timer is not None:
+            timer.cancel()
+            if name in self.states:
+                self._refresh(name)
+
+    def reset_gen(self, name: str) -> int:
+        gen = self.reset_gens.get(name)
+        if gen is None:
+            gen = 0
+            path = self._state_path(name)
+            if path is not None:
+                try:
+                    gen = int(path.with_suffix(".reset").read_text())
+                except (OSError, ValueError):
+                    gen = 0
+            self.reset_gens[name] = gen
+        return gen
+
+    def prepare_reset(self, name: str, pos: StartPosition) -> dict[int, dict]:
+        """The coordinator's first step: where ``pos`` is in each partition this node leads,
+        the log's bounds and the command message's offset (retired partitions), and whether
+        the channel exists there. Nothing changes here (the member holds the channel)."""
+        out: dict[int, dict] = {}
+        for p, part in enumerate(self.topic.partitions[:self.history.next_partition]):
+            if not self.leads(p):
+                continue
+            plog = part.log
+            start_off, end = plog.start_offset, plog.next_offset
+            if pos.kind == "earliest":
+                off = start_off
+            elif pos.kind == "latest":
+                off = end
+            else:
+                off = min(max(plog.offset_for_time(pos.value * 1_000_000_000), start_off), end)
+            command = None
+            if self.history.retired_in(p) is not None:
+                command = self.sealed.get(p)
+                if command is None:
+                    command = self._command_at_end(p)
+            out[p] = {"offset": off, "start": start_off, "end": end, "command": command,
+                      "channel": name in part.channels}
+        return out
+
+    def apply_reset(self, name: str, gen: int, version: int, offsets: dict[int, int],
+                    passes: set[int]) -> bool:
+        """Apply a cluster reset of channel ``name`` (generation ``gen``) once: each partition
+        this node leads moves its cursor to ``offsets[p]`` (the channel is created where it is
+        missing), the channel's barrier starts again on route ``version`` with exactly the
+        passes etcd holds now (``passes``), and the hold ends. Followers only reset the barrier
+        state (they mirror the leader's cursor). False if ``gen`` was applied already."""
+        if gen <= self.reset_gen(name):
+            self.release(name)
+            return False
+        on_pass, self.on_pass = self.on_pass, None  # a channel created here below counts
+        try:  # the commands its new cursors are past: those are not passes, the reset's are
+            for p in offsets:
+                if p < len(self.topic.partitions) and self.leads(p):
+                    self.topic.partitions[p].get_channel(name)
+        finally:
+            self.on_pass = on_pass
+        for p, off in sorted(offsets.items()):
+            if p >= len(self.topic.partitions) or not self.leads(p):
+                continue
+            part = self.topic.partitions[p]
+            ch = part.channels.get(name)
+            if ch is None:
+                continue
+            off = min(max(off, part.log.start_offset), part.log.next_offset)
+            ch.cursor.reset(off)
+            ch.dirty = False
+            log.info("TOPIC(%s) CHANNEL(%s): partition %d reset to offset %d (cluster reset "
+                     "%d, route version %d)", self.topic.name, name, p, off, gen, version)
+        if name not in self.states and self.topic.get_channel(name, create=False) is None:
+            self.reset_gens[name] = gen  # no channel here: nothing to reset
+            self.release(name)
+            return True
+        self.remote_passed[name] = set(passes)
+        path = self._state_path(name)
+        if path is not None:
+            write_atomic(path.with_suffix(".reset"), str(gen).encode())
+        self.reset_gens[name] = gen
+        timer = self.held.pop(name, None)
+        if timer is not None:
+            timer.cancel()
+        state = start(self.history, version)
+        self.states[name] = state
+        self._set_state(name, self._with_passes(name, self._past_commands(name, state)),
+                        force=True)
+        for part in self.topic.partitions:
+            ch = part.channels.get(name)
+            if ch is not None:
+                ch.wake()
+        return True
 
     def _with_passes(self, name: str, state: ChannelRoute) -> ChannelRoute:
         """Apply the remote passes that fit (one may name a partition of a later version:
@@ -533,7 +671,8 @@ class TopicRoutes:
 
     def _refresh(self, name: str) -> None:
         before = self.readable.get(name)
-        now = frozenset(readable_partitions(self.states[name], self.history))
+        now = (frozenset() if name in self.held
+               else frozenset(readable_partitions(self.states[name], self.history)))
         self.readable[name] = now
         if before != now:
             for p in now - (before or frozenset()):
@@ -584,8 +723,9 @@ class TopicRoutes:
         A per-partition offset has no meaning across partitions: RouteError."""
         h = self.history
         if self.cluster:  # the barrier state lives on every node and in etcd: not one node's
-            raise RouteError(f"topic {h.topic} is a route-managed cluster topic: resetting a "
-                             f"channel across the cluster is not supported yet")
+            raise RouteError(f"topic {h.topic} is a route-managed cluster topic: reset the "
+                             f"channel through nsqlookupd (POST /channel/setoffset there, or "
+                             f"nsqx channel reset --lookupd-http-address)")
         if pos.kind == "earliest":
             version = 0
         elif pos.kind == "latest":
