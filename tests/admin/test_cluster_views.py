@@ -234,6 +234,21 @@ def test_route_changes_go_through_lookupd_in_cluster_mode(real_cluster: Cluster,
     assert r.status == 200 and r.json()["version"] == 2, r.body
     page = http("GET", admin.url + "/topics/keyed").body.decode()
     assert 'id="route-table"' in page and "v2" in page, page[-3000:]
+    # a reset of a channel goes to lookupd's coordinator too (a node alone refuses it)
+    for n in c.nodes:
+        r = http("POST", f"http://{n.http_address}/channel/create?topic=keyed&channel=a")
+        assert r.status == 200, r.body
+    r = http("POST", f"http://{c.nodes[0].http_address}/channel/setoffset?topic=keyed"
+             "&channel=a", b"earliest")
+    assert r.status == 400 and "lookupd" in r.body.decode(), r.body
+    r = _post(admin, "/api/topics/keyed/a", {"action": "reset", "position": "earliest"})
+    assert r.status == 200, r.body
+    doc = r.json()
+    assert doc["route_version"] == 0, doc  # earliest walks the history from version 0
+    assert {x["node"] for x in doc["results"]} == {
+        f"nsqlookupd (partition {p})" for p in range(4)}, doc  # 0, split 1+2, merged 3
+    r = _post(admin, "/api/topics/keyed/nope", {"action": "reset", "position": "earliest"})
+    assert r.status == 404 and "CHANNEL_NOT_FOUND" in r.body.decode(), r.body
 
 
 def c_http(c: Cluster, method: str, path: str) -> tuple[int, Any]:

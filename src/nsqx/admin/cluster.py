@@ -416,7 +416,8 @@ class ClusterClient:
         return list(await asyncio.gather(*(one(a) for a in self.lookupd_addrs)))
 
     # -- cluster mode (nsqlookupd's /cluster/* API; nsqadmin never talks to etcd) -----------
-    async def _cluster_call(self, method: str, path: str) -> tuple[int, Any, list[str]]:
+    async def _cluster_call(self, method: str, path: str, data: bytes | None = None
+                            ) -> tuple[int, Any, list[str]]:
         """The first lookupd that answers at all -> (status, JSON body, errors of the ones
         before it); every lookupd unreachable -> UpstreamError."""
         errs: list[str] = []
@@ -424,7 +425,7 @@ class ClusterClient:
             url = self.url(a, path)
             t0 = time.monotonic()
             try:
-                async with self.session.request(method, url) as resp:
+                async with self.session.request(method, url, data=data) as resp:
                     raw = await resp.read()
                     status = resp.status
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
@@ -478,6 +479,17 @@ class ClusterClient:
         """lookupd's ``POST /topic/split|merge|move`` (run by the elected coordinator);
         a refusal raises ClusterRefused with lookupd's status and text."""
         status, body, _ = await self._cluster_call("POST", f"/topic/{action}?{qs}")
+        if status != 200 or not isinstance(body, dict):
+            raise self._refused(status, body)
+        return body
+
+    async def cluster_reset_channel(self, topic: str, channel: str, position: str
+                                    ) -> dict[str, Any]:
+        """lookupd's ``POST /channel/setoffset`` for a route-managed topic: the coordinator
+        resets the channel on every node at once (a per-node reset would break the
+        cross-node barrier); a refusal raises ClusterRefused with lookupd's status and text."""
+        path = f"/channel/setoffset?topic={_q(topic)}&channel={_q(channel)}"
+        status, body, _ = await self._cluster_call("POST", path, position.encode())
         if status != 200 or not isinstance(body, dict):
             raise self._refused(status, body)
         return body

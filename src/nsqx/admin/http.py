@@ -815,6 +815,10 @@ class AdminHTTP:
         node = body.get("node") or ""
         if not isinstance(node, str):
             raise HTTPError(400, "INVALID_NODE")
+        if partition is None and not node:
+            routed = await self._cluster_reset(request, topic, channel, position)
+            if routed is not None:
+                return routed
         try:
             results, errs = await self.cluster.set_channel_offset(topic, channel, position,
                                                                   partition, node)
@@ -828,6 +832,25 @@ class AdminHTTP:
             {"node": n, "offset": d.get("offset"), "earliest": d.get("earliest"),
              "latest": d.get("latest"), "clamped": d.get("clamped", False)}
             for n, d in results]})
+
+    async def _cluster_reset(self, request: web.Request, topic: str, channel: str,
+                             position: str) -> web.Response | None:
+        """A cluster route-managed topic's channel is reset by lookupd's coordinator on
+        every node at once (its answer: each physical partition's new offset); None for any
+        other topic, which nsqd resets node by node."""
+        try:
+            if await self.cluster.cluster_route(topic) is None:
+                return None
+            doc = await self.cluster.cluster_reset_channel(topic, channel, position)
+        except UpstreamError:
+            return None  # no lookupd answers: the nodes answer for themselves
+        except ClusterRefused as e:
+            raise HTTPError(e.status if 400 <= e.status < 600 else 502, e.message) from None
+        self._notify("reset_channel", topic, channel, "", request)
+        parts = doc.get("partitions") or {}
+        return v1_json({"message": "", "route_version": doc.get("route_version"), "results": [
+            {"node": f"{CLUSTER_ROUTES} (partition {p})", "offset": off, "clamped": False}
+            for p, off in sorted(parts.items(), key=lambda kv: int(kv[0]))]})
 
     async def _route_change(self, request: web.Request, topic: str, action: str,
                             body: dict[str, Any]) -> web.Response:
