@@ -332,8 +332,8 @@ class PartitionLog:
         out: dict[int, dict[str, bytes]] = {}
         hi = min(hi, self._flushed)
         for seg in list(self._segments):
-            if seg.next_offset <= lo or seg.base >= hi or not seg.bases:
-                continue
+            if seg.next_offset <= lo or seg.base >= hi or not seg.bases or not seg.sizes[4]:
+                continue  # (an empty .headers file: no commit of the segment has any)
             for e in seg.entries(seg.commit_of(max(lo, seg.base))):
                 base, count = e[0], e[1]
                 if base >= hi:
