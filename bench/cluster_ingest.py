@@ -94,6 +94,12 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
+def _spy(pid: int, seconds: float, out: str) -> subprocess.Popen:
+    return subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", str(int(seconds)),
+                             "-f", "speedscope", "-o", out, "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -101,8 +107,10 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=8,
                     help="MPUBs in flight per writer, the same for both runs (default 8)")
     ap.add_argument("--sync-every", type=int, default=0, help="nsqd --sync-every (0: default)")
-    ap.add_argument("--profile", metavar="DIR", help="py-spy record the leader and a follower "
-                    "during the replicated run into DIR (needs py-spy)")
+    ap.add_argument("--profile", metavar="DIR", help="py-spy record the standalone node, the leader "
+                    "and a follower into DIR (needs py-spy)")
+    ap.add_argument("--perf", metavar="FILE", help="perf record -g the three cluster nodes "
+                    "during the replicated run into FILE (CPU samples, kernel included)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     extra = [f"--sync-every={args.sync_every}"] if args.sync_every else []
@@ -113,8 +121,14 @@ def main() -> None:
         procs.append(p)
         scenarios.http_post(http_addr, "/topic/create?topic=bench")
         s0 = cpu_split(p.proc.pid)
+        spy = None
+        if args.profile:
+            os.makedirs(args.profile, exist_ok=True)
+            spy = _spy(p.proc.pid, args.seconds, f"{args.profile}/standalone.json")
         r = scenarios.ingest(tcp, "bench", seconds=args.seconds, pid=p.proc.pid,
                              window=args.window)
+        if spy is not None:
+            spy.wait(30)
         su, ss = (a - b for a, b in zip(cpu_split(p.proc.pid), s0, strict=True))
         out["standalone"] = r
         p.stop()
@@ -154,11 +168,16 @@ def main() -> None:
             os.makedirs(args.profile, exist_ok=True)
             follower = next(n for n in nodes if n is not leader)
             for who, n in (("leader", leader), ("follower", follower)):
-                spies.append(subprocess.Popen(
-                    ["py-spy", "record", "-p", str(n[0].proc.pid), "-d", str(int(args.seconds)),
-                     "-f", "speedscope", "-o", f"{args.profile}/{who}.json", "--nonblocking"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                spies.append(_spy(n[0].proc.pid, args.seconds, f"{args.profile}/{who}.json"))
         followers = [n for n in nodes if n is not leader]
+        if args.perf:  # CPU (not wall) samples of the three nodes, kernel included
+            pids = ",".join(str(n[0].proc.pid) for n in (leader, *followers))
+            spies.append(subprocess.Popen(
+                ["perf", "record", "-F", "499", "-g", "-p", pids, "-o", args.perf, "--",
+                 "sleep", str(int(args.seconds))],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            print(f"perf: leader pid {leader[0].proc.pid}, followers "
+                  f"{', '.join(str(n[0].proc.pid) for n in followers)}")
         before = [cpu_split(n[0].proc.pid) for n in (leader, *followers)]
         r = scenarios.ingest(leader[1], "bench", seconds=args.seconds,
                              pid=leader[0].proc.pid, window=args.window)

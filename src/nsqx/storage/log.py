@@ -38,7 +38,15 @@ from nsqx.storage.records import (
     read_chunks,
     take_from_chunk,
 )
-from nsqx.storage.segment import SUFFIXES, Segment, list_segments, seg_name, write_all
+from nsqx.storage.segment import (
+    ENTRY_BODY,
+    ENTRY_SIZE,
+    SUFFIXES,
+    Segment,
+    list_segments,
+    seg_name,
+    write_all,
+)
 
 __all__ = ["LogConfig", "LogError", "PartitionLog", "MemoryLog", "ReadResult", "BatchInfo"]
 
@@ -54,12 +62,16 @@ _DISK_CACHE = 8  # read-ahead chunks kept for lagging readers
 
 
 class _Pending:
-    __slots__ = ("base", "count", "data", "rel", "flen", "ts", "epoch", "headers", "sizes")
+    __slots__ = ("base", "count", "data", "rel", "flen", "ts", "epoch", "headers", "sizes",
+                 "max_ts")
 
-    def __init__(self, base, count, data, rel, flen, ts, epoch, headers, sizes=None):
+    def __init__(self, base, count, data, rel, flen, ts, epoch, headers, sizes=None,
+                 max_ts=None):
         self.base, self.count, self.data, self.rel = base, count, data, rel
         self.flen, self.ts, self.epoch, self.headers = flen, ts, epoch, headers
         self.sizes = sizes  # frame lengths, 4B BE each (mixed batches)
+        # newest timestamp in the batch: ts unless copied frames span several (replication)
+        self.max_ts = ts if max_ts is None or max_ts < ts else max_ts
 
     def frame_sizes(self) -> bytes:
         return self.sizes if self.sizes is not None else _U32.pack(self.flen) * self.count
@@ -225,31 +237,45 @@ class PartitionLog:
 
     def append_frames(self, data: bytes, count: int, timestamp_ns: int, *, epoch: int = 0,
                       headers: Sequence[dict[str, bytes] | None] | None = None,
-                      lengths: list[int] | None = None) -> int:
+                      lengths: list[int] | None = None, flen: int = 0,
+                      max_ts: int | None = None) -> int:
         """Buffer ready-made frames as one batch (a replica copying its leader's log).
 
         The frames must be this log's own for the next offsets (same partition, ids from
         those offsets, attempts 1), as a leader's fetch returns them; checked cheaply (the
-        first and last ids, every size, or the sum of the ``lengths`` a caller already
-        walked), so the replica's log holds the leader's bytes.
+        first and last ids and sizes, plus every size, or the sum of the ``lengths`` a caller
+        already has, or ``count * flen`` for frames of one length ``flen``, as the leader's
+        commit metadata gives them), so the replica's log holds the leader's bytes.
+        ``max_ts``: the newest frame timestamp when the frames span several of the leader's
+        batches (``timestamp_ns`` is the first one's).
         """
         if self._closed:
             raise LogError(f"log {self.path} is closed")
         base = self.next_offset
         if count <= 0:
             return base
-        if lengths is None:
+        if flen:
+            if flen < FRAME_OVERHEAD or flen * count != len(data):
+                raise ValueError("frame length does not match the data")
+            fl = None
+        elif lengths is None:
             fl = frame_lengths(data, count)
         elif len(lengths) != count or sum(lengths) != len(data):
             raise ValueError("frame lengths do not match the data")
         else:
             fl = lengths  # walked by the caller (the replica's fetch loop)
-        for i, pos in ((0, 0), (count - 1, len(data) - fl[-1])):
+        last = flen if flen else fl[-1]
+        first = flen if flen else fl[0]
+        for i, pos, size in ((0, 0, first), (count - 1, len(data) - last, last)):
             want = b"%016x" % ((self.partition << 48) | (base + i))
             if data[pos + 18:pos + 34] != want:
                 raise ValueError(f"frame {i} carries id {bytes(data[pos + 18:pos + 34])!r}, "
                                  f"expected {want!r}")
-        if fl.count(fl[0]) == count:
+            if data[pos:pos + 8] != _U32.pack(size - 4) + b"\0\0\0\x02":
+                raise ValueError(f"frame {i} is not a message frame of {size} bytes")
+        if flen:
+            rel, sizes = None, None
+        elif fl.count(fl[0]) == count:
             flen, rel, sizes = fl[0], None, None
         else:
             flen, rel = 0, list(accumulate(fl, initial=0))
@@ -259,18 +285,55 @@ class PartitionLog:
             sizes = a.tobytes()
         if headers is not None and len(headers) != count:
             raise ValueError("headers must have one entry per frame")
-        self._pending.append(_Pending(base, count, bytes(data), rel, flen, timestamp_ns, epoch,
-                                      headers if headers and any(headers) else None, sizes))
+        if not isinstance(data, bytes) and not (isinstance(data, memoryview) and data.readonly):
+            data = bytes(data)  # kept as it is otherwise: a view of a fetch answer, no copy
+        self._pending.append(_Pending(base, count, data, rel, flen, timestamp_ns, epoch,
+                                      headers if headers and any(headers) else None, sizes,
+                                      max_ts))
         self.next_offset = base + count
         return base
+
+    def commits_range(self, lo: int, hi: int) -> list[tuple] | None:
+        """The commits that make up exactly [lo, hi), for a replica to copy them as they are:
+        (base, count, first ts, max ts, epoch, frame length, frame lengths or None) each, the
+        frame lengths only for a commit of mixed sizes. None when lo or hi falls inside a
+        commit, or a commit's sizes cannot be read (the caller then walks the frames).
+
+        Per commit Python (one pread of the metadata per segment), nothing per message.
+        """
+        out: list[tuple] = []
+        hi = min(hi, self._flushed)
+        for seg in list(self._segments):
+            if seg.next_offset <= lo or seg.base >= hi or not seg.bases:
+                continue
+            c0 = seg.commit_of(max(lo, seg.base))
+            c1 = seg.commit_of(min(hi, seg.next_offset) - 1)
+            raw = os.pread(seg.meta_fd, (c1 - c0 + 1) * ENTRY_SIZE, c0 * ENTRY_SIZE)
+            if len(raw) != (c1 - c0 + 1) * ENTRY_SIZE:
+                return None
+            for i in range(c1 - c0 + 1):
+                e = ENTRY_BODY.unpack_from(raw, i * ENTRY_SIZE)
+                base, count, flen = e[0], e[1], e[12]
+                if base < lo or base + count > hi:
+                    return None
+                lengths = None
+                if not flen:
+                    a = seg.frame_sizes(c0 + i)
+                    if a is None:
+                        return None
+                    lengths = a.tolist()
+                out.append((base, count, e[4], e[5], e[6], flen, lengths))
+        if not out or out[0][0] != lo or out[-1][0] + out[-1][1] != hi:
+            return None
+        return out
 
     def headers_range(self, lo: int, hi: int) -> dict[int, dict[str, bytes]]:
         """Extension headers of the offsets in [lo, hi): one read per commit that has any."""
         out: dict[int, dict[str, bytes]] = {}
         hi = min(hi, self._flushed)
         for seg in list(self._segments):
-            if seg.next_offset <= lo or seg.base >= hi or not seg.bases:
-                continue
+            if seg.next_offset <= lo or seg.base >= hi or not seg.bases or not seg.sizes[4]:
+                continue  # (an empty .headers file: no commit of the segment has any)
             for e in seg.entries(seg.commit_of(max(lo, seg.base))):
                 base, count = e[0], e[1]
                 if base >= hi:
@@ -358,7 +421,7 @@ class PartitionLog:
         pos = seg.log_end
         try:
             seg.write_single(p.data, p.base, p.count, p.ts, p.epoch, self._commit_id, p.flen,
-                             p.rel, b"" if p.flen else p.frame_sizes())
+                             p.rel, b"" if p.flen else p.frame_sizes(), p.max_ts)
         except OSError as e:
             self._rollback({seg: saved}, [])
             raise log_error("writing", self.path, e) from e
@@ -394,8 +457,8 @@ class PartitionLog:
                 for b in batch:
                     if b.flen != flen:
                         flen = 0
-                    if b.ts > max_ts:
-                        max_ts = b.ts
+                    if b.max_ts > max_ts:
+                        max_ts = b.max_ts
                     e, target = s.plan_index(b.base, p, b.rel, b.flen, b.count, target)
                     if e:
                         idx += e

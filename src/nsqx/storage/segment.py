@@ -269,7 +269,8 @@ class Segment:
                 "entry": entry, "idx": idx, "next_idx": next_idx, "tidx": tidx}
 
     def write_single(self, data: bytes, base: int, count: int, ts: int, epoch: int,
-                     commit_id: int, flen: int, rel: array | None, sizes: bytes) -> None:
+                     commit_id: int, flen: int, rel: array | None, sizes: bytes,
+                     last_ts: int | None = None) -> None:
         """Commit one headerless batch: frames, then its metadata, then the memory arrays.
 
         The fast path of PartitionLog's flush (one PUB or MPUB per loop turn, the common
@@ -282,7 +283,8 @@ class Segment:
         idx, next_idx = self.plan_index(base, pos, rel, flen, count, self._next_idx_pos)
         fs = self.sizes
         spos, scrc = (fs[5], crc32(sizes)) if sizes else (NO_SIZES, 0)
-        body = ENTRY_BODY.pack(base, count, pos, end - pos, ts, ts, epoch, commit_id,
+        top = ts if last_ts is None or last_ts < ts else last_ts
+        body = ENTRY_BODY.pack(base, count, pos, end - pos, ts, top, epoch, commit_id,
                                crc32(data), fs[4], 0, 0, flen, spos, scrc)
         max_ts = self.max_ts
         tidx = (max_ts, base, len(self.bases)) if pos >= self._next_tidx_pos else None
@@ -303,7 +305,7 @@ class Segment:
         # every write done: now the in-memory state (as apply() would)
         self.bases.append(base)
         self.poss.append(pos)
-        self.runmax.append(ts if ts > max_ts else max_ts)
+        self.runmax.append(top if top > max_ts else max_ts)
         self.flens.append(flen)
         self.spos.append(spos)
         self.scrc.append(scrc)
