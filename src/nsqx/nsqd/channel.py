@@ -289,8 +289,7 @@ class Channel:
         log_ = topic.log
         off = cursor.take_one(client.id, topic.readable_end, now_ms(), client.msg_timeout_ms,
                               log_.start_offset)
-        if off >= 0:
-            self.dirty = True
+        if off >= 0:  # (dirty: the FIN that called us has just set it)
             client.send_messages([log_.read_one(off)], 1)
         elif off == -1:
             self._pump()

@@ -469,6 +469,8 @@ class ClientV2(asyncio.Protocol):
             return
         if self._encoder is not None:
             self.transport.write(self._encoder.encode(b"".join(chunks)))
+        elif len(chunks) == 1:
+            self.transport.write(chunks[0])
         else:
             self.transport.writelines(chunks)
 

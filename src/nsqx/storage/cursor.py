@@ -444,40 +444,35 @@ class ChannelCursor:
     # ------------------------------------------------------------------ FIN
     def finish(self, client_id: int, offset: int) -> None:
         """FIN: the offset is done for this channel.  Raises NotInFlight / NotOwner."""
-        run = self._head
-        if run is not None and offset == run.lo:
-            # in-order fast path: the lowest live member of the head run
-            if run.owner != client_id:
-                raise NotOwner
-            run.live -= 1
-            self._cif[client_id] -= 1
-            self.finish_count += 1
-            if offset == self.confirmed:
-                self.confirmed = c = offset + 1
-                if (self._fin and c in self._fin) or (self._rs and self._rs[0] == c):
-                    self._advance()
-            else:
-                self._fin.add(offset)
-            if run.live:
-                run.lo = offset + 1
-                if self._fin or run.moved:
-                    self._norm(run)
-            else:
-                timers = self._timers
-                if timers and timers[0][3] is run:  # its timer is stale now: drop it in C
-                    heapq.heappop(timers)  # (one in flight: no Python pass over it later)
-                self._pop_heads()
-            return
-        self._finish_slow(client_id, offset)
+        if not self.finish_head(client_id, offset):
+            self._finish_slow(client_id, offset)
 
     def finish_head(self, client_id: int, offset: int) -> bool:
         """``finish`` for the in-order case only (the lowest live member of the head run,
         owned by client_id): True when done; False, with nothing changed, for every other
-        case (``finish`` then does it or raises)."""
+        case (``_finish_slow`` does those, or raises)."""
         run = self._head
         if run is None or offset != run.lo or run.owner != client_id:
             return False
-        self.finish(client_id, offset)
+        # in-order fast path: the lowest live member of the head run
+        run.live -= 1
+        self._cif[client_id] -= 1
+        self.finish_count += 1
+        if offset == self.confirmed:
+            self.confirmed = c = offset + 1
+            if (self._fin and c in self._fin) or (self._rs and self._rs[0] == c):
+                self._advance()
+        else:
+            self._fin.add(offset)
+        if run.live:
+            run.lo = offset + 1
+            if self._fin or run.moved:
+                self._norm(run)
+        else:
+            timers = self._timers
+            if timers and timers[0][3] is run:  # its timer is stale now: drop it in C
+                heapq.heappop(timers)  # (one in flight: no Python pass over it later)
+            self._pop_heads()
         return True
 
     def _finish_slow(self, client_id: int, offset: int) -> None:
