@@ -260,6 +260,40 @@ class Channel:
             self._pump_scheduled = True
             self.topic.nsqd.loop.call_soon(self._pump)
 
+    def pump_now(self, client: ClientV2) -> None:
+        """After ``client``'s FIN: deliver now, in this callback, when it alone reads the
+        channel and no pump is scheduled; else schedule one as ``wake`` does.
+
+        Speed: the one-in-flight round trip (ordered partitions, RDY 1). When exactly one
+        message may go and the next one is fresh (no redelivery, deferral, skip range),
+        ``ChannelCursor.take_one`` takes it and the log's ``read_one`` gives its frame: the
+        same state and bytes as ``_pump`` -> ``take`` -> ``_send`` -> ``read``, which every
+        other case (features that screen or rewrite deliveries, room > 1) goes through.
+        """
+        if self._pump_scheduled or len(self.clients) != 1 or self.exiting:
+            self.wake()
+            return
+        topic = self.topic
+        if (topic.routes is not None or self.tags is not None or topic.paused
+                or self.max_attempts or topic.msg_ttl_ns or topic.tracer is not None
+                or client.sample_rate or client.extend_support or client.id not in self.clients):
+            self._pump()
+            return
+        cursor = self.cursor
+        room = client.ready_room()
+        if self.ordered:
+            room = min(room, 1 - cursor.in_flight_count)
+        if room != 1:
+            self._pump()
+            return
+        log_ = topic.log
+        off = cursor.take_one(client.id, topic.readable_end, now_ms(), client.msg_timeout_ms,
+                              log_.start_offset)
+        if off >= 0:  # (dirty: the FIN that called us has just set it)
+            client.send_messages([log_.read_one(off)], 1)
+        elif off == -1:
+            self._pump()
+
     def _pump(self) -> None:
         self._pump_scheduled = False
         if self.cursor.paused or self.exiting or not self.clients:

@@ -259,6 +259,29 @@ class ChannelCursor:
                 break
         return out
 
+    def take_one(self, client_id: int, end_offset: int, now_ms: int, timeout_ms: int,
+                 floor: int) -> int:
+        """``take(client_id, 1, ...)`` when the next message is fresh and nothing else can
+        come first (no redelivery, deferral, skip or finished range ahead, next_read at or
+        above ``floor``, the log's start): returns the offset taken, or -2 when there is
+        nothing to take (take would return []). -1: not that case, nothing changed (call
+        take)."""
+        pos = self.next_read
+        if (self.paused or self._ready_att or len(self._store) or pos < floor
+                or self._sk_h < len(self._skip) or (self._re and self._re[-1] > pos)):
+            return -1
+        self._now = now_ms
+        if end_offset > self._end:
+            self._end = end_offset
+        if pos >= end_offset:
+            return -2
+        self._add_run(client_id, pos, pos + 1, now_ms + timeout_ms, now_ms)
+        self.next_read = pos + 1
+        cif = self._cif
+        cif[client_id] = cif.get(client_id, 0) + 1
+        self.delivered_count += 1
+        return pos
+
     def _take_fresh(self, client_id: int, n: int, end_offset: int, now_ms: int, deadline: int,
                     out: list[Delivery]) -> int:
         pos = self.next_read
@@ -421,28 +444,36 @@ class ChannelCursor:
     # ------------------------------------------------------------------ FIN
     def finish(self, client_id: int, offset: int) -> None:
         """FIN: the offset is done for this channel.  Raises NotInFlight / NotOwner."""
+        if not self.finish_head(client_id, offset):
+            self._finish_slow(client_id, offset)
+
+    def finish_head(self, client_id: int, offset: int) -> bool:
+        """``finish`` for the in-order case only (the lowest live member of the head run,
+        owned by client_id): True when done; False, with nothing changed, for every other
+        case (``_finish_slow`` does those, or raises)."""
         run = self._head
-        if run is not None and offset == run.lo:
-            # in-order fast path: the lowest live member of the head run
-            if run.owner != client_id:
-                raise NotOwner
-            run.live -= 1
-            self._cif[client_id] -= 1
-            self.finish_count += 1
-            if offset == self.confirmed:
-                self.confirmed = c = offset + 1
-                if (self._fin and c in self._fin) or (self._rs and self._rs[0] == c):
-                    self._advance()
-            else:
-                self._fin.add(offset)
-            if run.live:
-                run.lo = offset + 1
-                if self._fin or run.moved:
-                    self._norm(run)
-            else:
-                self._pop_heads()
-            return
-        self._finish_slow(client_id, offset)
+        if run is None or offset != run.lo or run.owner != client_id:
+            return False
+        # in-order fast path: the lowest live member of the head run
+        run.live -= 1
+        self._cif[client_id] -= 1
+        self.finish_count += 1
+        if offset == self.confirmed:
+            self.confirmed = c = offset + 1
+            if (self._fin and c in self._fin) or (self._rs and self._rs[0] == c):
+                self._advance()
+        else:
+            self._fin.add(offset)
+        if run.live:
+            run.lo = offset + 1
+            if self._fin or run.moved:
+                self._norm(run)
+        else:
+            timers = self._timers
+            if timers and timers[0][3] is run:  # its timer is stale now: drop it in C
+                heapq.heappop(timers)  # (one in flight: no Python pass over it later)
+            self._pop_heads()
+        return True
 
     def _finish_slow(self, client_id: int, offset: int) -> None:
         e = self._entries.get(offset)

@@ -32,6 +32,7 @@ from nsqx.storage.records import (
     LogError,
     ReadResult,
     build_frames,
+    chunk_frame,
     decode_headers,
     encode_headers,
     log_error,
@@ -620,6 +621,11 @@ class PartitionLog:
         except OSError as e:
             raise log_error("reading", self.path, e) from e
         return seg.log_fd, start, nbytes, n
+
+    def read_one(self, offset: int) -> bytes | memoryview:
+        """The frame at a readable offset (start_offset <= offset < flushed): ``read(offset,
+        0, 1).data`` without the walk."""
+        return chunk_frame(self._get_chunk(offset), offset)
 
     def read_frame(self, offset: int) -> bytes:
         if not self.start_offset <= offset < self._flushed:

@@ -19,6 +19,7 @@ from nsqx.storage.records import (
     LogError,
     ReadResult,
     build_frames,
+    chunk_frame,
     frame_positions,
     read_chunks,
 )
@@ -130,6 +131,11 @@ class MemoryLog:
             return ReadResult(b"", offset, 0, offset)
         data, n, nxt = read_chunks(self._get_chunk, offset, self._flushed, max_bytes, max_count)
         return ReadResult(data, offset, n, nxt)
+
+    def read_one(self, offset: int) -> bytes | memoryview:
+        """The frame at a readable offset (start_offset <= offset < flushed): ``read(offset,
+        0, 1).data`` without the walk."""
+        return chunk_frame(self._get_chunk(offset), offset)
 
     def read_frame(self, offset: int) -> bytes:
         if not self.start_offset <= offset < self._flushed:

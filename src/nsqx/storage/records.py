@@ -272,6 +272,17 @@ def take_from_chunk(chunk: Chunk, offset: int, budget: int, max_count: int | Non
     return i, j, pos[j] - p0
 
 
+def chunk_frame(chunk: Chunk, offset: int) -> bytes | memoryview:
+    """The one frame of ``chunk`` at ``offset`` (a slice: a copy of one small frame costs
+    less than a memoryview)."""
+    i = offset - chunk.base
+    pos = chunk.pos
+    if pos is None:
+        f = chunk.flen
+        return chunk.data[i * f:(i + 1) * f]
+    return chunk.data[pos[i]:pos[i + 1]]
+
+
 def read_chunks(get_chunk, offset: int, end: int, max_bytes: int,
                 max_count: int | None) -> tuple[bytes | memoryview, int, int]:
     """Walk chunks from offset; (data, count, next_offset). Per chunk Python, per frame C (bisect)."""
