@@ -263,12 +263,7 @@ class ClientV2(asyncio.Protocol):
         offset = v & MAX_OFFSET
         if v >> 48 != ch.topic.partition or not ch.cursor.finish_head(self.id, offset):
             return False
-        self.finish_count += 1
-        if ch.topic.tracer is not None:
-            ch.topic.tracer.finished(ch, self, (offset,))
-        if ch.e2e is not None:
-            ch.record_finished(offset)
-        ch.dirty = True
+        self._finished(ch, offset)
         ch.pump_now(self)
         return True
 
@@ -813,14 +808,18 @@ class ClientV2(asyncio.Protocol):
             ch.cursor.finish(self.id, offset)
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_FIN_FAILED", f"FIN {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
+        self._finished(ch, offset)
+        self._wake_subs(ch)
+        return None
+
+    def _finished(self, ch: Channel, offset: int) -> None:
+        """Bookkeeping of one FIN the cursor took (both FIN paths)."""
         self.finish_count += 1
         if ch.topic.tracer is not None:
             ch.topic.tracer.finished(ch, self, (offset,))
         if ch.e2e is not None:
             ch.record_finished(offset)
         ch.dirty = True
-        self._wake_subs(ch)
-        return None
 
     def _wake_subs(self, ch: Channel) -> None:
         """RDY room opened: every partition this client reads may send now."""
