@@ -241,14 +241,15 @@ def test_topic_endpoints() -> None:
         n.topics["t"].depth = 5
         await expect(await c.post("/topic/empty?topic=t"), 200, b"")
         assert n.topics["t"].emptied == 1 and n.topics["t"].depth == 0
+        assert n.persisted == 1  # kept before the answer: a crash must not refill it
         await expect(await c.post("/topic/empty"), 400, err("MISSING_ARG_TOPIC"))
         await expect(await c.post("/topic/empty?topic=b@d"), 400, err("INVALID_TOPIC"))
         await expect(await c.post("/topic/empty?topic=nope"), 404, err("TOPIC_NOT_FOUND"))
 
         await expect(await c.post("/topic/pause?topic=t"), 200, b"")
-        assert n.topics["t"].paused and n.persisted == 1
+        assert n.topics["t"].paused and n.persisted == 2
         await expect(await c.post("/topic/unpause?topic=t"), 200, b"")
-        assert not n.topics["t"].paused and n.persisted == 2
+        assert not n.topics["t"].paused and n.persisted == 3
         await expect(await c.post("/topic/pause"), 400, err("MISSING_ARG_TOPIC"))
         await expect(await c.post("/topic/unpause?topic=nope"), 404, err("TOPIC_NOT_FOUND"))
 
