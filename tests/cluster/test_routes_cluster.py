@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 import urllib.parse
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -16,6 +17,9 @@ from nsqx.cluster.routes import RouteHistory
 from nsqx.protocol import v2
 from tests.support.cluster import Cluster, http, wait_until
 from tests.support.rawclient import RawClient
+
+if TYPE_CHECKING:
+    from nsqx.client import Producer
 
 pytestmark = [pytest.mark.slow]
 
@@ -99,6 +103,19 @@ def test_lookupd_route_api_changes_and_refusals(etcd_server: EtcdServer, nsqd_fa
     with RawClient(cluster.node_by_id(parts[4]["leader"]).tcp_address) as c:
         c.send(v2.pub("r", b"z", partition=4))
         assert "route version 3 " in c.expect_error("E_BAD_PARTITION")
+
+
+def keyed_publishes(producers: list[Producer], keys: int, per_key: int,
+                    acked: set[tuple[str, int]], pause: float) -> list:
+    """One coroutine per key publishing ``k<key>:<seq>`` to topic "orders" with that key
+    (keys dealt over the producers), recording each acknowledged (key, seq) in ``acked``."""
+    async def one(p: Producer, k: int) -> None:
+        for s in range(per_key):
+            await p.publish("orders", f"k{k}:{s}".encode(), key=f"k{k}")
+            acked.add((f"k{k}", s))
+            await asyncio.sleep(pause + (k % 5) * 0.01)
+
+    return [one(producers[k % len(producers)], k) for k in range(keys)]
 
 
 class OrderedReaders:
@@ -207,12 +224,6 @@ def test_keyed_order_across_split_merge_move_on_three_nodes(  # type: ignore[no-
         producers = [Producer(cluster.nodes[i].tcp_address, nsqd_http_addresses=lookupd)
                      for i in range(2)]
 
-        async def publish_key(p: Producer, k: int) -> None:
-            for s in range(per_key):
-                await p.publish("orders", f"k{k}:{s}".encode(), key=f"k{k}")
-                acked.add((f"k{k}", s))
-                await asyncio.sleep(0.03 + (k % 5) * 0.01)
-
         changes: list = []
 
         async def restart_b() -> None:
@@ -235,8 +246,8 @@ def test_keyed_order_across_split_merge_move_on_three_nodes(  # type: ignore[no-
                 assert code == 200, (path, body)
                 changes.append((path, round(time.monotonic() - t, 3)))
 
-        await asyncio.gather(operate(), restart_b(), *(publish_key(producers[k % 2], k)
-                                                       for k in range(keys)))
+        await asyncio.gather(operate(), restart_b(),
+                             *keyed_publishes(producers, keys, per_key, acked, 0.03))
         retries = sum(p.route_retries for p in producers)
         for p in producers:
             await p.close()
@@ -386,12 +397,6 @@ def test_keyed_order_with_a_node_kill_during_a_split(etcd_server: EtcdServer, ns
         producers = [Producer(survivor.tcp_address, nsqd_http_addresses=lookupd)
                      for _ in range(2)]
 
-        async def publish_key(p: Producer, k: int) -> None:
-            for s in range(per_key):
-                await p.publish("orders", f"k{k}:{s}".encode(), key=f"k{k}")
-                acked.add((f"k{k}", s))
-                await asyncio.sleep(0.03 + (k % 5) * 0.01)
-
         out: dict = {}
 
         async def kill_and_split() -> None:
@@ -402,8 +407,8 @@ def test_keyed_order_with_a_node_kill_during_a_split(etcd_server: EtcdServer, ns
                                                  topic="orders", partition=0, at=16)
             out["split"] = (code, round(time.monotonic() - t, 2), body.get("message"))
 
-        await asyncio.gather(kill_and_split(), *(publish_key(producers[k % 2], k)
-                                                 for k in range(keys)))
+        await asyncio.gather(kill_and_split(),
+                             *keyed_publishes(producers, keys, per_key, acked, 0.03))
         out["leader_retries"] = sum(p.leader_retries for p in producers)
         for p in producers:
             await p.close()

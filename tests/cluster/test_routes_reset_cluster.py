@@ -14,7 +14,7 @@ import time
 import pytest
 
 from nsqx.cluster.etcd_server import EtcdServer
-from tests.cluster.test_routes_cluster import OrderedReaders, lk
+from tests.cluster.test_routes_cluster import OrderedReaders, keyed_publishes, lk
 from tests.support.cluster import Cluster, http, wait_until
 
 pytestmark = [pytest.mark.slow]
@@ -78,12 +78,6 @@ def test_reset_to_earliest_walks_the_versions_again_across_nodes(  # type: ignor
         producers = [Producer(cluster.nodes[i].tcp_address, nsqd_http_addresses=lookupd)
                      for i in range(2)]
 
-        async def publish_key(p: Producer, k: int) -> None:
-            for s in range(per_key):
-                await p.publish("orders", f"k{k}:{s}".encode(), key=f"k{k}")
-                acked.add((f"k{k}", s))
-                await asyncio.sleep(0.02 + (k % 5) * 0.01)
-
         async def operate() -> None:
             for path, params in [("/topic/split", {"partition": 0, "at": 16}),
                                  ("/topic/merge", {"a": 3, "b": 1})]:
@@ -92,8 +86,7 @@ def test_reset_to_earliest_walks_the_versions_again_across_nodes(  # type: ignor
                                                      topic="orders", **params)
                 assert code == 200, (path, body)
 
-        await asyncio.gather(operate(), *(publish_key(producers[k % 2], k)
-                                          for k in range(keys)))
+        await asyncio.gather(operate(), *keyed_publishes(producers, keys, per_key, acked, 0.02))
         for p in producers:
             await p.close()
 

@@ -357,6 +357,7 @@ class NSQD:
         root = self.data_path / "topics"
         if not root.is_dir():
             return
+        adopted = 0
         for d in sorted(root.iterdir()):
             name = d.name[2:]
             if (not d.name.startswith("t-") or name in self.topics or not d.is_dir()
@@ -372,6 +373,8 @@ class NSQD:
                     topic.get_channel(cname)
             log.warning("TOPIC(%s): adopted from %s (not in nsqd.dat: a crash came before "
                         "its metadata was written)", name, d)
+            adopted += 1
+        if adopted:  # once: each call walks every topic
             self.metadata_changed()
             self.share_memory()
 
