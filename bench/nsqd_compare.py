@@ -1,6 +1,6 @@
 """Side-by-side benchmark: nsqx nsqd vs another nsqd (e.g. Go nsqd 1.3.0) on this machine.
 
-    .venv/bin/python bench/nsqd_compare.py [--go-nsqd /path/to/nsqd] [--seconds 10] [--only NAME]
+    .venv/bin/python bench/nsqd_compare.py [--go-nsqd /path/to/nsqd] [--seconds 10] [--only NAME] [--floor]
 
 Each scenario gets a fresh server on a fresh data directory. Prints msgs/s per
 server and the ratio nsqx/other, plus server CPU per message and peak RSS.
@@ -11,7 +11,9 @@ overflows to its disk queue.
 tls_* scenarios give both servers a throwaway self-signed cert (made with the
 openssl CLI in the server's temp data dir) and upgrade each client connection
 with IDENTIFY tls_v1. topics_1000's idle part always measures 10 s of server
-CPU with nothing happening and reports it as % of one core.
+CPU with nothing happening and reports it as % of one core. pub_one_at_a_time and
+http_pub run with 1 and 16 connections; --floor adds bench/floor_server.py (a uvloop
+server answering OK without storing anything) to them, the single-loop floor.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def server(kind: str, go_path: str | None, extra: list[str],
     tcp, http = free_port(), free_port()
     if kind == "nsqx":
         cmd = [sys.executable, "-m", "nsqx.cli.nsqd"]
+    elif kind == "floor":
+        cmd = [sys.executable, str(Path(__file__).with_name("floor_server.py"))]
     else:
         cmd = [go_path or "nsqd", "--mem-queue-size=1000000"]
     cmd += [f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http}",
@@ -105,7 +109,9 @@ def run_scenario(name: str, kind: str, go_path: str | None, secs: float) -> dict
             return {"ingest": scenarios.ingest(tcp, topic, size=0, batch=200, seconds=secs,
                                                mixed=(50, 2000), pid=pid)}
         if name == "pub_one_at_a_time":
-            return {"pub": scenarios.pub_latency(tcp, topic, size=200, seconds=secs, pid=pid)}
+            return {"pub_1": scenarios.pub_latency(tcp, topic, size=200, seconds=secs, pid=pid),
+                    "pub_16": scenarios.pub_latency(tcp, topic, size=200, seconds=secs,
+                                                    clients=16, pid=pid)}
         if name == "channels_10":
             chans = [f"c{i}" for i in range(10)]
             for c in chans:
@@ -127,8 +133,10 @@ def run_scenario(name: str, kind: str, go_path: str | None, secs: float) -> dict
         if name == "http_pub":
             # http.client (as a typical client) and a raw pre-encoded sender (server-bound)
             return {"http_pub": scenarios.http_pub(http, topic, size=200, seconds=secs, pid=pid),
-                    "raw": scenarios.http_pub(http, topic, size=200, seconds=secs, raw=True,
-                                              pid=pid)}
+                    "raw_1": scenarios.http_pub(http, topic, size=200, seconds=secs, raw=True,
+                                                clients=1, pid=pid),
+                    "raw_16": scenarios.http_pub(http, topic, size=200, seconds=secs, raw=True,
+                                                 clients=16, pid=pid)}
         if name == "topics_1000":
             topics = [f"t{i:04d}" for i in range(1000)]
             paths: list[str] = []
@@ -163,6 +171,7 @@ def drop_page_cache() -> None:
         print(f"# could not drop the page cache ({exc}); reads may come from memory")
 
 
+FLOOR_SCENARIOS = ("pub_one_at_a_time", "http_pub")
 SCENARIOS = ["ingest_200x200", "ingest_100x100", "mixed_50_2000", "pub_one_at_a_time", "channels_10",
              "tls_ingest", "tls_drain", "http_pub", "topics_1000", "backlog_disk"]
 
@@ -174,16 +183,20 @@ def main() -> None:
     ap.add_argument("--only", action="append", choices=SCENARIOS)
     ap.add_argument("--drop-caches", action="store_true",
                     help="backlog_disk: drop the page cache between ingest and drain (root)")
+    ap.add_argument("--floor", action="store_true",
+                    help="pub_one_at_a_time/http_pub: also run bench/floor_server.py (a uvloop "
+                         "server that answers without storing anything: the single-loop floor)")
     args = ap.parse_args()
     global DROP_CACHES
     DROP_CACHES = args.drop_caches
     kinds = ["nsqx"] + (["go"] if args.go_nsqd else [])
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} {os.cpu_count()} cpus, {args.seconds:.0f}s runs")
     for name in args.only or SCENARIOS:
-        results = {k: run_scenario(name, k, args.go_nsqd, args.seconds) for k in kinds}
+        ks = kinds + (["floor"] if args.floor and name in FLOOR_SCENARIOS else [])
+        results = {k: run_scenario(name, k, args.go_nsqd, args.seconds) for k in ks}
         for part in results["nsqx"]:
             row = [f"{name}/{part}"]
-            for k in kinds:
+            for k in ks:
                 d = results[k][part]
                 row.append(f"{k}: {d['msgs_per_s']:>10,.0f} msgs/s {d.get('mb_per_s', 0):6.1f} MB/s"
                            f" cpu {d.get('server_us_per_msg', 0):5.2f} us/msg"
@@ -200,6 +213,9 @@ def main() -> None:
             elif "go" in results:
                 ratio = results["nsqx"][part]["msgs_per_s"] / max(results["go"][part]["msgs_per_s"], 1)
                 row.append(f"ratio nsqx/go {ratio:.2f}x")
+            if "floor" in results and "go" in results:
+                ratio = results["floor"][part]["msgs_per_s"] / max(results["go"][part]["msgs_per_s"], 1)
+                row.append(f"floor/go {ratio:.2f}x")
             print("  ".join(row), flush=True)
 
 

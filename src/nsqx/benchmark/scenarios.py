@@ -143,13 +143,13 @@ def fanout(addr: str, topic: str, channels: list[str], *, expect: int, seconds: 
 
 
 def pub_latency(addr: str, topic: str, *, size: int = 200, seconds: float = 10.0,
-                pid: int | None = None) -> dict[str, Any]:
-    """One PUB at a time, waiting for each OK."""
+                clients: int = 1, pid: int | None = None) -> dict[str, Any]:
+    """One PUB at a time per connection, waiting for each OK (`clients` processes)."""
     def go() -> dict[str, Any]:
-        with _pool(1) as pool:
-            (res,) = pool.starmap(loadgen.run_pub_latency, [(addr, topic, size, seconds)])
-        out = _sum([res], seconds)
-        out.update(_percentiles(sorted(res.latencies_us)))
+        with _pool(clients) as pool:
+            res = pool.starmap(loadgen.run_pub_latency, [(addr, topic, size, seconds)] * clients)
+        out = _sum(res, seconds)
+        out.update(_percentiles(sorted(x for r in res for x in r.latencies_us)))
         return out
     return _with_server(pid, go)
 
