@@ -309,7 +309,7 @@ class PartitionLog:
                 continue
             c0 = seg.commit_of(max(lo, seg.base))
             c1 = seg.commit_of(min(hi, seg.next_offset) - 1)
-            raw = os.pread(seg.meta_fd, (c1 - c0 + 1) * ENTRY_SIZE, c0 * ENTRY_SIZE)
+            raw = seg.meta_raw(c0, c1 - c0 + 1)
             if len(raw) != (c1 - c0 + 1) * ENTRY_SIZE:
                 return None
             for i in range(c1 - c0 + 1):
@@ -390,6 +390,7 @@ class PartitionLog:
                 commits.append(cur)
             groups.append((seg, commits))
             for s, cs in groups:
+                s.write_lazy()  # the waiting entries precede this flush's (all or nothing)
                 remember(s)
                 snap = s.snapshot()
                 applied.append((s, self._write_commits(s, cs), snap))
@@ -418,6 +419,10 @@ class PartitionLog:
         costs ~18 us of Python for it (plans, snapshots, groups), this one a third of that.
         tests/storage/test_log_fast_commit.py checks both write the same files.
         """
+        try:
+            seg.settle_lazy(p.epoch)
+        except OSError as e:
+            raise log_error("writing", self.path, e) from e
         saved = list(seg.sizes)
         pos = seg.log_end
         try:
@@ -435,7 +440,7 @@ class PartitionLog:
         return n
 
     def _write_commits(self, s: Segment, commits: list[list[_Pending]]):
-        """Plan + apply in memory, then write: frames with one writev, metadata after."""
+        """Plan + apply in memory, then write: entries, frames with one writev, indexes."""
         snap = s.snapshot()
         chunks = []
         log_bufs: list = []
@@ -488,10 +493,17 @@ class PartitionLog:
                 if hdr:
                     hdrs.append(hdr)
                 s.apply(plan)
+            # entries before frames: a crash in between leaves entries past the log's end
+            # (cut at recovery), never frames without an entry that recovery would adopt
+            # as a lazy commit's (Segment.write_single) and so lose their headers or epoch
+            for k, bufs in ((4, hdrs), (5, szs), (1, metas)):
+                if bufs:
+                    write_all(s.files()[k], bufs)
+                    s.sizes[k] += sum(map(len, bufs))
             for k in range(0, len(log_bufs), 1024):  # IOV_MAX: one writev per 1024 batches
                 write_all(s.log_fd, log_bufs[k : k + 1024])
             s.sizes[0] = s.log_end
-            for k, bufs in ((4, hdrs), (5, szs), (1, metas), (2, idxs), (3, tidxs)):
+            for k, bufs in ((2, idxs), (3, tidxs)):
                 if bufs:
                     write_all(s.files()[k], bufs)
                     s.sizes[k] += sum(map(len, bufs))
@@ -827,6 +839,8 @@ class PartitionLog:
             return
         try:
             self.flush()
+            for seg in self._segments:  # the metadata of lazy commits (one write each)
+                seg.write_lazy()
             self.sync()
         finally:
             self._closed = True

@@ -47,6 +47,7 @@ _U32 = struct.Struct(">I")
 _FRAME_HEAD = struct.Struct(">IIqH16s")
 SUFFIXES = (".log", ".batches", ".index", ".timeindex", ".headers", ".sizes")
 READ_CHUNK = 1 << 20
+LAZY_MAX = 64  # commits whose metadata may wait in memory (their frames are on disk)
 _LITTLE = sys.byteorder == "little"
 
 
@@ -196,6 +197,11 @@ class Segment:
         self._next_idx_pos = 0
         self._next_tidx_pos = 0
         self.hdr_end = 0
+        # metadata of the newest commits, not written yet (see write_single): the entry,
+        # offset-index and time-index bytes, in commit order
+        self.lazy: list[bytes] = []
+        self.lazy_idx: list[bytes] = []
+        self.lazy_tidx: list[bytes] = []
 
     @property
     def size(self) -> int:
@@ -218,18 +224,58 @@ class Segment:
         return bisect_right(self.bases, offset) - 1
 
     def entry(self, c: int) -> tuple:
-        raw = os.pread(self.meta_fd, ENTRY_SIZE, c * ENTRY_SIZE)
-        return ENTRY_BODY.unpack_from(raw)
+        return ENTRY_BODY.unpack_from(self.meta_raw(c, 1))
 
     def entries(self, first: int = 0):
         n = len(self.bases)
         c = first
         while c < n:
             k = min(n - c, 4096)
-            raw = os.pread(self.meta_fd, k * ENTRY_SIZE, c * ENTRY_SIZE)
+            raw = self.meta_raw(c, k)
             for i in range(k):
                 yield ENTRY_BODY.unpack_from(raw, i * ENTRY_SIZE)
             c += k
+
+    def meta_raw(self, c: int, k: int) -> bytes:
+        """The metadata entries of commits [c, c + k): from the file, then from the entries
+        not written yet (``lazy``, always the newest commits)."""
+        written = self.sizes[1] // ENTRY_SIZE
+        raw = os.pread(self.meta_fd, (min(c + k, written) - c) * ENTRY_SIZE,
+                       c * ENTRY_SIZE) if c < written else b""
+        if c + k > written and self.lazy:
+            lo = max(c - written, 0)
+            raw += b"".join(self.lazy[lo : c + k - written])
+        return raw
+
+    def write_lazy(self) -> None:
+        """Write the metadata of the commits that so far have only their frames on disk
+        (one write per file for all of them); a no-op when there are none."""
+        if not self.lazy:
+            return
+        fds = self.files()
+        before = self.sizes[1:4]
+        try:
+            for k, bufs in ((1, self.lazy), (2, self.lazy_idx), (3, self.lazy_tidx)):
+                if bufs:
+                    data = b"".join(bufs)
+                    write_one(fds[k], data)
+                    self.sizes[k] += len(data)
+        except OSError:  # all or nothing: the entries stay in memory for the next try
+            for k, size in enumerate(before, 1):
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fds[k], size)
+                    os.lseek(fds[k], size, os.SEEK_SET)
+            self.sizes[1:4] = before
+            raise
+        self.lazy, self.lazy_idx, self.lazy_tidx = [], [], []
+
+    def settle_lazy(self, epoch: int) -> None:
+        """Before a commit of `epoch` by write_single: write the waiting metadata when that
+        commit will write its own entry (first of the segment, new epoch) or when
+        LAZY_MAX entries wait. Separate from write_single so that its caller's rollback
+        sizes are taken after this write."""
+        if self.lazy and (epoch != self.last_epoch or len(self.lazy) >= LAZY_MAX):
+            self.write_lazy()
 
     # -- planning a commit (pure) and applying it after the write succeeded -----------------
     def plan_index(self, base: int, pos: int, rel: array | None, flen: int, count: int,
@@ -271,12 +317,20 @@ class Segment:
     def write_single(self, data: bytes, base: int, count: int, ts: int, epoch: int,
                      commit_id: int, flen: int, rel: array | None, sizes: bytes,
                      last_ts: int | None = None) -> None:
-        """Commit one headerless batch: frames, then its metadata, then the memory arrays.
+        """Commit one headerless batch with one write: its frames. Then the memory arrays.
 
         The fast path of PartitionLog's flush (one PUB or MPUB per loop turn, the common
         case): the same bytes as plan_index + plan_commit + meta_bytes + apply, without the
         plan dict or a snapshot, because memory changes only after every write succeeded
         (on failure the caller truncates the files back to their sizes).
+
+        One write per commit: the metadata entry (and index entries) of a commit in the
+        same epoch as the segment's previous one waits in ``lazy`` and is written with up
+        to LAZY_MAX others, or before the next general commit, a truncation or close. A
+        crash before that leaves frames after the last entry; recovery adopts them by
+        checking each frame (length, type, id = partition and offset) and gives them the
+        last entry's epoch, which is right because every other commit writes its entry
+        *before* its frames: the first of a segment, an epoch change, headers.
         """
         pos = self.log_end
         end = pos + len(data)
@@ -288,20 +342,36 @@ class Segment:
                                crc32(data), fs[4], 0, 0, flen, spos, scrc)
         max_ts = self.max_ts
         tidx = (max_ts, base, len(self.bases)) if pos >= self._next_tidx_pos else None
-        write_one(self.log_fd, data)
-        fs[0] = end
-        if sizes:
-            write_one(self.sizes_fd, sizes)
-            fs[5] += len(sizes)
-        write_one(self.meta_fd, body + _U32.pack(crc32(body)))
-        fs[1] += ENTRY_SIZE
-        if idx:
-            o, p = idx[0]
-            write_one(self.idx_fd, _with_crc(IDX_BODY.pack(o, p)))
-            fs[2] += IDX_SIZE
-        if tidx:
-            write_one(self.tidx_fd, _with_crc(TIDX_BODY.pack(*tidx)))
-            fs[3] += TIDX_SIZE
+        entry = body + _U32.pack(crc32(body))
+        if self.bases and epoch == self.last_epoch and len(self.lazy) < LAZY_MAX:
+            # lazy: the frames are the only write
+            write_one(self.log_fd, data)
+            fs[0] = end
+            if sizes:
+                write_one(self.sizes_fd, sizes)
+                fs[5] += len(sizes)
+            self.lazy.append(entry)
+            if idx:
+                o, p = idx[0]
+                self.lazy_idx.append(_with_crc(IDX_BODY.pack(o, p)))
+            if tidx:
+                self.lazy_tidx.append(_with_crc(TIDX_BODY.pack(*tidx)))
+        else:  # eager: the entry goes first, so recovery never adopts these frames
+            self.write_lazy()  # (settle_lazy did it already; a no-op then)
+            write_one(self.meta_fd, entry)
+            fs[1] += ENTRY_SIZE
+            if sizes:
+                write_one(self.sizes_fd, sizes)
+                fs[5] += len(sizes)
+            write_one(self.log_fd, data)
+            fs[0] = end
+            if idx:
+                o, p = idx[0]
+                write_one(self.idx_fd, _with_crc(IDX_BODY.pack(o, p)))
+                fs[2] += IDX_SIZE
+            if tidx:
+                write_one(self.tidx_fd, _with_crc(TIDX_BODY.pack(*tidx)))
+                fs[3] += TIDX_SIZE
         # every write done: now the in-memory state (as apply() would)
         self.bases.append(base)
         self.poss.append(pos)
@@ -510,6 +580,7 @@ class Segment:
                         self.paths[1], good * ENTRY_SIZE)
             cut = True
         # verify commits that are not known fsynced
+        verified = True
         for i, e in enumerate(parsed):
             if e[0] + e[1] <= checkpoint:
                 continue
@@ -517,8 +588,11 @@ class Segment:
                 log.warning("%s: corrupt or torn record batch at byte %d (offset %d); truncating "
                             "log and metadata there", self.paths[0], e[2], e[0])
                 parsed = parsed[:i]
+                verified = False
                 cut = True
                 break
+        if verified and good == n and parsed and self.sizes[0] > expect_pos:
+            parsed += self._adopt_tail(parsed[-1], good)
         self._load(parsed)
         if self.sizes[0] > self.log_end:
             log.warning("%s: torn tail of %d bytes after byte %d (unacknowledged); truncating",
@@ -572,10 +646,46 @@ class Segment:
         for fd, s in zip(self.files(), self.sizes, strict=True):
             os.lseek(fd, s, os.SEEK_SET)
 
+    def _adopt_tail(self, last: tuple, kept: int) -> list[tuple]:
+        """Entries for the frames after the last entry `last` (commits whose metadata was
+        still waiting in memory at a crash, see write_single): every complete frame of
+        the right type and id, in runs of up to 1 MiB, in the epoch of `last` (a commit of
+        another epoch writes its entry first). Written to the metadata file at once, after
+        the `kept` entries (a torn entry after them is dropped)."""
+        adopted, _ = self._scan_frames(last[2] + last[3], last[0] + last[1], last[6],
+                                       last[7] + 1, last[9] + last[10])
+        if adopted:
+            os.ftruncate(self.meta_fd, kept * ENTRY_SIZE)
+            os.pwrite(self.meta_fd, b"".join(_with_crc(ENTRY_BODY.pack(*e)) for e in adopted),
+                      kept * ENTRY_SIZE)
+            self.sizes[1] = (kept + len(adopted)) * ENTRY_SIZE
+            log.info("%s: adopted %d records written after the last metadata entry",
+                     self.paths[0], sum(e[1] for e in adopted))
+        return adopted
+
     def _rebuild_from_frames(self) -> bool:
         """Metadata gone: one commit per run of up to 1 MiB of valid frames, epoch 0."""
+        parsed, cut = self._scan_frames(0, self.base, 0, 0)
+        if cut:
+            log.warning("%s: invalid frame at byte %d while rebuilding metadata; truncating",
+                        self.paths[0], (parsed[-1][2] + parsed[-1][3]) if parsed else 0)
+        self._load(parsed)
+        self.hdr_end = 0
+        os.ftruncate(self.meta_fd, 0)
+        os.pwrite(self.meta_fd, b"".join(_with_crc(ENTRY_BODY.pack(*e)) for e in parsed), 0)
+        self.sizes[1] = len(parsed) * ENTRY_SIZE
+        self._truncate_files()
+        self._rebuild_indexes()
+        return cut
+
+    def _scan_frames(self, pos: int, off: int, epoch: int, commit_id: int, hdr_end: int = 0
+                     ) -> tuple[list[tuple], bool]:
+        """Entries for the valid frames from file position `pos` (offset `off`) on, one per
+        run of up to 1 MiB; and whether an invalid or incomplete frame stopped the scan.
+        Recovery only: a check per frame (length, type, id). `hdr_end`: where the headers
+        file ends (entries without headers point there, as write_single's do)."""
         parsed = []
-        pos, off, size = 0, self.base, self.sizes[0]
+        size = self.sizes[0]
         cut = False
         while pos < size:
             data = os.pread(self.log_fd, min(READ_CHUNK, size - pos), pos)
@@ -600,21 +710,12 @@ class Segment:
             ts = [struct.unpack_from(">q", chunk, p + 8)[0] for p in P[:k]]
             lens = {P[i + 1] - P[i] for i in range(k)}
             flen = lens.pop() if len(lens) == 1 else 0
-            parsed.append((off, k, pos, len(chunk), ts[0], max(ts), 0, 0, crc32(chunk),
-                           0, 0, 0, flen, NO_SIZES, 0))
+            parsed.append((off, k, pos, len(chunk), ts[0], max(ts), epoch, commit_id,
+                           crc32(chunk), hdr_end, 0, 0, flen, NO_SIZES, 0))
+            commit_id += 1
             pos += len(chunk)
             off += k
-        if cut:
-            log.warning("%s: invalid frame at byte %d while rebuilding metadata; truncating",
-                        self.paths[0], pos)
-        self._load(parsed)
-        self.hdr_end = 0
-        os.ftruncate(self.meta_fd, 0)
-        os.pwrite(self.meta_fd, b"".join(_with_crc(ENTRY_BODY.pack(*e)) for e in parsed), 0)
-        self.sizes[1] = len(parsed) * ENTRY_SIZE
-        self._truncate_files()
-        self._rebuild_indexes()
-        return cut
+        return parsed, cut
 
     def _load_indexes(self) -> None:
         ok = self._read_index() and self._read_tindex()
@@ -714,6 +815,7 @@ class Segment:
         """Drop records >= offset (offset within [base, next_offset])."""
         if offset >= self.next_offset:
             return
+        self.write_lazy()  # every entry in the files, which are rewritten below
         c = self.commit_of(offset) if offset > self.base else 0
         entries = list(self.entries(0))[: c + 1] if self.bases else []
         if offset == self.base:
