@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nsqx.nsqd.http_fast import NEED_MORE, parse_simple_pub
+from nsqx.nsqd.http_fast import NEED_MORE, parse_fast_request, parse_simple_pub
 from tests.support import http_api
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess
 from tests.support.rawclient import consumer
@@ -55,6 +55,29 @@ def test_parse_simple_pub_refuses_the_rest(data: bytes) -> None:
                                   req()[:-1], req(body=b"")[:-2]])
 def test_parse_simple_pub_waits_for_the_rest(data: bytes) -> None:
     assert parse_simple_pub(data, MAX) == NEED_MORE
+
+
+def test_parse_fast_request_takes_mpub_and_pipelined_requests() -> None:
+    assert parse_fast_request(req(b"/mpub?topic=t", b"a\nb"), MAX, 4 * MAX) == (
+        "mpub", b"t", b"a\nb", len(req(b"/mpub?topic=t", b"a\nb")))
+    for q, kind in ((b"&binary=true", "mpub_bin"), (b"&binary=1", "mpub_bin"),
+                    (b"&binary=false", "mpub"), (b"&binary=0", "mpub")):
+        assert parse_fast_request(req(b"/mpub?topic=t" + q), MAX, 4 * MAX)[0] == kind
+    # /mpub bodies may be up to max_body_size, /pub bodies up to max_msg_size
+    assert parse_fast_request(req(b"/mpub?topic=t", b"x" * 3 * MAX), MAX, 4 * MAX)[0] == "mpub"
+    assert parse_fast_request(req(body=b"x" * 3 * MAX), MAX, 4 * MAX) is None
+    two = req(body=b"one") + req(b"/mpub?topic=u", b"two")
+    kind, topic, body, end = parse_fast_request(two, MAX, MAX)
+    assert (kind, topic, body) == ("pub", b"t", b"one") and two[end:] == req(b"/mpub?topic=u",
+                                                                            b"two")
+    assert parse_fast_request(two[end:], MAX, MAX)[:3] == ("mpub", b"u", b"two")
+
+
+@pytest.mark.parametrize("target", [b"/mpub?topic=t&binary=yes", b"/mpub?topic=t&x=1",
+                                    b"/mpub?binary=true&topic=t", b"/mpub?topic=bad%20n",
+                                    b"/mpubx?topic=t", b"/pub?topic=t&binary=true"])
+def test_parse_fast_request_refuses_other_queries(target: bytes) -> None:
+    assert parse_fast_request(req(target), MAX, MAX) is None
 
 
 @pytest.fixture(scope="module")
@@ -134,4 +157,31 @@ def test_fast_and_general_requests_on_one_connection(node: NsqdProcess) -> None:
     topics = http_api.stats(node.http_address, topic)["topics"]
     assert [t["message_count"] for t in topics if t["topic_name"] == topic] == [len(expected)]
     with consumer(node.tcp_address, topic, "c", rdy=100) as c:
+        assert [m.body for m in c.drain_messages(quiet=0.5)] == expected
+
+
+def test_mpub_and_pipelining_on_the_fast_path(node: NsqdProcess) -> None:
+    """Text and binary /mpub, and pipelined requests (answered in order, each after its
+    commit), with one request upstream refuses in the middle (aiohttp answers it and
+    everything after it); the messages arrive in order."""
+    import struct
+
+    topic = b"fastmpub"
+    host, port = node.http_address.rsplit(":", 1)
+    binary = struct.pack(">i", 2) + struct.pack(">i", 2) + b"b1" + struct.pack(">i", 2) + b"b2"
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(req(b"/mpub?topic=" + topic, b"t1\n\nt2\n"))
+        assert responses(s, 1)[0][::2] == (200, b"OK")
+        s.sendall(req(b"/mpub?topic=" + topic + b"&binary=true", binary)
+                  + req(b"/pub?topic=" + topic, b"p1") + req(b"/mpub?topic=" + topic, b"p2\np3"))
+        assert [(st, b) for st, _, b in responses(s, 3)] == [(200, b"OK")] * 3
+        # a binary body with a bad size: 413 BAD_MESSAGE from aiohttp, then the next one
+        bad = struct.pack(">i", 1) + struct.pack(">i", 99) + b"x"
+        s.sendall(req(b"/pub?topic=" + topic, b"p4") + req(b"/mpub?topic=" + topic
+                                                           + b"&binary=true", bad)
+                  + req(b"/pub?topic=" + topic, b"p5"))
+        got = [(st, b) for st, _, b in responses(s, 3)]
+        assert got == [(200, b"OK"), (413, b'{"message":"BAD_MESSAGE"}'), (200, b"OK")]
+    expected = [b"t1", b"t2", b"b1", b"b2", b"p1", b"p2", b"p3", b"p4", b"p5"]
+    with consumer(node.tcp_address, topic.decode(), "c", rdy=100) as c:
         assert [m.body for m in c.drain_messages(quiet=0.5)] == expected

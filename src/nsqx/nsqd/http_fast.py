@@ -1,13 +1,16 @@
-"""A fast path for HTTP ``POST /pub`` in front of aiohttp, on nsqd's plain HTTP listener.
+"""A fast path for HTTP ``POST /pub`` and ``/mpub`` in front of aiohttp, on nsqd's plain
+HTTP listener.
 
 Speed: aiohttp spends ~150 us of server CPU on a keep-alive ``/pub`` (request and
-response objects, middlewares, routing); Go nsqd ~30. A read holding exactly one plain
-``POST /pub?topic=<name> HTTP/1.1`` with a Content-Length body is answered
-here with the same status and headers (~20 us), also when the head and the body come
-in separate reads. Anything else (another path or method, a query beyond ``topic``,
-chunked bodies, ``Expect``, ``Connection`` other than keep-alive, pipelined requests, requests cut short,
-errors) hands the connection to aiohttp for good, so every rule and error of the
-HTTP API stays in one place (``nsqd.http``).
+response objects, middlewares, routing); Go nsqd ~30. A plain ``POST /pub?topic=<name>``,
+``POST /mpub?topic=<name>`` or ``POST /mpub?topic=<name>&binary=true`` over HTTP/1.1 with
+a Content-Length body is answered here with the same status and headers (~20 us), also
+when the head and the body come in separate reads, and when requests are pipelined
+(each is answered in order, after the commit of the one before). Anything else (another
+path, method or query, chunked bodies, ``Expect``, ``Connection`` other than keep-alive,
+a body upstream refuses, requests cut short, auth) hands the connection to aiohttp for
+good, from the first request not answered here on, so every rule and error of the HTTP
+API stays in one place (``nsqd.http``).
 """
 
 from __future__ import annotations
@@ -18,36 +21,62 @@ import logging
 import time
 from typing import Any
 
-from nsqx.httpapi import V1_HEADER, V1_VALUE
+from nsqx.httpapi import V1_HEADER, V1_VALUE, HTTPError
+from nsqx.nsqd.http_publish import parse_mpub_binary, split_text_mpub
+from nsqx.nsqd.topic import BadPartition, PublishRefused
 from nsqx.protocol.names import valid_topic_name
 
-__all__ = ["NEED_MORE", "FastPubProtocol", "parse_simple_pub"]
+__all__ = ["NEED_MORE", "FastPubProtocol", "parse_fast_request"]
 
 log = logging.getLogger("nsqx.nsqd.http")
 
-_PREFIX = b"POST /pub?topic="
+_POST = b"POST /"
 _SUFFIX = b" HTTP/1.1"
 _REFUSED = (b"transfer-encoding", b"expect", b"connection", b"upgrade")
+# the query strings taken here, after "?topic=<name>" (upstream's boolParams for binary)
+_MPUB_QUERY = {b"": "mpub", b"&binary=true": "mpub_bin", b"&binary=1": "mpub_bin",
+               b"&binary=false": "mpub", b"&binary=0": "mpub"}
 
 
-NEED_MORE = 0  # parse_simple_pub: a plain request so far, not complete yet
+NEED_MORE = 0  # parse_fast_request: a plain request so far, not complete yet
 MAX_HEAD = 8192  # a longer head is not a plain request: aiohttp decides
 
 
-def parse_simple_pub(data: bytes, max_msg_size: int) -> tuple[bytes, bytes] | int | None:
-    """(topic, body) when ``data`` is exactly one plain HTTP/1.1 POST /pub, NEED_MORE
-    when it is the start of one (clients often send the head and the body apart),
-    else None."""
-    head_end = data.find(b"\r\n\r\n")
-    if head_end < 0:
-        plausible = data.startswith(_PREFIX) or _PREFIX.startswith(data)
-        return NEED_MORE if plausible and len(data) < MAX_HEAD else None
-    line_end = data.find(b"\r\n")
-    if not data.startswith(_PREFIX) or not data.endswith(_SUFFIX, 0, line_end):
+def _target(line: bytes) -> tuple[str, bytes] | None:
+    """(kind, topic) of a request line this path serves: "pub", "mpub" or "mpub_bin"."""
+    if line.startswith(b"POST /pub?topic="):
+        kind, rest = "pub", line[16:]
+        topic, amp, query = rest, b"", b""
+    elif line.startswith(b"POST /mpub?topic="):
+        topic, amp, query = line[17:].partition(b"&")
+        found = _MPUB_QUERY.get(amp + query)
+        if found is None:
+            return None
+        kind = found
+    else:
         return None
-    topic = data[len(_PREFIX) : line_end - len(_SUFFIX)]
     if b"#" in topic or not valid_topic_name(topic):  # '#' would start a URL fragment
         return None
+    return kind, topic
+
+
+def parse_fast_request(data: bytes, max_msg_size: int, max_body_size: int
+                       ) -> tuple[str, bytes, bytes, int] | int | None:
+    """(kind, topic, body, end) when ``data`` starts with one whole plain HTTP/1.1
+    ``POST /pub`` or ``/mpub`` (``end``: where the next, pipelined, request starts),
+    NEED_MORE when it is the start of one (clients often send the head and the body
+    apart), else None."""
+    head_end = data.find(b"\r\n\r\n", 0, MAX_HEAD)
+    if head_end < 0:
+        plausible = data.startswith(_POST) or _POST.startswith(data[:6])
+        return NEED_MORE if plausible and len(data) < MAX_HEAD else None
+    line_end = data.find(b"\r\n")
+    if not data.endswith(_SUFFIX, 0, line_end):
+        return None
+    target = _target(data[:line_end - len(_SUFFIX)])
+    if target is None:
+        return None
+    kind, topic = target
     length = -1
     for line in data[line_end + 2 : head_end].split(b"\r\n"):
         name, colon, value = line.partition(b":")
@@ -63,11 +92,23 @@ def parse_simple_pub(data: bytes, max_msg_size: int) -> tuple[bytes, bytes] | in
             continue  # what requests/urllib3 send: HTTP/1.1's default anyway
         elif name in _REFUSED:
             return None
-    if not 0 < length <= max_msg_size or len(data) > head_end + 4 + length:
+    if not 0 < length <= (max_msg_size if kind == "pub" else max_body_size):
         return None
-    if len(data) < head_end + 4 + length:
+    end = head_end + 4 + length
+    if len(data) < end:
         return NEED_MORE
-    return topic, data[head_end + 4 :]
+    return kind, topic, data[head_end + 4 : end], end
+
+
+def parse_simple_pub(data: bytes, max_msg_size: int) -> tuple[bytes, bytes] | int | None:
+    """(topic, body) when ``data`` is exactly one plain ``POST /pub``, NEED_MORE when it is
+    the start of one, else None (parse_fast_request for /pub alone)."""
+    req = parse_fast_request(data, max_msg_size, max_msg_size)
+    if req is None or req == NEED_MORE:
+        return req
+    assert isinstance(req, tuple)
+    kind, topic, body, end = req
+    return (topic, body) if kind == "pub" and end == len(data) else None
 
 
 class _Date:
@@ -148,28 +189,41 @@ class FastPubProtocol(asyncio.Protocol):
         nsqd = self.nsqd
         if nsqd.exiting:
             return False
-        req = parse_simple_pub(data, nsqd.opts.max_msg_size)
+        o = nsqd.opts
+        req = parse_fast_request(data, o.max_msg_size, o.max_body_size)
         if req is None:
             return False
         if req == NEED_MORE:
             self._partial = data
             return True
         assert isinstance(req, tuple)
-        topic = nsqd.get_topic(req[0].decode("ascii"))  # creates it, as /pub does
+        kind, name, body, end = req
+        if kind == "pub":
+            bodies = [body]
+        else:
+            try:
+                bodies = (parse_mpub_binary(body, o.max_msg_size, o.max_body_size)
+                          if kind == "mpub_bin" else
+                          split_text_mpub(body, o.max_msg_size, o.max_body_size))
+            except HTTPError:  # aiohttp answers it with upstream's code
+                return False
+            if not bodies:
+                return False
+        topic = nsqd.get_topic(name.decode("ascii"))  # creates it, as /pub does
         if topic is None:
             return False
-        from nsqx.nsqd.topic import BadPartition
-
         try:
             part = topic.route(None)
         except BadPartition:  # ordered topic: the general path answers the error
             return False
         self._busy = True
+        if end < len(data):  # pipelined: the next request waits for this answer
+            self._held.append(data[end:])
         producer = ""
         if part.tracer is not None and self.transport is not None:
             peer = self.transport.get_extra_info("peername")
             producer = str(peer[0]) if isinstance(peer, tuple) else ""
-        part.publish([req[1]], 0, self._committed, producer=producer)
+        part.publish(bodies, 0, self._committed, producer=producer)
         return True
 
     def _committed(self, _base: int, exc: Exception | None) -> None:
@@ -180,11 +234,9 @@ class FastPubProtocol(asyncio.Protocol):
         if exc is None:
             t.write(_response(b"200 OK", b"text/plain; charset=utf-8", b"OK"))
             if log.isEnabledFor(logging.DEBUG):  # the line nsqd.http's middleware logs
-                log.debug("200 POST /pub (%s) fast path", t.get_extra_info("peername"))
+                log.debug("200 POST /pub|/mpub (%s) fast path", t.get_extra_info("peername"))
         else:
             log.error("HTTP publish failed - %s", exc)
-            from nsqx.nsqd.topic import PublishRefused
-
             code = b"E_PUB_FAILED" if isinstance(exc, PublishRefused) else b"EXITING"
             t.write(_response(b"503 Service Unavailable", b"application/json; charset=utf-8",
                               b'{"message":"%s"}' % code))
