@@ -165,3 +165,33 @@ def test_segment_roll_writes_waiting_entries(tmp_path):
     lg = PartitionLog(tmp_path, 0, cfg)
     assert frames(lg) == before
     lg.close()
+
+
+def test_each_sync_writes_the_waiting_entries_first(tmp_path):
+    """The committer writes the waiting entries on the loop before every fsync (interval,
+    count and close), so they are at most one sync interval's commits."""
+    import asyncio
+
+    from nsqx.storage.commit import GroupCommitter
+
+    async def main():
+        lg = PartitionLog(tmp_path, 0, LogConfig(segment_bytes=1 << 20, sync_every=10**9,
+                                                 sync_interval=0.05))
+        gc = GroupCommitter(lg)
+        for i in range(10):
+            await gc.append([b"m%d" % i], 1000 + i)
+        seg = lg._segments[0]
+        assert len(seg.lazy) == 9
+        for _ in range(200):  # the interval fsync
+            if lg.synced_offset == 10:
+                break
+            await asyncio.sleep(0.01)
+        assert lg.synced_offset == 10 and not seg.lazy
+        assert os.fstat(seg.meta_fd).st_size == 10 * ENTRY_SIZE
+        await gc.append([b"last"], 2000)
+        assert len(seg.lazy) == 1
+        await gc.close()
+        assert not seg.lazy and os.fstat(seg.meta_fd).st_size == 11 * ENTRY_SIZE
+        lg.close()
+
+    asyncio.run(main())

@@ -123,6 +123,14 @@ class GroupCommitter:
         if iv and iv > 0 and self._timer is None:
             self._timer = self.loop.call_later(iv, self._on_timer)
 
+    def _write_meta(self) -> None:
+        """The log's waiting metadata entries, before an fsync (on the loop: the commit
+        path appends to them there)."""
+        try:
+            self.log.write_waiting_meta()
+        except LogError as e:  # the next try comes with the next commit or sync
+            log.error("%s", e)
+
     def _on_timer(self) -> None:
         self._timer = None
         if self.log.flushed_offset > self.log.synced_offset:
@@ -151,6 +159,7 @@ class GroupCommitter:
         """fsync in a thread until nothing is waiting; resolve waiters covered by each fsync."""
         while True:
             waiters, self._waiting_sync = self._waiting_sync, []
+            self._write_meta()
             try:
                 await self.loop.run_in_executor(None, self.log.sync)
             except LogError as e:
@@ -190,6 +199,7 @@ class GroupCommitter:
             self._timer = None
         while self._sync_task is not None and not self._sync_task.done():
             await self._sync_task
+        self._write_meta()
         if self.log.flushed_offset > self.log.synced_offset:
             await self.loop.run_in_executor(None, self.log.sync)
 
@@ -222,6 +232,7 @@ class FileSystemSyncer:
             tickets = []
             for c in batch:
                 c._ext_busy = True
+                c._write_meta()
                 tickets.append((c, c.log.begin_sync()))
             try:
                 await self.loop.run_in_executor(None, self._sync_all, tickets)

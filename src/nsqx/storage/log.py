@@ -695,6 +695,16 @@ class PartitionLog:
         return sum(len(seg.fds) for seg in self._segments)
 
     # -- durability ----------------------------------------------------------------------
+    def write_waiting_meta(self) -> None:
+        """Write the metadata entries of lazy commits (Segment.write_single). The group
+        committer calls it on the loop before each fsync, so what waits in memory is at
+        most one sync interval's commits and an idle log holds none."""
+        for seg in self._segments[-2:]:  # a segment roll wrote the older ones
+            try:
+                seg.write_lazy()
+            except OSError as e:
+                raise log_error("writing", self.path, e) from e
+
     def needs_sync(self) -> bool:
         behind = self._flushed - self._synced
         if behind <= 0:
@@ -839,8 +849,7 @@ class PartitionLog:
             return
         try:
             self.flush()
-            for seg in self._segments:  # the metadata of lazy commits (one write each)
-                seg.write_lazy()
+            self.write_waiting_meta()
             self.sync()
         finally:
             self._closed = True

@@ -119,6 +119,9 @@ class MemoryLog:
     def sync(self) -> None:
         return None
 
+    def write_waiting_meta(self) -> None:
+        return None  # nothing is written: nothing waits
+
     def _index(self, offset: int) -> int:
         return bisect_right(self._bases, offset, self._head) - 1
 
