@@ -26,7 +26,7 @@ from nsqx.nsqd.routing import TopicRoutes, has_routes
 from nsqx.nsqd.topic import Topic
 from nsqx.nsqd.trace import TRACE_TOPIC, TraceRecorder
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
-from nsqx.storage.commit import FileSystemSyncer
+from nsqx.storage.commit import CommitScheduler, FileSystemSyncer
 from nsqx.storage.log import PartitionLog
 from nsqx.storage.segment import open_segments
 
@@ -111,6 +111,8 @@ class NSQD:
         self.lookup = LookupPeers(self)
         # interval fsyncs of every topic's log share one syncfs() per pass
         self.fs_syncer = FileSystemSyncer(str(self.data_path), self.loop)
+        # every topic's appends of a loop turn are flushed in one pass (not one call each)
+        self.commit_scheduler = CommitScheduler(self.loop)
         self.statsd: Any = None
         # Extensions attached by the entry point (cluster mode): objects with async
         # start()/stop(), started after the listeners and stopped before any topic closes,

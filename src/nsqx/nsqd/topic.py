@@ -94,7 +94,8 @@ class Topic:
             )
             self.log = PartitionLog(self.dir / f"p{partition}", partition, config)
         self._idle_end = -1  # log end seen by the last release_idle_files()
-        self.committer = GroupCommitter(self.log, nsqd.loop, syncer=nsqd.fs_syncer)
+        self.committer = GroupCommitter(self.log, nsqd.loop, syncer=nsqd.fs_syncer,
+                                        scheduler=nsqd.commit_scheduler)
         self.committer.on_flushed.append(self._on_flushed)
         self.readable_end = self.log.flushed_offset
         # Where messages published while the topic has no channel start: the first
