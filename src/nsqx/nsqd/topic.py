@@ -347,6 +347,11 @@ class Topic:
             return 0
         return max(0, self.log.next_offset - max(self.pending_from, self.log.start_offset))
 
+    def is_read(self) -> bool:
+        """Whether a memory tail helps this partition: consumers are subscribed, or cluster
+        mode replicates it (followers fetch the newest frames)."""
+        return self.gate is not None or any(ch.clients for ch in self.channels.values())
+
     def pause(self) -> None:
         for part in self.partitions:
             part.paused = True
