@@ -83,7 +83,7 @@ class GroupCommitter:
         self._scheduled = False
         self._waiting_sync: list[tuple[asyncio.Future[int], int, int]] = []
         self._sync_task: asyncio.Task | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | _SharedTimer | None = None
         self._closed = False
 
     def append(self, bodies: Sequence[bytes], timestamp_ns: int | None = None,
@@ -168,7 +168,10 @@ class GroupCommitter:
     def _arm_timer(self) -> None:
         iv = getattr(self.log.config, "sync_interval", 0)
         if iv and iv > 0 and self._timer is None:
-            self._timer = self.loop.call_later(iv, self._on_timer)
+            if self.syncer is not None:  # one timer for all the syncer's logs
+                self._timer = self.syncer.later(self, iv)
+            else:
+                self._timer = self.loop.call_later(iv, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -256,6 +259,27 @@ class FileSystemSyncer:
         self._waiting: dict[int, GroupCommitter] = {}
         self._task: asyncio.Task | None = None
         self._syncfs = _load_syncfs()
+        self._later: dict[int, GroupCommitter] = {}  # interval timers of the logs, shared
+        self._later_timer: asyncio.TimerHandle | None = None
+
+    def later(self, committer: GroupCommitter, interval: float) -> _SharedTimer:
+        """The committer's interval timer, shared: ONE loop timer for every log waiting.
+
+        A TimerHandle per written log made every flush of 1,000 topics arm (and every
+        --sync-timeout fire) 1,000 timers; a log joining a running timer is synced at
+        its deadline, within ``interval`` of its flush as before, never later.
+        """
+        self._later[id(committer)] = committer
+        if self._later_timer is None:
+            self._later_timer = self.loop.call_later(interval, self._fire_later)
+        return _SharedTimer(self, committer)
+
+    def _fire_later(self) -> None:
+        self._later_timer = None
+        due, self._later = list(self._later.values()), {}
+        for c in due:
+            c._timer = None
+            c._on_timer()
 
     def request(self, committer: GroupCommitter) -> None:
         self._waiting[id(committer)] = committer
@@ -294,6 +318,19 @@ class FileSystemSyncer:
                 c.log.end_sync(ticket, fs_synced=fs_synced)
             except LogError as e:
                 log.error("%s", e)
+
+
+class _SharedTimer:
+    """What GroupCommitter._timer holds for a FileSystemSyncer.later() wait (cancel())."""
+
+    __slots__ = ("committer", "syncer")
+
+    def __init__(self, syncer: FileSystemSyncer, committer: GroupCommitter) -> None:
+        self.syncer = syncer
+        self.committer = committer
+
+    def cancel(self) -> None:
+        self.syncer._later.pop(id(self.committer), None)
 
 
 def _load_syncfs() -> Any:
