@@ -237,3 +237,68 @@ def test_file_system_syncer_survives_a_failing_syncfs(tmp_path):
         lg.close()
 
     asyncio.run(main())
+
+
+def test_scheduler_flushes_every_dirty_log_in_one_pass(tmp_path):
+    from nsqx.storage.commit import CommitScheduler
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        sched = CommitScheduler(loop)
+        logs = [CountingLog(tmp_path / f"p{i}", 0, LogConfig(sync_every=10**9)) for i in range(4)]
+        committers = [GroupCommitter(lg, loop, scheduler=sched) for lg in logs]
+        passes, order = [], []
+        real_run = sched._run
+
+        def counting_run() -> None:
+            passes.append(1)
+            real_run()
+        sched._run = counting_run  # type: ignore[method-assign]
+        for i, c in enumerate(committers):
+            def done(base: int, exc: Exception | None, i: int = i) -> None:
+                assert exc is None and sched.in_pass
+                sched.after_pass(lambda i=i: order.append(("after", i)))
+                order.append(("done", i))
+            c.append_cb([b"a", b"b"], done)
+            c.append_cb([b"c"], lambda base, exc: None)
+        await asyncio.sleep(0.01)
+        assert len(passes) == 1  # one call_soon for the four logs
+        assert [lg.flushes for lg in logs] == [1, 1, 1, 1]
+        assert [lg.flushed_offset for lg in logs] == [3, 3, 3, 3]
+        # every completion of the pass ran before any after-pass callback
+        assert [k for k, _ in order] == ["done"] * 4 + ["after"] * 4
+        for c in committers:
+            await c.close()
+        for lg in logs:
+            lg.close()
+
+    asyncio.run(main())
+
+
+def test_syncer_shares_one_interval_timer(tmp_path):
+    from nsqx.storage.commit import FileSystemSyncer
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        syncer = FileSystemSyncer(str(tmp_path), loop)
+        cfg = LogConfig(sync_every=10**9, sync_interval=0.05)
+        logs = [PartitionLog(tmp_path / f"p{i}", 0, cfg) for i in range(5)]
+        committers = [GroupCommitter(lg, loop, syncer=syncer) for lg in logs]
+        await asyncio.gather(*(c.append([b"x"]) for c in committers))
+        assert len(syncer._later) == 5 and syncer._later_timer is not None  # one timer
+        for _ in range(200):
+            if all(lg.synced_offset == 1 for lg in logs):
+                break
+            await asyncio.sleep(0.01)
+        assert all(lg.synced_offset == 1 for lg in logs)
+        assert not syncer._later and syncer._later_timer is None
+        await committers[0].append([b"y"])
+        committers[0]._timer.cancel()  # close() cancels a shared wait like a TimerHandle
+        assert not syncer._later
+        committers[0]._timer = None
+        for c in committers:
+            await c.close()
+        for lg in logs:
+            lg.close()
+
+    asyncio.run(main())

@@ -233,6 +233,8 @@ class Channel:
 
     def add_client(self, client: ClientV2) -> None:
         self.clients[client.id] = client
+        if len(self.clients) == 1:
+            self.topic.nsqd.readers_changed()  # the topic may now deserve a memory tail
         if client.desired_tag or self.tags is not None:
             retag(self)
 
@@ -241,6 +243,8 @@ class Channel:
         if self.clients.pop(client.id, None) is None:
             return
         self.cursor.drop_client(client.id)
+        if not self.clients:
+            self.topic.nsqd.readers_changed()
         if self.tags is not None:
             retag(self)
         if self.ephemeral and not self.clients and not self.exiting:

@@ -133,6 +133,7 @@ class ClientV2(asyncio.Protocol):
         self._raw_backlog: list[bytes] = []
         self._closing = False
         self._close_after_responses = False
+        self._drain_after_pass = False  # a commit pass will answer this client at its end
         self._can_write = True
         self._reading_paused = False
         self._last_read = time.monotonic()
@@ -398,12 +399,23 @@ class ClientV2(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.pause_reading()
 
+        sched = self.nsqd.commit_scheduler
+
         def done(base: int, exc: Exception | None) -> None:
             slot[0] = exc
             if exc is None and ok_from is not None:
                 slot[1] = frames.encode_response(ok_from(base))
+            if sched.in_pass:  # one write for all this client's batches of the pass
+                if not self._drain_after_pass:
+                    self._drain_after_pass = True
+                    sched.after_pass(self._drain_after)
+                return
             self._drain_responses()
         return done
+
+    def _drain_after(self) -> None:
+        self._drain_after_pass = False
+        self._drain_responses()
 
     def _drain_responses(self) -> None:
         out = []

@@ -94,7 +94,8 @@ class Topic:
             )
             self.log = PartitionLog(self.dir / f"p{partition}", partition, config)
         self._idle_end = -1  # log end seen by the last release_idle_files()
-        self.committer = GroupCommitter(self.log, nsqd.loop, syncer=nsqd.fs_syncer)
+        self.committer = GroupCommitter(self.log, nsqd.loop, syncer=nsqd.fs_syncer,
+                                        scheduler=nsqd.commit_scheduler)
         self.committer.on_flushed.append(self._on_flushed)
         self.readable_end = self.log.flushed_offset
         # Where messages published while the topic has no channel start: the first
@@ -345,6 +346,11 @@ class Topic:
         if self.channels:
             return 0
         return max(0, self.log.next_offset - max(self.pending_from, self.log.start_offset))
+
+    def is_read(self) -> bool:
+        """Whether a memory tail helps this partition: consumers are subscribed, or cluster
+        mode replicates it (followers fetch the newest frames)."""
+        return self.gate is not None or any(ch.clients for ch in self.channels.values())
 
     def pause(self) -> None:
         for part in self.partitions:

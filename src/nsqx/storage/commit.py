@@ -17,18 +17,62 @@ from typing import Any
 
 from nsqx.storage.records import LogError
 
-__all__ = ["FileSystemSyncer", "GroupCommitter"]
+__all__ = ["CommitScheduler", "FileSystemSyncer", "GroupCommitter"]
 
 log = logging.getLogger("nsqx.storage.commit")
+
+
+class CommitScheduler:
+    """One flush pass per loop turn for every committer with appends (a node's topics).
+
+    With 1,000 topics published round-robin, a call_soon per committer per turn and a
+    socket write per acknowledged batch dominated: one scheduled pass flushes every dirty
+    committer in order, then runs the ``after_pass`` callbacks the pass's completions asked
+    for (a connection answers all its batches of the pass with one write).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop or asyncio.get_running_loop()
+        self._dirty: list[GroupCommitter] = []
+        self._after: list[Callable[[], None]] = []
+        self.in_pass = False
+
+    def schedule(self, committer: GroupCommitter) -> None:
+        if not self._dirty:  # appends made by a pass's completions go to the next turn
+            self.loop.call_soon(self._run)
+        self._dirty.append(committer)
+
+    def after_pass(self, cb: Callable[[], None]) -> None:
+        """Run ``cb`` once the current pass has flushed every committer (only in a pass)."""
+        self._after.append(cb)
+
+    def _run(self) -> None:
+        self.in_pass = True
+        dirty, self._dirty = self._dirty, []
+        try:
+            for c in dirty:
+                if c._scheduled:  # not flushed since (flush_now)
+                    c._flush()
+        finally:
+            self.in_pass = False
+            after, self._after = self._after, []
+            for cb in after:
+                try:
+                    cb()
+                except Exception:  # one listener must not keep the others from running
+                    log.exception("after-pass callback failed")
 
 
 class GroupCommitter:
     """Batches appends per loop turn for one PartitionLog (or MemoryLog)."""
 
     def __init__(self, log: Any, loop: asyncio.AbstractEventLoop | None = None, *,
-                 sync_always: bool = False, syncer: FileSystemSyncer | None = None) -> None:
+                 sync_always: bool = False, syncer: FileSystemSyncer | None = None,
+                 scheduler: CommitScheduler | None = None) -> None:
         self.log = log
         self.loop = loop or asyncio.get_running_loop()
+        # the node's shared flush pass (one call_soon per turn for all its logs), if any
+        self.scheduler = scheduler
         # interval fsyncs of many logs share one syncfs() when a syncer is given
         self.syncer = syncer if hasattr(log, "begin_sync") else None
         self._ext_busy = False  # the syncer holds a ticket of this log
@@ -39,7 +83,7 @@ class GroupCommitter:
         self._scheduled = False
         self._waiting_sync: list[tuple[asyncio.Future[int], int, int]] = []
         self._sync_task: asyncio.Task | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | _SharedTimer | None = None
         self._closed = False
 
     def append(self, bodies: Sequence[bytes], timestamp_ns: int | None = None,
@@ -82,7 +126,10 @@ class GroupCommitter:
         self._turn.append((done, base, self.log.next_offset))
         if not self._scheduled:
             self._scheduled = True
-            self.loop.call_soon(self._flush)
+            if self.scheduler is not None:
+                self.scheduler.schedule(self)
+            else:
+                self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -121,7 +168,10 @@ class GroupCommitter:
     def _arm_timer(self) -> None:
         iv = getattr(self.log.config, "sync_interval", 0)
         if iv and iv > 0 and self._timer is None:
-            self._timer = self.loop.call_later(iv, self._on_timer)
+            if self.syncer is not None:  # one timer for all the syncer's logs
+                self._timer = self.syncer.later(self, iv)
+            else:
+                self._timer = self.loop.call_later(iv, self._on_timer)
 
     def _write_meta(self) -> None:
         """The log's waiting metadata entries, before an fsync (on the loop: the commit
@@ -219,6 +269,27 @@ class FileSystemSyncer:
         self._waiting: dict[int, GroupCommitter] = {}
         self._task: asyncio.Task | None = None
         self._syncfs = _load_syncfs()
+        self._later: dict[int, GroupCommitter] = {}  # interval timers of the logs, shared
+        self._later_timer: asyncio.TimerHandle | None = None
+
+    def later(self, committer: GroupCommitter, interval: float) -> _SharedTimer:
+        """The committer's interval timer, shared: ONE loop timer for every log waiting.
+
+        A TimerHandle per written log made every flush of 1,000 topics arm (and every
+        --sync-timeout fire) 1,000 timers; a log joining a running timer is synced at
+        its deadline, within ``interval`` of its flush as before, never later.
+        """
+        self._later[id(committer)] = committer
+        if self._later_timer is None:
+            self._later_timer = self.loop.call_later(interval, self._fire_later)
+        return _SharedTimer(self, committer)
+
+    def _fire_later(self) -> None:
+        self._later_timer = None
+        due, self._later = list(self._later.values()), {}
+        for c in due:
+            c._timer = None
+            c._on_timer()
 
     def request(self, committer: GroupCommitter) -> None:
         self._waiting[id(committer)] = committer
@@ -258,6 +329,19 @@ class FileSystemSyncer:
                 c.log.end_sync(ticket, fs_synced=fs_synced)
             except LogError as e:
                 log.error("%s", e)
+
+
+class _SharedTimer:
+    """What GroupCommitter._timer holds for a FileSystemSyncer.later() wait (cancel())."""
+
+    __slots__ = ("committer", "syncer")
+
+    def __init__(self, syncer: FileSystemSyncer, committer: GroupCommitter) -> None:
+        self.syncer = syncer
+        self.committer = committer
+
+    def cancel(self) -> None:
+        self.syncer._later.pop(id(self.committer), None)
 
 
 def _load_syncfs() -> Any:
