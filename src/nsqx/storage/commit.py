@@ -52,7 +52,11 @@ class CommitScheduler:
         try:
             for c in dirty:
                 if c._scheduled:  # not flushed since (flush_now)
-                    c._flush()
+                    try:
+                        c._flush()
+                    except Exception:  # a bug in one log's flush must not strand the rest
+                        c._scheduled = False
+                        log.exception("commit pass: flushing %r failed", c.log)
         finally:
             self.in_pass = False
             after, self._after = self._after, []
