@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from nsqx.speedups import native
+
 from .errors import ProtocolError, go_quote, raw_text
 from .names import valid_channel_name, valid_topic_name
 
@@ -495,10 +497,12 @@ def _uniform_cutter(size: int, count: int) -> struct.Struct:
     return struct.Struct(f"4x{size}s" * count)
 
 
-def _split_mixed(body: bytes | memoryview, count: int, max_msg_size: int) -> list[bytes] | None:
+def _split_mixed_py(body: bytes | memoryview, count: int, max_msg_size: int
+                    ) -> list[bytes] | None:
     """Mixed sizes: the walk is inherently sequential (each size says where the next
     is), so keep its loop minimal and check every size afterwards with min/max in C.
-    None = something is wrong: the checking loop finds what, with upstream's text."""
+    None = something is wrong: the checking loop finds what, with upstream's text.
+    The twin of ``nsqx._speedups.split_mixed`` (the one used when it was built)."""
     if count > (len(body) - 4) // 5 or count > _MAX_CUT:
         return None  # cannot hold count messages of at least one byte each, or very many
     unpack = _I32_unpack_from
@@ -516,6 +520,9 @@ def _split_mixed(body: bytes | memoryview, count: int, max_msg_size: int) -> lis
     # one C call cuts every body: a struct format skipping each size field ("4x<n>s"),
     # half the cost of per-message slice objects
     return list(struct.Struct(("4x%ds" * count) % tuple(sizes)).unpack_from(body, 4))
+
+
+_split_mixed = native.split_mixed if native is not None else _split_mixed_py
 
 
 def _split_general(body: bytes | memoryview, count: int, max_msg_size: int) -> list[bytes]:

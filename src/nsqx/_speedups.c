@@ -1,0 +1,237 @@
+/* nsqx._speedups: the two per-message loops of MPUB ingest that no standard-library call
+ * does, in C. Each has a pure-Python twin (nsqx.protocol.v2._split_mixed_py,
+ * nsqx.storage.records.build_frames_mixed_py) that tests/test_speedups.py checks gives
+ * identical results; nsqx.speedups picks this module when it was built and
+ * NSQX_NO_SPEEDUPS is not set.
+ *
+ * split_mixed(body, count, max_msg_size) -> list[bytes] | None
+ *     Cut an MPUB body [4B count]([4B size][bytes])* of mixed sizes: the walk is
+ *     sequential (each size says where the next is). None when anything is off (the
+ *     caller's checking loop then finds upstream's exact error).
+ * build_frames_mixed(bodies, ids, timestamp_ns) -> bytes
+ *     NSQ message frames [4B size][4B type=2][8B ts][2B attempts=1][16B id][body] for a
+ *     batch, ids being the 16-byte ids back to back.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_CUT 4096 /* as nsqx.protocol.v2._MAX_CUT: bigger batches take the general walk */
+
+static inline int32_t be32(const unsigned char *p) {
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) |
+                     (uint32_t)p[3]);
+}
+
+static inline void put32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static PyObject *split_mixed(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t count;
+    long long max_size;
+    if (!PyArg_ParseTuple(args, "y*nL", &buf, &count, &max_size))
+        return NULL;
+    const unsigned char *p = (const unsigned char *)buf.buf;
+    Py_ssize_t len = buf.len;
+    PyObject *out = NULL;
+    if (len < 4 || count <= 0 || count > (len - 4) / 5 || count > MAX_CUT)
+        goto none;
+    Py_ssize_t off = 4;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (len - off < 4)
+            goto none;
+        int32_t size = be32(p + off);
+        if (size <= 0 || (long long)size > max_size || len - off - 4 < size)
+            goto none;
+        off += 4 + size;
+    }
+    if (off != len)
+        goto none;
+    out = PyList_New(count);
+    if (out == NULL)
+        goto done;
+    off = 4;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int32_t size = be32(p + off);
+        PyObject *b = PyBytes_FromStringAndSize((const char *)p + off + 4, size);
+        if (b == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, b);
+        off += 4 + size;
+    }
+done:
+    PyBuffer_Release(&buf);
+    return out;
+none:
+    PyBuffer_Release(&buf);
+    Py_RETURN_NONE;
+}
+
+static PyObject *build_frames_mixed(PyObject *self, PyObject *args) {
+    PyObject *bodies;
+    Py_buffer ids;
+    long long ts;
+    if (!PyArg_ParseTuple(args, "Oy*L", &bodies, &ids, &ts))
+        return NULL;
+    PyObject *out = NULL;
+    PyObject *seq = PySequence_Fast(bodies, "bodies must be a sequence");
+    if (seq == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    if (ids.len != 16 * n) {
+        PyErr_SetString(PyExc_ValueError, "ids must hold 16 bytes per body");
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_Check(items[i])) {
+            PyErr_SetString(PyExc_TypeError, "bodies must be bytes");
+            goto done;
+        }
+        Py_ssize_t blen = PyBytes_GET_SIZE(items[i]);
+        if (blen > 0x7fffffffLL - 30) {
+            PyErr_SetString(PyExc_ValueError, "body too big for a frame");
+            goto done;
+        }
+        total += 34 + blen;
+    }
+    out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    const unsigned char *idp = (const unsigned char *)ids.buf;
+    uint64_t uts = (uint64_t)ts;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t blen = PyBytes_GET_SIZE(items[i]);
+        put32(w, (uint32_t)(blen + 30));
+        put32(w + 4, 2);
+        put32(w + 8, (uint32_t)(uts >> 32));
+        put32(w + 12, (uint32_t)uts);
+        w[16] = 0;
+        w[17] = 1;
+        memcpy(w + 18, idp + 16 * i, 16);
+        memcpy(w + 34, PyBytes_AS_STRING(items[i]), (size_t)blen);
+        w += 34 + blen;
+    }
+done:
+    Py_XDECREF(seq);
+    PyBuffer_Release(&ids);
+    return out;
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* frames(bodies, partition, base, timestamp_ns) -> (data, flen, rel, sizes): everything
+ * PartitionLog.append derives from a batch of more than one body, in one pass. flen is
+ * the frame length when all are equal (then rel and sizes are None), else 0 with rel the
+ * frame starts plus the end as native int64 bytes (for array("q")) and sizes the frame
+ * lengths as 4-byte big-endian (the .sizes file's content). Ids as ids_for_range. */
+static PyObject *frames(PyObject *self, PyObject *args) {
+    PyObject *bodies;
+    long long partition, base, ts;
+    if (!PyArg_ParseTuple(args, "OLLL", &bodies, &partition, &base, &ts))
+        return NULL;
+    PyObject *seq = PySequence_Fast(bodies, "bodies must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    PyObject *data = NULL, *rel = NULL, *sizes = NULL, *res = NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    if (n <= 0 || partition < 0 || partition > 0xFFFF || base < 0 ||
+        base + n - 1 > 0xFFFFFFFFFFFFLL) {
+        PyErr_Format(PyExc_ValueError, "partition %lld / offsets %lld+%zd out of range",
+                     partition, base, n);
+        goto done;
+    }
+    Py_ssize_t total = 0, first = -1;
+    int uniform = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_Check(items[i])) {
+            PyErr_SetString(PyExc_TypeError, "bodies must be bytes");
+            goto done;
+        }
+        Py_ssize_t blen = PyBytes_GET_SIZE(items[i]);
+        if (blen > 0x7fffffffLL - 30) {
+            PyErr_SetString(PyExc_ValueError, "body too big for a frame");
+            goto done;
+        }
+        if (first < 0)
+            first = blen;
+        else if (blen != first)
+            uniform = 0;
+        total += 34 + blen;
+    }
+    data = PyBytes_FromStringAndSize(NULL, total);
+    if (data == NULL)
+        goto done;
+    int64_t *r = NULL;
+    unsigned char *z = NULL;
+    if (!uniform) {
+        rel = PyBytes_FromStringAndSize(NULL, (n + 1) * (Py_ssize_t)sizeof(int64_t));
+        sizes = PyBytes_FromStringAndSize(NULL, 4 * n);
+        if (rel == NULL || sizes == NULL)
+            goto done;
+        r = (int64_t *)PyBytes_AS_STRING(rel);
+        z = (unsigned char *)PyBytes_AS_STRING(sizes);
+    }
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(data);
+    uint64_t uts = (uint64_t)ts;
+    uint64_t id = ((uint64_t)partition << 48) | (uint64_t)base;
+    int64_t pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++, id++) {
+        Py_ssize_t blen = PyBytes_GET_SIZE(items[i]);
+        put32(w, (uint32_t)(blen + 30));
+        put32(w + 4, 2);
+        put32(w + 8, (uint32_t)(uts >> 32));
+        put32(w + 12, (uint32_t)uts);
+        w[16] = 0;
+        w[17] = 1;
+        for (int k = 0; k < 16; k++)
+            w[18 + k] = (unsigned char)HEX[(id >> (60 - 4 * k)) & 0xF];
+        memcpy(w + 34, PyBytes_AS_STRING(items[i]), (size_t)blen);
+        w += 34 + blen;
+        if (r != NULL) {
+            r[i] = pos;
+            put32(z + 4 * i, (uint32_t)(blen + 34));
+        }
+        pos += 34 + blen;
+    }
+    if (r != NULL)
+        r[n] = pos;
+    if (uniform)
+        res = Py_BuildValue("(NnOO)", data, first + 34, Py_None, Py_None);
+    else
+        res = Py_BuildValue("(NiNN)", data, 0, rel, sizes);
+    data = rel = sizes = NULL; /* stolen by "N", also when Py_BuildValue fails */
+done:
+    Py_XDECREF(data);
+    Py_XDECREF(rel);
+    Py_XDECREF(sizes);
+    Py_DECREF(seq);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"frames", frames, METH_VARARGS,
+     "frames(bodies, partition, base, timestamp_ns) -> (data, flen, rel, sizes)"},
+    {"split_mixed", split_mixed, METH_VARARGS,
+     "split_mixed(body, count, max_msg_size) -> list[bytes] | None: cut a mixed-size MPUB body"},
+    {"build_frames_mixed", build_frames_mixed, METH_VARARGS,
+     "build_frames_mixed(bodies, ids, timestamp_ns) -> bytes: NSQ message frames of a batch"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups",
+                                    "Per-message loops of MPUB ingest in C (see nsqx.speedups).",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
