@@ -31,6 +31,41 @@ static inline void put32(unsigned char *p, uint32_t v) {
     p[3] = (unsigned char)v;
 }
 
+/* Total frame bytes of a batch (34 + body each), whether all bodies have one length;
+ * -1 with an exception set when a body is not bytes or too big for a frame. */
+static Py_ssize_t frames_size(PyObject **items, Py_ssize_t n, int *uniform) {
+    Py_ssize_t total = 0, first = -1;
+    *uniform = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_Check(items[i])) {
+            PyErr_SetString(PyExc_TypeError, "bodies must be bytes");
+            return -1;
+        }
+        Py_ssize_t blen = PyBytes_GET_SIZE(items[i]);
+        if (blen > 0x7fffffffLL - 30) {
+            PyErr_SetString(PyExc_ValueError, "body too big for a frame");
+            return -1;
+        }
+        if (first < 0)
+            first = blen;
+        else if (blen != first)
+            *uniform = 0;
+        total += 34 + blen;
+    }
+    return total;
+}
+
+/* A frame's first 18 bytes: size (body + 30), type 2, timestamp, attempts 1. */
+static inline unsigned char *put_head(unsigned char *w, Py_ssize_t blen, uint64_t uts) {
+    put32(w, (uint32_t)(blen + 30));
+    put32(w + 4, 2);
+    put32(w + 8, (uint32_t)(uts >> 32));
+    put32(w + 12, (uint32_t)uts);
+    w[16] = 0;
+    w[17] = 1;
+    return w + 18;
+}
+
 static PyObject *split_mixed(PyObject *self, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t count;
@@ -91,19 +126,10 @@ static PyObject *build_frames_mixed(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "ids must hold 16 bytes per body");
         goto done;
     }
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyBytes_Check(items[i])) {
-            PyErr_SetString(PyExc_TypeError, "bodies must be bytes");
-            goto done;
-        }
-        Py_ssize_t blen = PyBytes_GET_SIZE(items[i]);
-        if (blen > 0x7fffffffLL - 30) {
-            PyErr_SetString(PyExc_ValueError, "body too big for a frame");
-            goto done;
-        }
-        total += 34 + blen;
-    }
+    int uniform;
+    Py_ssize_t total = frames_size(items, n, &uniform);
+    if (total < 0)
+        goto done;
     out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL)
         goto done;
@@ -112,15 +138,10 @@ static PyObject *build_frames_mixed(PyObject *self, PyObject *args) {
     uint64_t uts = (uint64_t)ts;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t blen = PyBytes_GET_SIZE(items[i]);
-        put32(w, (uint32_t)(blen + 30));
-        put32(w + 4, 2);
-        put32(w + 8, (uint32_t)(uts >> 32));
-        put32(w + 12, (uint32_t)uts);
-        w[16] = 0;
-        w[17] = 1;
-        memcpy(w + 18, idp + 16 * i, 16);
-        memcpy(w + 34, PyBytes_AS_STRING(items[i]), (size_t)blen);
-        w += 34 + blen;
+        w = put_head(w, blen, uts);
+        memcpy(w, idp + 16 * i, 16);
+        memcpy(w + 16, PyBytes_AS_STRING(items[i]), (size_t)blen);
+        w += 16 + blen;
     }
 done:
     Py_XDECREF(seq);
@@ -152,24 +173,11 @@ static PyObject *frames(PyObject *self, PyObject *args) {
                      partition, base, n);
         goto done;
     }
-    Py_ssize_t total = 0, first = -1;
-    int uniform = 1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyBytes_Check(items[i])) {
-            PyErr_SetString(PyExc_TypeError, "bodies must be bytes");
-            goto done;
-        }
-        Py_ssize_t blen = PyBytes_GET_SIZE(items[i]);
-        if (blen > 0x7fffffffLL - 30) {
-            PyErr_SetString(PyExc_ValueError, "body too big for a frame");
-            goto done;
-        }
-        if (first < 0)
-            first = blen;
-        else if (blen != first)
-            uniform = 0;
-        total += 34 + blen;
-    }
+    int uniform;
+    Py_ssize_t total = frames_size(items, n, &uniform);
+    if (total < 0)
+        goto done;
+    Py_ssize_t first = PyBytes_GET_SIZE(items[0]);
     data = PyBytes_FromStringAndSize(NULL, total);
     if (data == NULL)
         goto done;
@@ -189,16 +197,11 @@ static PyObject *frames(PyObject *self, PyObject *args) {
     int64_t pos = 0;
     for (Py_ssize_t i = 0; i < n; i++, id++) {
         Py_ssize_t blen = PyBytes_GET_SIZE(items[i]);
-        put32(w, (uint32_t)(blen + 30));
-        put32(w + 4, 2);
-        put32(w + 8, (uint32_t)(uts >> 32));
-        put32(w + 12, (uint32_t)uts);
-        w[16] = 0;
-        w[17] = 1;
+        w = put_head(w, blen, uts);
         for (int k = 0; k < 16; k++)
-            w[18 + k] = (unsigned char)HEX[(id >> (60 - 4 * k)) & 0xF];
-        memcpy(w + 34, PyBytes_AS_STRING(items[i]), (size_t)blen);
-        w += 34 + blen;
+            w[k] = (unsigned char)HEX[(id >> (60 - 4 * k)) & 0xF];
+        memcpy(w + 16, PyBytes_AS_STRING(items[i]), (size_t)blen);
+        w += 16 + blen;
         if (r != NULL) {
             r[i] = pos;
             put32(z + 4 * i, (uint32_t)(blen + 34));
