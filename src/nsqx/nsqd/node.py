@@ -159,7 +159,15 @@ class NSQD:
         log.info("TOPIC(%s): created", name)
         for hook in self.topic_hooks:
             hook(topic)
-        self.share_memory()  # after the hooks: cluster mode's gate makes it a read topic
+        # after the hooks: cluster mode's gate makes it a read topic. A new topic nobody
+        # reads changes no other topic's share: it only gets its own (small) limit,
+        # instead of a walk over every topic per create (O(n^2) over 10,000 creates)
+        if name == TRACE_TOPIC or any(p.is_read() for p in topic.partitions):
+            self.share_memory()
+        else:
+            for p in topic.partitions:
+                if isinstance(p.log, PartitionLog) and p.log.tail_limit != TAIL_UNREAD:
+                    p.log.set_tail_limit(TAIL_UNREAD)
         # Pre-create the channels lookupd knows of, so messages published before the
         # consumers reconnect are kept for them. Upstream asks synchronously; here it
         # happens a moment later, which loses nothing: a topic's first channel starts
