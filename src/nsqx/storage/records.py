@@ -128,8 +128,11 @@ def build_frames(bodies: Sequence[bytes], ids: bytes, timestamp_ns: int) -> tupl
         return b"".join(parts), first + FRAME_OVERHEAD
     if n > 4096:
         return build_frames_general(bodies, ids, timestamp_ns), 0
-    if native is not None and all(type(b) is bytes for b in bodies):
-        return native.build_frames_mixed(bodies, ids, timestamp_ns), 0
+    if native is not None:
+        try:
+            return native.build_frames_mixed(bodies, ids, timestamp_ns), 0
+        except TypeError:  # a body that is not bytes: the twin (no per-body check here)
+            pass
     return build_frames_mixed(bodies, ids, timestamp_ns, lens), 0
 
 
