@@ -469,10 +469,12 @@ def add_message_commands(sub: Any) -> None:
 
 def _cluster_groups() -> list[Callable[[Any], None]]:
     from nsqx.cli.cluster_cmd import add_cluster_commands, add_node_commands
+    from nsqx.cli.import_cmd import add_import_commands
     from nsqx.cli.topic_cmd import add_topic_commands
     from nsqx.cli.trace_cmd import add_trace_commands
 
-    return [add_topic_commands, add_cluster_commands, add_node_commands, add_trace_commands]
+    return [add_topic_commands, add_cluster_commands, add_node_commands, add_trace_commands,
+            add_import_commands]
 
 
 GROUPS: list[Callable[[Any], None]] = [add_spark_commands, add_bench_commands,

@@ -897,6 +897,18 @@ class ChannelCursor:
         if i < len(skip) and skip[i] == offset:
             del skip[i]
 
+    def mark_finished_range(self, start: int, end: int) -> None:
+        """Count the unread offsets [start, end) as finished, so this channel never gets them.
+
+        For an offline writer (``nsqx import``: one log holds every channel's own backlog,
+        each channel skips the others'); persisted like any finished range.
+        """
+        if start < self.next_read or end < start:
+            raise ValueError(f"range [{start}, {end}) is not above next_read {self.next_read}")
+        if end > start:
+            self._add_range(start, end)
+            self._advance()
+
     def _is_finished(self, offset: int) -> bool:
         if offset < self.confirmed or offset in self._fin:
             return True
