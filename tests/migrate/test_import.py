@@ -1,0 +1,222 @@
+"""``nsqx import`` on a data directory written by a real Go nsqd 1.3.0.
+
+The fixture (``fixtures/go-1.3.0/data``) and ``expected.json`` were made by
+``python tests/migrate/make_fixtures.py --go-nsqd PATH`` with a Go nsqd v1.3.0 built from
+source as bench/README.md describes (not run by CI): topic ``orders`` with channels
+``billing`` (6 delivered, 4 FINed, 2+4 in flight at shutdown), ``shipping`` and ``audit``
+(paused), a deferred message; topic ``events`` paused with its 4 messages still in the
+topic's own queue; topic ``lonely`` with no channel. Go nsqd was stopped with SIGTERM, so its
+memory, in-flight and deferred messages are in the files. ``expected.json`` is what Go itself
+delivered from a copy of that directory, per channel: id, timestamp, attempts, body.
+
+Here the directory is imported, nsqx's nsqd is started on the result and pynsq (a stock
+client) consumes every channel: the bodies, timestamps and attempts must be Go's, in Go's
+order. Ids are nsqx's own ((partition, offset): nsqx resolves FIN/REQ/TOUCH by them), and
+each record keeps Go's id in its ``go_id`` header, checked against expected.json.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from nsqx.migrate.diskqueue import read_meta, read_queue
+from nsqx.storage.log import PartitionLog
+from nsqx.storage.message_id import parse_id
+from tests.support.clients import pynsq_runner
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "go-1.3.0"
+EXPECTED = json.loads((FIXTURE / "expected.json").read_text())["channels"]
+
+
+def nsqx_import(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nsqx.cli.nsqx_cmd", "import", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def go_data(tmp_path: Path) -> Path:
+    """A writable copy of the Go data directory."""
+    dst = tmp_path / "go-data"
+    shutil.copytree(FIXTURE / "data", dst)
+    return dst
+
+
+def http(nsqd, method: str, path: str) -> bytes:
+    req = urllib.request.Request(f"http://{nsqd.http_address}{path}", method=method)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.read()
+
+
+def stats(nsqd) -> dict[str, dict]:
+    doc = json.loads(http(nsqd, "GET", "/stats?format=json"))
+    return {t["topic_name"]: t for t in doc["topics"]}
+
+
+def test_dry_run_prints_counts_and_writes_nothing(go_data: Path, tmp_path: Path) -> None:
+    target = tmp_path / "nsqx"
+    res = nsqx_import("--from-nsqd-data", go_data, "--data-path", target, "--dry-run")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "channel billing: 9 pending (9 own + 0 from the topic)" in out
+    assert "channel shipping: 13 pending" in out
+    assert "channel audit (paused): 13 pending" in out
+    assert "topic events (paused): 4 in the topic's queue" in out
+    assert "channel a: 4 pending (0 own + 4 from the topic)" in out
+    assert "topic lonely: 3 in the topic's queue (no channel" in out
+    assert "would import 3 topics, 5 channels, 42 messages stored" in out
+    assert not target.exists()
+
+
+@pytest.mark.slow
+def test_import_then_a_stock_client_gets_each_channels_pending_messages(
+        go_data: Path, tmp_path: Path, nsqd_factory) -> None:
+    target = tmp_path / "nsqx"
+    res = nsqx_import("--from-nsqd-data", go_data, "--data-path", target)
+    assert res.returncode == 0, res.stderr
+    assert "imported 3 topics, 5 channels, 42 messages stored" in res.stdout
+
+    # Go's ids are kept beside each record (header go_id), in each channel's block
+    go_ids: dict[tuple[str, bytes], bytes] = {}  # (topic, nsqx id) -> Go id
+    for topic in ("orders", "events", "lonely"):
+        with PartitionLog(target / "topics" / f"t-{topic}" / "p0") as log_:
+            for off in range(log_.start_offset, log_.next_offset):
+                h = log_.headers(off)
+                assert h is not None and len(h["go_id"]) == 16
+                go_ids[topic, log_.read_frame(off)[18:34]] = h["go_id"]
+
+    nsqd = nsqd_factory.start(data_path=target)
+    st = stats(nsqd)
+    assert set(st) == {"orders", "events", "lonely"}
+    assert st["events"]["paused"] is True
+    chans = {c["channel_name"]: c for c in st["orders"]["channels"]}
+    assert chans["audit"]["paused"] is True and chans["billing"]["paused"] is False
+    assert {n: c["depth"] for n, c in chans.items()} == {"billing": 9, "shipping": 13,
+                                                          "audit": 13}
+    assert st["lonely"]["channels"] == []
+
+    http(nsqd, "POST", "/channel/unpause?topic=orders&channel=audit")
+    http(nsqd, "POST", "/topic/unpause?topic=events")
+    http(nsqd, "POST", "/channel/create?topic=lonely&channel=first")
+    runner = pynsq_runner()
+    for topic, channels in EXPECTED.items():
+        for channel, want in channels.items():
+            got = runner.run("consume", {"nsqd": nsqd.tcp_address, "topic": topic,
+                                         "channel": channel, "expect": len(want),
+                                         "max_in_flight": 1, "idle_s": 0.5})
+            assert not got.timed_out and not got.errors, got.describe()
+            assert [(d.body, d.timestamp_ns, d.attempts) for d in got.deliveries] == [
+                (bytes.fromhex(m["body"]), m["timestamp"], m["attempts"]) for m in want
+            ], f"{topic}/{channel}"
+            ids = [d.id.encode() for d in got.deliveries]
+            assert all(parse_id(i)[0] == 0 for i in ids)
+            assert [go_ids[topic, i].decode() for i in ids] == [m["id"] for m in want]
+    # every FIN was taken: nothing is left anywhere
+    for t in stats(nsqd).values():
+        assert all(c["depth"] == 0 and c["in_flight_count"] == 0 for c in t["channels"]), t
+
+
+def test_a_corrupt_and_a_truncated_file_are_reported_and_the_rest_imported(
+        go_data: Path, tmp_path: Path) -> None:
+    billing = go_data / "orders:billing.diskqueue.000000.dat"
+    meta = read_meta(go_data, "orders:billing")
+    assert meta is not None and meta.read_pos > 0
+    data = bytearray(billing.read_bytes())
+    data[meta.read_pos:meta.read_pos + 4] = (1 << 30).to_bytes(4, "big")  # a bad size field
+    billing.write_bytes(bytes(data))
+    shipping = go_data / "orders:shipping.diskqueue.000000.dat"
+    cut = shipping.stat().st_size - 10  # mid-way through the last message
+    os.truncate(shipping, cut)
+
+    target = tmp_path / "nsqx"
+    res = nsqx_import("--from-nsqd-data", go_data, "--data-path", target)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert (f"orders:billing.diskqueue.000000.dat: offset {meta.read_pos}: invalid message "
+            "size 1073741824") in res.stderr
+    last = _last_record_start(FIXTURE / "data" / shipping.name)
+    assert (f"orders:shipping.diskqueue.000000.dat: offset {last}: truncated message"
+            in res.stderr), res.stderr
+    # billing lost the 3 messages left in its bad file (after readPos), not the 6 of its next
+    assert "channel billing: 6 pending" in res.stdout
+    assert "channel shipping: 12 pending" in res.stdout
+    assert "channel audit (paused): 13 pending" in res.stdout
+    assert "imported 3 topics" in res.stdout
+    assert (target / "nsqd.dat").exists()
+
+
+def _last_record_start(path: Path) -> int:
+    data, pos, last = path.read_bytes(), 0, 0
+    while pos < len(data):
+        last = pos
+        pos += 4 + int.from_bytes(data[pos:pos + 4], "big")
+    return last
+
+
+@pytest.mark.slow
+def test_refuses_a_data_path_nsqd_is_using(go_data: Path, nsqd_factory) -> None:
+    nsqd = nsqd_factory.start()
+    for extra in ((), ("--dry-run",)):
+        res = nsqx_import("--from-nsqd-data", go_data, "--data-path", nsqd.data_path, *extra)
+        assert res.returncode == 2
+        assert "in use (is nsqd running on it?" in res.stderr, res.stderr
+    assert "orders" not in stats(nsqd)
+
+
+def test_refuses_a_go_data_path_go_nsqd_still_holds(go_data: Path, tmp_path: Path) -> None:
+    fd = os.open(go_data, os.O_RDONLY)  # what Go nsqd's dirlock does while it runs
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = nsqx_import("--from-nsqd-data", go_data, "--data-path", tmp_path / "nsqx")
+    finally:
+        os.close(fd)
+    assert res.returncode == 2
+    assert "in use: stop Go nsqd first" in res.stderr
+    assert not (tmp_path / "nsqx").exists()
+
+
+def test_refuses_topics_already_in_the_data_path(go_data: Path, tmp_path: Path) -> None:
+    target = tmp_path / "nsqx"
+    assert nsqx_import("--from-nsqd-data", go_data, "--data-path", target).returncode == 0
+    res = nsqx_import("--from-nsqd-data", go_data, "--data-path", target)
+    assert res.returncode == 2
+    assert "already has topic(s) orders, events, lonely" in res.stderr
+
+
+def test_reader_reports_a_missing_file_and_a_bad_meta_file(go_data: Path) -> None:
+    problems: list[str] = []
+    (go_data / "orders:billing.diskqueue.000000.dat").unlink()
+    msgs = list(read_queue(go_data, "orders:billing", problems.append))
+    assert [m.body for m in msgs] == [bytes.fromhex(m["body"])
+                                       for m in EXPECTED["orders"]["billing"][3:]]
+    assert problems == ["orders:billing.diskqueue.000000.dat: missing (meta says messages "
+                        "are pending in it)"]
+    (go_data / "orders:audit.diskqueue.meta.dat").write_text("garbage\n")
+    problems.clear()
+    assert list(read_queue(go_data, "orders:audit", problems.append)) == []
+    assert problems and "not a go-diskqueue meta file" in problems[0]
+
+
+def test_go_messages_keep_timestamp_and_attempts(go_data: Path) -> None:
+    """The reader alone against what Go delivered (attempts: Go sends stored + 1)."""
+    got = list(read_queue(go_data, "orders:billing", lambda line: pytest.fail(line)))
+    want = EXPECTED["orders"]["billing"]
+    assert [(m.id.decode(), m.timestamp, m.attempts + 1, m.body.hex()) for m in got] == [
+        (m["id"], m["timestamp"], m["attempts"], m["body"]) for m in want]
+
+
+def test_progress_lines_go_to_stderr(go_data: Path, tmp_path: Path) -> None:
+    res = nsqx_import("--from-nsqd-data", go_data, "--data-path", tmp_path / "nsqx",
+                      "--progress-interval", "0")
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("nsqx import: imported ")]
+    assert lines and lines[-1].startswith("nsqx import: imported 42 messages (")
+    assert all(ln.endswith(" msg/s)") for ln in lines)
+    assert "msg/s" not in res.stdout
