@@ -475,3 +475,20 @@ def test_due_delays_finished_one_by_one_do_not_keep_their_timers() -> None:
                 done += 1
         assert len(c._timers) <= 4 * 100 + 4096 + 1
     assert c.deferred_count == 0 and not c._entries
+
+
+def test_mark_finished_range_skips_blocks_and_survives_a_reload(tmp_path: Path) -> None:
+    path = tmp_path / "c.cursor"
+    c = ChannelCursor(0, state_path=path)
+    c.mark_finished_range(0, 3)  # a leading block: confirmed moves over it
+    c.mark_finished_range(5, 8)
+    c.mark_finished_range(8, 8)  # empty: nothing
+    assert c.confirmed == 3 and c.depth(10) == 4
+    with pytest.raises(ValueError):
+        c.mark_finished_range(1, 2)  # already read past
+    c.close()
+    c = ChannelCursor(0, state_path=path)
+    got = [(d.offset, d.count) for d in c.take(1, 100, 10, 0, 1000)]
+    assert sum(n for _, n in got) == 4
+    assert {o for off, n in got for o in range(off, off + n)} == {3, 4, 8, 9}
+    c.close()

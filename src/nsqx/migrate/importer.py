@@ -22,7 +22,7 @@ import shutil
 import struct
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from nsqx import NSQ_VERSION
 from nsqx.migrate.diskqueue import GoMessage, queue_files, queue_name, read_queue
+from nsqx.nsqd.routing import write_atomic
 from nsqx.nsqd.topic import topic_dir
 from nsqx.protocol.names import is_ephemeral, valid_channel_name, valid_topic_name
 from nsqx.storage.cursor import ChannelCursor
@@ -165,12 +166,17 @@ class _TopicWriter:
         self._ts: list[int] = []
         self._bytes = 0
 
+    @property
+    def next_offset(self) -> int:
+        """Offset the next message added gets."""
+        return self.offset + len(self._lengths)
+
     def add(self, m: GoMessage) -> None:
         size = 30 + len(m.body)
         # Go sends attempts+1 on the next delivery; nsqx sends a fresh frame as stored
         attempts = min(m.attempts + 1, 0xFFFF)
         self._parts += (_FRAME.pack(size, 2, m.timestamp, attempts),
-                        make_id(0, self.offset + len(self._lengths)), m.body)
+                        make_id(0, self.next_offset), m.body)
         self._lengths.append(size + 4)
         self._headers.append({GO_ID_HEADER: m.id})
         self._ts.append(m.timestamp)
@@ -205,26 +211,23 @@ def _write_topic(go_path: Path, staging: Path, topic: GoTopic, report: Callable[
     writer = _TopicWriter(tdir / "p0")
     blocks: dict[str, tuple[int, int]] = {}
     try:
-        queues: list[tuple[str | None, Iterable[GoMessage]]] = [
-            (c.name, read_queue(go_path, queue_name(topic.name, c.name), report, max_msg_size))
-            for c in topic.channels]
-        queues.append((None, read_queue(go_path, queue_name(topic.name), report, max_msg_size)))
-        for cname, msgs in queues:
-            start = writer.offset + len(writer._lengths)
-            n = 0
-            for m in msgs:
+        # each channel's own queue as one block, then the topic's (every channel gets it)
+        for owner in [*topic.channels, None]:
+            name = queue_name(topic.name, owner.name if owner is not None else None)
+            start = writer.next_offset
+            for m in read_queue(go_path, name, report, max_msg_size):
                 writer.add(m)
-                n += 1
-                if n % 1024 == 0:
-                    progress.add(1024)
-            progress.add(n % 1024)
-            if cname is None:
+                if writer.next_offset % 1024 == 0:
+                    progress.add(1024)  # per 1024: a clock read per message costs more
+            n = writer.next_offset - start
+            if owner is None:
                 topic.backlog = n
             else:
-                blocks[cname] = (start, start + n)
-                next(c for c in topic.channels if c.name == cname).count = n
+                owner.count = n
+                blocks[owner.name] = (start, start + n)
     finally:
         writer.close()
+    progress.add(writer.next_offset % 1024)
     if topic.channels:
         (tdir / "channels").mkdir(parents=True, exist_ok=True)
     for c in topic.channels:
@@ -252,20 +255,6 @@ def _topic_metadata(t: GoTopic) -> dict[str, Any]:
     return {"name": t.name, "paused": t.paused,
             "channels": [{"name": c.name, "paused": c.paused} for c in t.channels],
             "pending_from": 0, "pending_deferred": []}
-
-
-def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f"{path.name}.import.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _print_counts(topics: list[GoTopic], out: IO[str], *, dry_run: bool) -> None:
@@ -340,7 +329,7 @@ def run_import(go_path: str | Path, data_path: str | Path, *, dry_run: bool = Fa
                     os.rename(topic_dir(staging, t.name), topic_dir(data_path, t.name))
                 meta["topics"] += [_topic_metadata(t) for t in topics]
                 meta.setdefault("version", NSQ_VERSION)
-                _write_json_atomically(data_path / "nsqd.dat", meta)
+                write_atomic(data_path / "nsqd.dat", json.dumps(meta).encode())
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
     _print_counts(topics, out, dry_run=dry_run)
