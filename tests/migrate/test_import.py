@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import urllib.request
@@ -29,6 +30,8 @@ from pathlib import Path
 import pytest
 
 from nsqx.migrate.diskqueue import read_meta, read_queue
+from nsqx.protocol.frames import decode_message
+from nsqx.storage.cursor import ChannelCursor
 from nsqx.storage.log import PartitionLog
 from nsqx.storage.message_id import parse_id
 from tests.support.clients import pynsq_runner
@@ -220,3 +223,42 @@ def test_progress_lines_go_to_stderr(go_data: Path, tmp_path: Path) -> None:
     assert lines and lines[-1].startswith("nsqx import: imported 42 messages (")
     assert all(ln.endswith(" msg/s)") for ln in lines)
     assert "msg/s" not in res.stdout
+
+
+def _write_go_queue(root: Path, name: str, bodies: list[bytes], attempts: int = 0) -> None:
+    """A one-file go-diskqueue holding ``bodies`` (timestamps 1000+i)."""
+    recs = [struct.pack(">qH16s", 1000 + i, attempts, b"%016x" % (0xabc000 + i)) + b
+            for i, b in enumerate(bodies)]
+    data = b"".join(struct.pack(">i", len(r)) + r for r in recs)
+    (root / f"{name}.diskqueue.000000.dat").write_bytes(data)
+    (root / f"{name}.diskqueue.meta.dat").write_text(f"{len(bodies)}\n0,0\n0,{len(data)}\n")
+
+
+def test_channel_blocks_and_the_topic_backlog_reach_the_right_channels(tmp_path: Path) -> None:
+    """Own queues on two channels plus a topic backlog: each channel's cursor over the one
+    log yields its own block and the topic's, nothing of the other channel's."""
+    go = tmp_path / "go"
+    go.mkdir()
+    (go / "nsqd.dat").write_text(json.dumps({"topics": [{"name": "t", "paused": False, "channels": [
+        {"name": "c1", "paused": False}, {"name": "c2", "paused": True}]}], "version": "1.3.0"}))
+    _write_go_queue(go, "t:c1", [b"c1-a", b"c1-b"], attempts=3)
+    _write_go_queue(go, "t:c2", [b"c2-a"])
+    _write_go_queue(go, "t", [b"t-a", b"t-b"])
+    target = tmp_path / "nsqx"
+    res = nsqx_import("--from-nsqd-data", go, "--data-path", target)
+    assert res.returncode == 0, res.stderr
+    tdir = target / "topics" / "t-t"
+    with PartitionLog(tdir / "p0") as log_:
+        got = {}
+        for ch in ("c1", "c2"):
+            cur = ChannelCursor(0, state_path=tdir / "channels" / f"c-{ch}.cursor")
+            assert cur.paused is (ch == "c2")
+            cur.paused = False
+            offs = [o for d in cur.take(1, 100, log_.next_offset, 0, 1000)
+                    for o in range(d.offset, d.offset + d.count)]
+            frames = [decode_message(bytes(log_.read_frame(o))[8:]) for o in offs]
+            got[ch] = [(body, ts, att) for ts, att, _, body in frames]
+            cur.close()
+    assert got["c1"] == [(b"c1-a", 1000, 4), (b"c1-b", 1001, 4), (b"t-a", 1000, 1),
+                         (b"t-b", 1001, 1)]
+    assert got["c2"] == [(b"c2-a", 1000, 1), (b"t-a", 1000, 1), (b"t-b", 1001, 1)]
