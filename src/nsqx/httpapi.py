@@ -311,8 +311,9 @@ def client_fault(request: web.BaseRequest, exc: BaseException) -> str | None:
     of ours. The middlewares log the former as one WARNING line, not a traceback."""
     if isinstance(exc, HttpProcessingError):
         return _escaped(exc.message or type(exc).__name__)
-    if isinstance(exc, ConnectionError) or request.transport is None or (
-            request.protocol.transport is None):
+    gone = request.transport is None or request.protocol.transport is None
+    # aiohttp's body reader raises RuntimeError("Connection closed.") once the client left
+    if isinstance(exc, ConnectionError) or (isinstance(exc, RuntimeError) and gone):
         return "connection closed before the request body was read"
     return None
 
