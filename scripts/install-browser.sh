@@ -15,7 +15,7 @@ fi
 fail() {
     echo "install-browser: $*" >&2
     echo "install-browser: install Debian's chromium package by hand (apt-get install chromium)," >&2
-    echo "install-browser: or deselect the browser tests with: -m 'not slow'" >&2
+    echo "install-browser: or run the quick subset without them: ./scripts/test.sh -m 'not slow'" >&2
     exit 1
 }
 

@@ -14,11 +14,16 @@ nothing get the same V1 answer.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_server import Server
 
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.storage.message_id import parse_id
@@ -33,6 +38,9 @@ __all__ = [
     "TRACE_SCAN_MAX",
     "TraceSearch",
     "add_v1_header",
+    "client_address",
+    "client_fault",
+    "make_runner",
     "empty",
     "first",
     "go_json",
@@ -276,3 +284,117 @@ def task_dump() -> str:
         except Exception as exc:  # a stack can't always be walked
             buf.write(f"(no stack: {exc})\n")
     return buf.getvalue()
+
+
+# -- the server set-up shared by nsqd, nsqlookupd and nsqadmin ------------------------------
+
+_REASON_MAX = 200  # a client's junk in a log line is cut to this many characters
+_NO_HOST = "400 Bad Request: missing required Host header"  # Go's words
+
+
+def _escaped(text: str) -> str:
+    """Client text as it may go into a log line: one line, control bytes escaped, length
+    bounded (aiohttp's parser messages span lines and quote the client's bytes)."""
+    out = repr(" ".join(text.split()))[1:-1]
+    return out if len(out) <= _REASON_MAX else out[:_REASON_MAX] + "..."
+
+
+def client_address(request: web.BaseRequest) -> str:
+    """``host:port`` of the client (only the host once it has hung up)."""
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(request.remote)
+
+
+def client_fault(request: web.BaseRequest, exc: BaseException) -> str | None:
+    """Why ``exc``, raised while a handler read the request, is the client's doing (a body
+    aiohttp could not parse, a client that went away mid-body), or None for a real fault
+    of ours. The middlewares log the former as one WARNING line, not a traceback."""
+    if isinstance(exc, HttpProcessingError):
+        return _escaped(exc.message or type(exc).__name__)
+    gone = request.transport is None or request.protocol.transport is None
+    # aiohttp's body reader raises RuntimeError("Connection closed.") once the client left
+    if isinstance(exc, ConnectionError) or (isinstance(exc, RuntimeError) and gone):
+        return "connection closed before the request body was read"
+    return None
+
+
+def _go_error(status: int, text: str) -> web.Response:
+    """What Go's net/http writes for a request it cannot parse: plain text, then close."""
+    resp = _NoServerResponse(status=status, text=text, content_type="text/plain",
+                             charset="utf-8")
+    resp.force_close()
+    return resp
+
+
+class _NoServerResponse(web.Response):
+    """A response without aiohttp's ``Server: Python/... aiohttp/...`` header (the error
+    answers written before routing, where no ``on_response_prepare`` hook runs)."""
+
+    async def _prepare_headers(self) -> None:
+        await super()._prepare_headers()
+        self.headers.popall(hdrs.SERVER, None)
+
+
+async def _drop_server_header(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: upstream sends no ``Server`` header; aiohttp's names its
+    own version, which is nobody's business."""
+    response.headers.popall(hdrs.SERVER, None)
+
+
+class _QuietHandler(RequestHandler):
+    """aiohttp's connection handler, but a request it cannot parse (bad Content-Length,
+    oversized head, bad chunking...) is the client's mistake: one WARNING line with the
+    client's address and the reason, and Go's answer (``400 Bad Request`` or ``431``)
+    instead of a traceback at ERROR and aiohttp's parser text. An HTTP/1.1 request without
+    ``Host`` gets 400 as RFC 9112 section 3.2 (and Go) say."""
+
+    def __init__(self, manager: Server, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        inner = self._request_handler
+        assert inner is not None
+
+        async def host_checked(request: web.BaseRequest) -> web.StreamResponse:
+            if request.version >= HttpVersion11 and hdrs.HOST not in request.headers:
+                self.logger.warning("HTTP: bad request from %s - missing Host header",
+                                    client_address(request))
+                return _go_error(400, _NO_HOST)
+            return await inner(request)
+
+        self._request_handler = host_checked
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None, message: str | None = None
+                     ) -> web.StreamResponse:
+        if not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        self.logger.warning("HTTP: bad request from %s - %s", client_address(request),
+                            _escaped(exc.message or type(exc).__name__))
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already sent")
+        if isinstance(exc, LineTooLong):
+            return _go_error(431, "431 Request Header Fields Too Large")
+        if "'Host'" in (exc.message or ""):  # aiohttp >= 3.14 checks it in the parser
+            return _go_error(400, _NO_HOST)
+        return _go_error(400, "400 Bad Request")
+
+
+class _QuietServer(Server):
+    def __call__(self) -> RequestHandler:
+        return _QuietHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _Runner(web.AppRunner):
+    async def _make_server(self) -> Server:
+        base = await super()._make_server()
+        return _QuietServer(base.request_handler, request_factory=base.request_factory,
+                            handler_cancellation=base.handler_cancellation,
+                            loop=base._loop, **base._kwargs)
+
+
+def make_runner(app: web.Application, logger: logging.Logger, **kwargs: Any) -> web.AppRunner:
+    """The ``AppRunner`` every nsqx HTTP listener uses: no access log, no signal handlers,
+    no ``Server`` header, and a client's malformed request logged by ``logger`` as one
+    WARNING line (see ``_QuietHandler``)."""
+    app.on_response_prepare.append(_drop_server_header)
+    return _Runner(app, access_log=None, handle_signals=False, logger=logger, **kwargs)
+

@@ -301,9 +301,14 @@ def test_request_body_is_ignored(lookupd):
     b"\x00\xff\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
 ])
 def test_malformed_http_never_hurts(lookupd, data):
+    before = len(lookupd.log_bytes())
     out = raw_http(lookupd, data)
     assert not out or out.startswith(b"HTTP/1.")
+    assert b"aiohttp" not in out and b"\r\nServer:" not in out
     assert get(lookupd, "/ping").body == b"OK"
+    new = lookupd.log_bytes()[before:]  # the client's mistake: no traceback, no ERROR
+    assert b"Traceback" not in new, new  # (TCP lines of the shared lookupd's probes aside)
+    assert not [ln for ln in new.splitlines() if b"ERROR" in ln and b"HTTP" in ln], new
 
 
 def test_unicode_and_odd_query_values(lookupd):

@@ -25,10 +25,10 @@ def req(target: bytes = b"/pub?topic=t", body: bytes = b"hi", *, method: bytes =
 
 def test_parse_simple_pub_takes_plain_requests() -> None:
     assert parse_simple_pub(req(), MAX) == (b"t", b"hi")
-    assert parse_simple_pub(req(headers=[b"content-length:   2", b"User-Agent: curl"]), MAX) == (
+    assert parse_simple_pub(req(headers=[b"content-length:   2", b"host: x", b"User-Agent: curl"]), MAX) == (
         b"t", b"hi")
     assert parse_simple_pub(req(body=b"x" * MAX), MAX) == (b"t", b"x" * MAX)
-    assert parse_simple_pub(req(headers=[b"Connection: Keep-Alive", b"Content-Length: 2"]),
+    assert parse_simple_pub(req(headers=[b"Connection: Keep-Alive", b"Host: x", b"Content-Length: 2"]),
                             MAX) == (b"t", b"hi")  # python-requests sends it
 
 
@@ -37,13 +37,16 @@ def test_parse_simple_pub_takes_plain_requests() -> None:
     req(b"/pub?topic=bad%20name"), req(b"/pub?topic=a#ephemeral"), req(b"/pub?topic="),
     req(version=b"HTTP/1.0"), req(body=b""), req(body=b"x" * (MAX + 1)),
     req(headers=[b"Host: x"]),  # no Content-Length
-    req(headers=[b"Content-Length: 2", b"Content-Length: 2"]),
-    req(headers=[b"Content-Length: +2"]), req(headers=[b"Content-Length : 2"]),
-    req(headers=[b"Content-Length: 2", b"Transfer-Encoding: chunked"]),
-    req(headers=[b"Content-Length: 2", b"Expect: 100-continue"]),
-    req(headers=[b"Content-Length: 2", b"Connection: close"]),
-    req(headers=[b"Content-Length: 2", b"Connection: Upgrade"]),
-    req(headers=[b"Content-Length: 2", b" folded"]), req(headers=[b"Content-Length: 2", b"junk"]),
+    req(headers=[b"Content-Length: 2"]),  # no Host: aiohttp answers 400
+    req(headers=[b"Host: x", b"Content-Length: 2", b"Content-Length: 2"]),
+    req(headers=[b"Host: x", b"Content-Length: +2"]),
+    req(headers=[b"Host: x", b"Content-Length : 2"]),
+    req(headers=[b"Host: x", b"Content-Length: 2", b"Transfer-Encoding: chunked"]),
+    req(headers=[b"Host: x", b"Content-Length: 2", b"Expect: 100-continue"]),
+    req(headers=[b"Host: x", b"Content-Length: 2", b"Connection: close"]),
+    req(headers=[b"Host: x", b"Content-Length: 2", b"Connection: Upgrade"]),
+    req(headers=[b"Host: x", b"Content-Length: 2", b" folded"]),
+    req(headers=[b"Host: x", b"Content-Length: 2", b"junk"]),
     req() + b"G",  # the start of a pipelined request
     b"GET /stats HTTP/1.1\r\n", b"POST /pub?topic=t HTTP/1.1\r\n" + b"X: y\r\n" * 2000,
 ])
@@ -135,14 +138,15 @@ def test_fast_and_general_requests_on_one_connection(node: NsqdProcess) -> None:
         assert responses(s, 1)[0][:1] == (200,)
         expected.append(b"after")
     with socket.create_connection((host, int(port))) as s:  # head and body sent apart
-        for part in (b"PO", b"ST /pub?topic=" + topic.encode() + b" HTTP/1.1\r\nContent-Le",
+        for part in (b"PO", b"ST /pub?topic=" + topic.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Le",
                      b"ngth: 5\r\n\r\n", b"sp", b"lit"):
             s.sendall(part)
             time.sleep(0.05)
         assert responses(s, 1)[0][::2] == (200, b"OK")
         expected.append(b"split")
     with socket.create_connection((host, int(port))) as s:  # cut short: aiohttp answers 400
-        s.sendall(b"POST /pub?topic=" + topic.encode() + b" HTTP/1.1\r\nContent-Length: 9\r\n\r\nab")
+        s.sendall(b"POST /pub?topic=" + topic.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Length: 9\r\n\r\nab")
         s.shutdown(socket.SHUT_WR)
         s.settimeout(10)
         rest = b""

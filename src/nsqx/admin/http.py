@@ -32,7 +32,15 @@ import orjson
 from aiohttp import web
 
 from nsqx import NSQ_VERSION
-from nsqx.httpapi import HTTPError, go_json, trace_search_args, v1_error, v1_json
+from nsqx.httpapi import (
+    HTTPError,
+    client_address,
+    client_fault,
+    go_json,
+    trace_search_args,
+    v1_error,
+    v1_json,
+)
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.protocol.v2 import parse_start_position
@@ -177,9 +185,13 @@ class AdminHTTP:
             resp = v1_error(405, "METHOD_NOT_ALLOWED")
         except web.HTTPException as e:
             resp = v1_error(e.status, e.reason.upper().replace(" ", "_"))
-        except Exception:
-            log.exception("%s %s failed", request.method, request.path)
-            resp = v1_error(500, "INTERNAL_ERROR")
+        except Exception as exc:
+            if (reason := client_fault(request, exc)) is not None:
+                log.warning("HTTP: bad request from %s - %s", client_address(request), reason)
+                resp = v1_error(400, "INVALID_REQUEST")
+            else:
+                log.exception("%s %s failed", request.method, request.path)
+                resp = v1_error(500, "INTERNAL_ERROR")
         h = resp.headers
         if request.path.startswith(self.base + "/api") or request.path.startswith(
                 self.base + "/config"):

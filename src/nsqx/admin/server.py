@@ -8,6 +8,7 @@ import logging
 
 from aiohttp import web
 
+from nsqx.httpapi import make_runner
 from nsqx.netutil import bind_listener
 
 from .cluster import ClusterClient
@@ -51,8 +52,8 @@ class NSQAdmin:
             self.http_address = _format(sock.getsockname())
             self.http_port = sock.getsockname()[1]
             await self.cluster.start()
-            runner = web.AppRunner(self.http.make_app(), access_log=None, handle_signals=False,
-                                   shutdown_timeout=3.0)
+            runner = make_runner(self.http.make_app(), logging.getLogger("nsqx.admin.http"),
+                                 shutdown_timeout=3.0)
             await runner.setup()
             self._runner = runner
             await web.SockSite(runner, sock).start()

@@ -6,10 +6,12 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
+import os
 import resource
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
@@ -30,9 +32,42 @@ def setup_logging(level: str, prefix: str) -> None:
     )
 
 
-async def serve(make: Callable[[], Server], logger: str) -> None:
+def build_kind() -> str:
+    """Whether the C speedups (nsqx._speedups) run or their pure-Python twins."""
+    from nsqx import speedups
+
+    if speedups.native is not None:
+        return "compiled C speedups"
+    if os.environ.get("NSQX_NO_SPEEDUPS"):
+        return "interpreted (NSQX_NO_SPEEDUPS is set)"
+    return "interpreted (C speedups not built)"
+
+
+@dataclass(frozen=True)
+class Banner:
+    """What a server says at start, so that whoever reads its log knows what runs: who,
+    which build, which mode, where its data is; once listening, one ``ready`` line with
+    its addresses (scripts and people can wait for it)."""
+
+    program: str  # "nsqd"
+    mode: str  # "standalone mode", "cluster mode (etcd ...)", "reading lookupd ..."
+    data_path: str | None  # None: the program keeps no data
+    addresses: Callable[[Any], str]  # the started server -> "TCP a, HTTP b"
+
+    def opening(self) -> str:
+        from nsqx import NSQ_VERSION, __version__
+
+        data = f", data path {os.path.abspath(self.data_path)}" if self.data_path is not None else ""
+        return (f"{self.program} v{NSQ_VERSION} (nsqx {__version__}, {build_kind()}), "
+                f"{self.mode}{data}")
+
+
+async def serve(make: Callable[[], Server], logger: str, banner: Banner | None = None) -> None:
     """Start the server, run until SIGTERM/SIGINT, then stop it gracefully."""
     loop = asyncio.get_running_loop()
+    log = logging.getLogger(logger)
+    if banner is not None:
+        log.info("%s", banner.opening())
     server = make()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -40,9 +75,11 @@ async def serve(make: Callable[[], Server], logger: str) -> None:
     try:
         await server.start()
     except OSError as exc:
-        logging.getLogger(logger).critical("failed to start: %s", exc)
+        log.critical("failed to start: %s", exc)
         await server.stop()
         raise SystemExit(1) from exc
+    if banner is not None:
+        log.info("ready: %s", banner.addresses(server))
     await stop.wait()
     await server.stop()
 
@@ -86,7 +123,8 @@ def raise_open_file_limit() -> int:
     return soft
 
 
-def run_daemon(opts: Any, make: Callable[[], Server], logger: str) -> None:
+def run_daemon(opts: Any, make: Callable[[], Server], logger: str,
+               banner: Banner | None = None) -> None:
     """Entry-point body: logging from the options, uvloop when available, serve."""
     setup_logging(opts.log_level, opts.log_prefix)
     tune_malloc()
@@ -97,4 +135,4 @@ def run_daemon(opts: Any, make: Callable[[], Server], logger: str) -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(serve(make, logger))
+    asyncio.run(serve(make, logger, banner))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nsqx.admin.options import parse_args
-from nsqx.cli.daemon import run_daemon
+from nsqx.cli.daemon import Banner, run_daemon
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -14,7 +14,10 @@ def main(argv: list[str] | None = None) -> None:
 
         return NSQAdmin(opts)
 
-    run_daemon(opts, make, "nsqx.admin")
+    source = ("lookupd " + ",".join(opts.nsqlookupd_http_addresses)
+              if opts.nsqlookupd_http_addresses else "nsqd " + ",".join(opts.nsqd_http_addresses))
+    run_daemon(opts, make, "nsqx.admin", Banner(
+        "nsqadmin", f"reading {source}", None, lambda a: f"HTTP {a.http_address}"))
 
 
 if __name__ == "__main__":

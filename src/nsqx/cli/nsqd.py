@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
-from nsqx.cli.daemon import run_daemon
+from typing import Any
+
+from nsqx.cli.daemon import Banner, run_daemon
 from nsqx.nsqd.options import parse_args
+
+
+def _addresses(node: Any) -> str:
+    host = node.opts.tcp_address.rpartition(":")[0]
+    out = [f"TCP {host}:{node.tcp_port}"]
+    if node.opts.http_address:
+        out.append(f"HTTP {node.opts.http_address.rpartition(':')[0]}:{node.http_port}")
+    if getattr(node, "https_port", None):
+        out.append(f"HTTPS {node.opts.https_address.rpartition(':')[0]}:{node.https_port}")
+    return ", ".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,7 +33,9 @@ def main(argv: list[str] | None = None) -> None:
                                            ttl=opts.cluster_node_ttl))
         return node
 
-    run_daemon(opts, make, "nsqx.nsqd")
+    mode = ("cluster mode (etcd " + ",".join(opts.cluster_leadership_addresses) + ")"
+            if opts.cluster_leadership_addresses else "standalone mode")
+    run_daemon(opts, make, "nsqx.nsqd", Banner("nsqd", mode, opts.data_path or ".", _addresses))
 
 
 if __name__ == "__main__":

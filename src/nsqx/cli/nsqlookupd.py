@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nsqx.cli.daemon import run_daemon
+from nsqx.cli.daemon import Banner, run_daemon
 from nsqx.lookupd.options import parse_args
 
 
@@ -20,7 +20,10 @@ def main(argv: list[str] | None = None) -> None:
             ClusterLookupd(node, endpoints, opts.cluster_id, rebalance=opts.cluster_rebalance)
         return node
 
-    run_daemon(opts, make, "nsqx.lookupd")
+    mode = ("cluster mode (etcd " + ",".join(opts.cluster_leadership_addresses) + ")"
+            if opts.cluster_leadership_addresses else "standalone mode")
+    run_daemon(opts, make, "nsqx.lookupd", Banner(
+        "nsqlookupd", mode, None, lambda n: f"TCP {n.tcp_address}, HTTP {n.http_address}"))
 
 
 if __name__ == "__main__":

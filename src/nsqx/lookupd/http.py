@@ -23,6 +23,8 @@ from aiohttp import web
 from nsqx.httpapi import (
     HTTPError,
     add_v1_header,
+    client_address,
+    client_fault,
     empty,
     first,
     query,
@@ -320,7 +322,11 @@ def _log_middleware() -> Any:
             raise
         except (asyncio.CancelledError, ConnectionResetError):
             raise
-        except Exception:
+        except Exception as exc:
+            if (reason := client_fault(request, exc)) is not None:
+                status = 400
+                log.warning("HTTP: bad request from %s - %s", client_address(request), reason)
+                return v1_error(400, "INVALID_REQUEST")
             status = 500
             log.exception("panic in HTTP handler %s %s", request.method, request.path)
             return v1_error(500, "INTERNAL_ERROR")

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from nsqx import NSQ_VERSION
+from nsqx.httpapi import make_runner
 from nsqx.netutil import bind_listener
 
 from .http import make_app
@@ -85,8 +86,8 @@ class NSQLookupd:
             tcp_sock = None
             log.info("TCP: listening on %s", self.tcp_address)
 
-            runner = web.AppRunner(make_app(self), access_log=None, handle_signals=False,
-                                   shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT)
+            runner = make_runner(make_app(self), logging.getLogger("nsqx.lookupd.http"),
+                                 shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT)
             await runner.setup()
             self._runner = runner
             await web.SockSite(runner, http_sock).start()

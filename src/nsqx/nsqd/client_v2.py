@@ -449,7 +449,7 @@ class ClientV2(asyncio.Protocol):
     def _fatal(self, exc: Fatal) -> None:
         if self._closing:
             return
-        log.error("[%s] - %s %s", self, exc.code, exc.text)
+        log.warning("[%s] - %s %s", self, exc.code, repr(exc.text)[1:-1])  # client's bytes escaped
         self._respond(frames.encode_error(exc.code, exc.text))
         self._closing = True
         self._backlog.clear()

@@ -32,6 +32,8 @@ from nsqx.httpapi import (
     V1_HEADER,
     V1_VALUE,
     HTTPError,
+    client_address,
+    client_fault,
     parse_go_query,
     task_dump,
     topic_channel_args,
@@ -404,7 +406,11 @@ async def _v1_errors(request: web.Request,
         raise
     except (asyncio.CancelledError, ConnectionResetError):
         raise
-    except Exception:
+    except Exception as exc:
+        if (reason := client_fault(request, exc)) is not None:
+            status = 400
+            log.warning("HTTP: bad request from %s - %s", client_address(request), reason)
+            return _v1_error(400, "INVALID_REQUEST")
         status = 500
         log.error("panic in HTTP handler %s %s", request.method, request.path,
                   exc_info=sys.exc_info())

@@ -78,6 +78,7 @@ def parse_fast_request(data: bytes, max_msg_size: int, max_body_size: int
         return None
     kind, topic = target
     length = -1
+    host = False  # HTTP/1.1 without Host is a 400: aiohttp (nsqx.httpapi) answers it
     for line in data[line_end + 2 : head_end].split(b"\r\n"):
         name, colon, value = line.partition(b":")
         if not colon or name[:1] in (b" ", b"\t") or name != name.strip():
@@ -88,11 +89,13 @@ def parse_fast_request(data: bytes, max_msg_size: int, max_body_size: int
             if length >= 0 or not value.isdigit():
                 return None
             length = int(value)
+        elif name == b"host":
+            host = True
         elif name == b"connection" and value.strip().lower() == b"keep-alive":
             continue  # what requests/urllib3 send: HTTP/1.1's default anyway
         elif name in _REFUSED:
             return None
-    if not 0 < length <= (max_msg_size if kind == "pub" else max_body_size):
+    if not host or not 0 < length <= (max_msg_size if kind == "pub" else max_body_size):
         return None
     end = head_end + 4 + length
     if len(data) < end:

@@ -465,9 +465,11 @@ class NSQD:
         log.info("TCP: listening on %s", _fmt_addr(server.sockets[0]))
         from aiohttp import web
 
+        from nsqx.httpapi import make_runner
+
+        http_log = logging.getLogger("nsqx.nsqd.http")
         if o.http_address:
-            runner = web.AppRunner(make_app(self, tls_listener=False), access_log=None,
-                                   handle_signals=False)
+            runner = make_runner(make_app(self, tls_listener=False), http_log)
             await runner.setup()
             host, port = split_hostport(o.http_address)
             self._runners.append(runner)
@@ -488,8 +490,7 @@ class NSQD:
             self.http_port = sock.getsockname()[1]
             log.info("HTTP: listening on %s", _fmt_addr(sock))
         if self.tls_context is not None and o.https_address:
-            runner = web.AppRunner(make_app(self, tls_listener=True), access_log=None,
-                                   handle_signals=False)
+            runner = make_runner(make_app(self, tls_listener=True), http_log)
             await runner.setup()
             host, port = split_hostport(o.https_address)
             site = web.TCPSite(runner, host, port, ssl_context=self.tls_context, reuse_address=True)
