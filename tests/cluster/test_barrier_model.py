@@ -30,7 +30,7 @@ from nsqx.cluster.barrier import (
     readable_partitions,
     start,
 )
-from nsqx.cluster.routes import RouteError, RouteHistory, logical_partition
+from nsqx.protocol.routes import RouteError, RouteHistory, logical_partition
 
 
 def hist() -> RouteHistory:

@@ -9,8 +9,8 @@ import pytest
 from nsqx.cluster.etcd import EtcdClient, Op
 from nsqx.cluster.etcd_server import EtcdServer
 from nsqx.cluster.route_store import EtcdRouteStore, parse_pass_key, pass_key
-from nsqx.cluster.routes import RouteError, RouteHistory
 from nsqx.nsqd.routing import RouteConflict
+from nsqx.protocol.routes import RouteError, RouteHistory
 from tests.client.helpers import run
 
 ROOT = b"/nsqx/test/"

@@ -25,6 +25,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from nsqx.cli.httpcall import http_call, http_failed
+
 __all__ = ["main", "build_parser", "add_spark_commands", "add_bench_commands",
            "add_channel_commands", "add_message_commands", "GROUPS"]
 
@@ -225,41 +227,6 @@ def add_bench_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def _nsqd_http(method: str, address: str, path: str, params: dict[str, str],
-               body: bytes | None = None, timeout: float = 30.0) -> tuple[int, bytes, Any]:
-    """One request to nsqd's HTTP API -> (status, body, headers); HTTP errors are returned."""
-    import urllib.error
-    import urllib.request
-    from urllib.parse import urlencode
-
-    base = address if "://" in address else f"http://{address}"
-    req = urllib.request.Request(f"{base.rstrip('/')}{path}?{urlencode(params)}", data=body,
-                                 method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read(), r.headers
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(), e.headers
-
-
-def _http_failed(prog: str, status: int, data: bytes) -> int:
-    try:
-        msg = json.loads(data)["message"]
-    except (ValueError, KeyError, TypeError):
-        msg = data.decode("utf-8", "replace").strip()[:300]
-    print(f"{prog}: nsqd answered {status} {msg}", file=sys.stderr)
-    return 1
-
-
-def _http_call(prog: str, method: str, address: str, path: str, params: dict[str, str],
-               body: bytes | None = None) -> tuple[int, bytes, Any] | None:
-    try:
-        return _nsqd_http(method, address, path, params, body)
-    except OSError as exc:
-        print(f"{prog}: cannot reach nsqd at {address}: {exc}", file=sys.stderr)
-        return None
-
-
 def cmd_channel_reset(args: argparse.Namespace) -> int:
     """POST /channel/setoffset with the position the flags name."""
     prog = "nsqx channel reset"
@@ -288,7 +255,7 @@ def cmd_channel_reset(args: argparse.Namespace) -> int:
         print(f"{prog}: through nsqlookupd a route-managed topic's channel is reset on every "
               f"partition: use --to-time, --earliest or --latest", file=sys.stderr)
         return 2
-    got = _http_call(prog, "POST", lookupd or args.nsqd_http_address, "/channel/setoffset",
+    got = http_call(prog, "POST", lookupd or args.nsqd_http_address, "/channel/setoffset",
                      params, position.encode())
     if got is None:
         return 1
@@ -302,7 +269,7 @@ def cmd_channel_reset(args: argparse.Namespace) -> int:
                 msg = data.decode("utf-8", "replace").strip()[:300]
             print(f"{prog}: nsqlookupd answered {status} {msg}", file=sys.stderr)
             return 1
-        return _http_failed(prog, status, data)
+        return http_failed(prog, status, data)
     doc = json.loads(data)
     if args.json:
         print(json.dumps(doc))
@@ -396,12 +363,12 @@ def cmd_message_get(args: argparse.Namespace) -> int:
         params["partition"] = str(args.partition)
     if args.raw:
         params["raw"] = "1"
-    got = _http_call(prog, "GET", args.nsqd_http_address, "/message/get", params)
+    got = http_call(prog, "GET", args.nsqd_http_address, "/message/get", params)
     if got is None:
         return 1
     status, data, _ = got
     if status != 200:
-        return _http_failed(prog, status, data)
+        return http_failed(prog, status, data)
     if args.raw:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()

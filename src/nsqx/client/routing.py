@@ -1,11 +1,8 @@
-"""Where a producer learns route-managed topics' routes (:mod:`nsqx.cluster.routes`).
+"""Where a producer learns route-managed topics' routes (:mod:`nsqx.protocol.routes`).
 
 :class:`RouteSource` is what :class:`~nsqx.client.Producer` asks; :class:`HttpRouteSource`
 reads ``GET /topic/route?topic=T`` from a standalone nsqd or, in a cluster, from nsqlookupd
 (whose answer also names each partition's leader).
-
-The history's module is imported lazily: ``nsqx.cluster.routes`` itself imports
-``nsqx.client.producer`` for the key hash.
 """
 
 from __future__ import annotations
@@ -14,13 +11,12 @@ import asyncio
 import random
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
-if TYPE_CHECKING:
-    from nsqx.cluster.routes import RouteHistory
+from nsqx.protocol.routes import RouteHistory
 
 __all__ = ["HttpRouteSource", "RouteSource", "refused_version"]
 
@@ -60,8 +56,6 @@ class HttpRouteSource:
         return self.leaders.get(topic, {}).get(partition)
 
     async def fetch(self, topic: str) -> RouteHistory | None:
-        from nsqx.cluster.routes import RouteHistory
-
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout))

@@ -63,10 +63,10 @@ from nsqx.cluster.route_store import (
     resets_prefix,
     routes_prefix,
 )
-from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
 from nsqx.nsqd.config_api import apply_settings, export_settings
 from nsqx.nsqd.routing import TopicRoutes
 from nsqx.nsqd.topic import PublishRefused, settle
+from nsqx.protocol.routes import RouteError, RouteHistory, routes_key
 
 log = logging.getLogger("nsqx.cluster.member")
 

@@ -1,8 +1,8 @@
 """Route histories of route-managed ordered topics in etcd (cluster mode).
 
-The standalone nsqd keeps a topic's :class:`~nsqx.cluster.routes.RouteHistory` in a file
+The standalone nsqd keeps a topic's :class:`~nsqx.protocol.routes.RouteHistory` in a file
 (:class:`nsqx.nsqd.routing.FileRouteStore`); a cluster keeps it at
-``<root>routes/<topic>`` (:func:`~nsqx.cluster.routes.routes_key`) and replaces it only with
+``<root>routes/<topic>`` (:func:`~nsqx.protocol.routes.routes_key`) and replaces it only with
 a transaction comparing the key's mod revision with the one this store last read or wrote,
 so two coordinators (one that just lost its lease and its successor) can never both move a
 route: the loser gets :class:`~nsqx.nsqd.routing.RouteConflict`, re-reads and decides again.
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import orjson
 
 from nsqx.cluster.etcd import Compare, EtcdClient, Op
-from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
 from nsqx.protocol.names import valid_name
+from nsqx.protocol.routes import RouteError, RouteHistory, routes_key
 
 __all__ = ["EtcdRouteStore", "ResetRecord", "parse_pass_key", "parse_reset_key", "pass_key",
            "passes_prefix", "reset_key", "resets_prefix", "routes_prefix"]

@@ -16,7 +16,7 @@ import posixpath
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -34,13 +34,22 @@ from nsqx.httpapi import (
 )
 from nsqx.protocol.names import valid_topic_name
 
-from .registry import CHANNEL, CLIENT, TOPIC, Registration, filter_by_active
+from .options import Options
+from .registry import CHANNEL, CLIENT, TOPIC, Registration, RegistrationDB, filter_by_active
 from .trace_search import trace_search
 
-if TYPE_CHECKING:
-    from .node import NSQLookupd
+__all__ = ["HTTPHost", "make_app"]
 
-__all__ = ["make_app"]
+
+class HTTPHost(Protocol):
+    """What the HTTP API needs of its node (:class:`~nsqx.lookupd.node.NSQLookupd`), which
+    builds the app and owns it: the API never imports the node."""
+
+    db: RegistrationDB
+    opts: Options
+    version: str
+    # extensions (cluster mode): (method, path, handler) routes added over the defaults
+    http_routes: list[tuple[str, str, Callable[..., Any]]]
 
 log = logging.getLogger("nsqx.lookupd.http")
 
@@ -67,12 +76,12 @@ def _peer_json(info: Any) -> dict[str, Any]:
 
 
 class _Handlers:
-    def __init__(self, lookupd: NSQLookupd) -> None:
+    def __init__(self, lookupd: HTTPHost) -> None:
         self.lookupd = lookupd
         self.db = lookupd.db
 
     @property
-    def opts(self) -> Any:
+    def opts(self) -> Options:
         return self.lookupd.opts
 
     def _ns(self, seconds: float) -> int:
@@ -334,7 +343,7 @@ def _log_middleware() -> Any:
     return v1_errors
 
 
-def make_app(lookupd: NSQLookupd) -> web.Application:
+def make_app(lookupd: HTTPHost) -> web.Application:
     """The HTTP API of one nsqlookupd (uses ``lookupd.db``, ``.opts``, ``.version``)."""
     h = _Handlers(lookupd)
     router = _Router()
@@ -359,7 +368,7 @@ def make_app(lookupd: NSQLookupd) -> web.Application:
         ("/topic/tombstone", h.topic_tombstone),
     ):
         router.add("POST", path, fn)
-    for method, path, fn in getattr(lookupd, "http_routes", ()):
+    for method, path, fn in lookupd.http_routes:
         router.add(method, path, fn)  # extensions (cluster mode) may replace a default
     app = web.Application(middlewares=[_log_middleware()])
     app.router.add_route("*", "/{tail:.*}", router.dispatch)

@@ -48,8 +48,8 @@ from nsqx.cluster.barrier import (
     readable_partitions,
     start,
 )
-from nsqx.cluster.routes import RouteError, RouteHistory, command_body, parse_command
 from nsqx.nsqd.topic import BadPartition
+from nsqx.protocol.routes import RouteError, RouteHistory, command_body, parse_command
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel

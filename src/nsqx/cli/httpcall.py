@@ -1,0 +1,50 @@
+"""One blocking request to an nsqd's (or nsqlookupd's) HTTP API for the ``nsqx`` commands.
+
+Shared by the command groups (``nsqx_cmd``, ``trace_cmd``) so that none imports another:
+a failure is one line on stderr naming the program and the address, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+__all__ = ["http_call", "http_failed", "nsqd_http"]
+
+
+def nsqd_http(method: str, address: str, path: str, params: dict[str, str],
+              body: bytes | None = None, timeout: float = 30.0) -> tuple[int, bytes, Any]:
+    """One request to nsqd's HTTP API -> (status, body, headers); HTTP errors are returned."""
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urlencode
+
+    base = address if "://" in address else f"http://{address}"
+    req = urllib.request.Request(f"{base.rstrip('/')}{path}?{urlencode(params)}", data=body,
+                                 method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read(), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), e.headers
+
+
+def http_failed(prog: str, status: int, data: bytes) -> int:
+    """Print nsqd's error answer (its JSON ``message`` or the start of the body); exit 1."""
+    try:
+        msg = json.loads(data)["message"]
+    except (ValueError, KeyError, TypeError):
+        msg = data.decode("utf-8", "replace").strip()[:300]
+    print(f"{prog}: nsqd answered {status} {msg}", file=sys.stderr)
+    return 1
+
+
+def http_call(prog: str, method: str, address: str, path: str, params: dict[str, str],
+              body: bytes | None = None) -> tuple[int, bytes, Any] | None:
+    """:func:`nsqd_http`, or None after printing why the address cannot be reached."""
+    try:
+        return nsqd_http(method, address, path, params, body)
+    except OSError as exc:
+        print(f"{prog}: cannot reach nsqd at {address}: {exc}", file=sys.stderr)
+        return None
