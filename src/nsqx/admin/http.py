@@ -48,7 +48,7 @@ from .cluster import (
     node_url_addr,
 )
 from .notify import Notifier, admin_action
-from .options import _CFG_INDEX, LOG_LEVELS, Options
+from .options import LOG_LEVELS, PROGRAM, Options
 from .sampler import Sampler
 
 __all__ = ["CSRF_COOKIE", "CSRF_HEADER", "AdminHTTP"]
@@ -1021,7 +1021,7 @@ class AdminHTTP:
                     {"debug": 10, "info": 20, "warn": 30, "error": 40, "fatal": 50}[level])
             else:
                 raise HTTPError(400, "INVALID_OPTION")
-        flag = _CFG_INDEX.get(opt)
+        flag = PROGRAM.cfg_index.get(opt)
         if flag is None:
             raise HTTPError(400, "INVALID_OPTION")
         value = getattr(self.opts, flag.dest)

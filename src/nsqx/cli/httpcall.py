@@ -10,7 +10,25 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["http_call", "http_failed", "nsqd_http"]
+__all__ = ["LOCAL_LOOKUPD_HTTP", "LOCAL_NSQD_HTTP", "LOCAL_NSQD_TCP", "default_to_local",
+           "http_call", "http_failed", "nsqd_http"]
+
+# what every nsqx command talks to when given no address: the local programs' default ports
+LOCAL_NSQD_TCP = "127.0.0.1:4150"
+LOCAL_NSQD_HTTP = "127.0.0.1:4151"
+LOCAL_LOOKUPD_HTTP = "127.0.0.1:4161"
+
+
+def default_to_local(args: Any) -> None:
+    """A command given neither an nsqd nor an nsqlookupd address talks to the local nsqd
+    (``--nsqd-http-address``, or the Spark jobs' ``--nsqd``: 127.0.0.1:4151), as
+    ``nsqx cluster status`` talks to the local nsqlookupd."""
+    if getattr(args, "lookupd_http_address", None) or getattr(args, "lookupd", None):
+        return
+    if hasattr(args, "nsqd_http_address") and args.nsqd_http_address is None:
+        args.nsqd_http_address = LOCAL_NSQD_HTTP
+    if hasattr(args, "lookupd") and getattr(args, "nsqd", "") is None:
+        args.nsqd = LOCAL_NSQD_HTTP
 
 
 def nsqd_http(method: str, address: str, path: str, params: dict[str, str],

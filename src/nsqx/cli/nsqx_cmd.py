@@ -25,7 +25,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from nsqx.cli.httpcall import http_call, http_failed
+from nsqx.cli.httpcall import (
+    LOCAL_NSQD_HTTP,
+    LOCAL_NSQD_TCP,
+    default_to_local,
+    http_call,
+    http_failed,
+)
 
 __all__ = ["main", "build_parser", "add_spark_commands", "add_bench_commands",
            "add_channel_commands", "add_message_commands", "GROUPS"]
@@ -40,7 +46,8 @@ def _kv(value: str) -> tuple[str, str]:
 
 def _source_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--nsqd", help="nsqd HTTP address(es), host:port, comma separated")
+    g.add_argument("--nsqd", help="nsqd HTTP address(es), host:port, comma separated "
+                                  f"(default {LOCAL_NSQD_HTTP} unless --lookupd)")
     g.add_argument("--lookupd", help="nsqlookupd HTTP address(es), comma separated")
     p.add_argument("--option", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                    help="extra option for the nsq data source (e.g. authSecret=..., "
@@ -181,7 +188,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Run one scenario against each address in turn; print rates and the ratio."""
     from nsqx.benchmark import scenarios
 
-    targets = [a.split(",", 1) for a in args.nsqd]
+    targets = [a.split(",", 1) for a in args.nsqd or [f"{LOCAL_NSQD_TCP},{LOCAL_NSQD_HTTP}"]]
     results = []
     for tcp, http in targets:
         topic = f"{args.topic}{len(results)}"
@@ -216,8 +223,9 @@ def add_bench_commands(sub: Any) -> None:
                     "(and the ratio of the first to the second). Scenarios: ingest (MPUB), "
                     "drain (ingest, then consume it with RDY 2500 and FIN each), pub (one PUB "
                     "at a time, with latency percentiles).")
-    p.add_argument("--nsqd", action="append", required=True, metavar="TCP,HTTP",
-                   help="tcp_host:port,http_host:port of an nsqd; give it twice to compare")
+    p.add_argument("--nsqd", action="append", metavar="TCP,HTTP",
+                   help="tcp_host:port,http_host:port of an nsqd; give it twice to compare "
+                        f"(default {LOCAL_NSQD_TCP},{LOCAL_NSQD_HTTP})")
     p.add_argument("--scenario", choices=["ingest", "drain", "pub"], default="ingest")
     p.add_argument("--size", type=int, default=200, help="message size in bytes (default 200)")
     p.add_argument("--batch", type=int, default=200, help="messages per MPUB (default 200)")
@@ -332,9 +340,10 @@ def add_channel_commands(sub: Any) -> None:
                        help="the end of the log: only messages published from now on")
     p.add_argument("--partition", type=_offset_arg, metavar="P",
                    help="partition of the topic (default 0)")
-    at = p.add_mutually_exclusive_group(required=True)
+    at = p.add_mutually_exclusive_group()
     at.add_argument("--nsqd-http-address", metavar="HOST:PORT",
-                    help="HTTP address of the nsqd that holds the partition")
+                    help="HTTP address of the nsqd that holds the partition (default "
+                         f"{LOCAL_NSQD_HTTP} unless --lookupd-http-address)")
     at.add_argument("--lookupd-http-address", metavar="HOST:PORT",
                     help="a cluster's nsqlookupd: resets a route-managed ordered topic's "
                          "channel on every node at once (--to-time, --earliest, --latest)")
@@ -426,8 +435,9 @@ def add_message_commands(sub: Any) -> None:
     p.add_argument("--offset", type=_offset_arg, metavar="N", help="log offset instead of an id")
     p.add_argument("--partition", type=_offset_arg, metavar="P",
                    help="partition for --offset (default 0)")
-    p.add_argument("--nsqd-http-address", required=True, metavar="HOST:PORT",
-                   help="HTTP address of the nsqd that holds the partition")
+    p.add_argument("--nsqd-http-address", metavar="HOST:PORT", default=LOCAL_NSQD_HTTP,
+                   help="HTTP address of the nsqd that holds the partition (default "
+                        f"{LOCAL_NSQD_HTTP})")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print nsqd's JSON answer")
     out.add_argument("--raw", action="store_true", help="write the body's bytes to stdout")
@@ -448,7 +458,11 @@ GROUPS: list[Callable[[Any], None]] = [add_spark_commands, add_bench_commands,
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from nsqx import NSQ_VERSION, __version__
+
     parser = argparse.ArgumentParser(prog="nsqx", description="nsqx administration")
+    parser.add_argument("--version", action="version",
+                        version=f"nsqx {__version__} (speaks NSQ {NSQ_VERSION})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in GROUPS:
         add(sub)
@@ -458,6 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    default_to_local(args)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -58,9 +58,9 @@ def _fail(prog: str, who: str, status: int, body: Any) -> int:
 
 
 def _target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, str]:
-    if bool(args.nsqd_http_address) == bool(args.lookupd_http_address):
-        parser.error("give exactly one of --nsqd-http-address (one node) and "
-                     "--lookupd-http-address (cluster mode)")
+    if args.nsqd_http_address and args.lookupd_http_address:
+        parser.error("give one of --nsqd-http-address (one node, default 127.0.0.1:4151) "
+                     "and --lookupd-http-address (cluster mode), not both")
     if args.lookupd_http_address:
         return "nsqlookupd", args.lookupd_http_address
     return "nsqd", args.nsqd_http_address

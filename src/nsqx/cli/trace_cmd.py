@@ -180,5 +180,6 @@ def add_trace_commands(sub: Any) -> None:
         q = tsub.add_parser(name, help=f"{'start' if on else 'stop'} tracing a topic "
                                        "(every partition, kept across restarts)")
         q.add_argument("topic", metavar="TOPIC")
-        q.add_argument("--nsqd-http-address", required=True, metavar="HOST:PORT")
+        q.add_argument("--nsqd-http-address", metavar="HOST:PORT",
+                       help="the nsqd (default 127.0.0.1:4151)")
         q.set_defaults(func=lambda a, on=on: cmd_trace_switch(a, on))

@@ -2,7 +2,7 @@
 signal handling and the way a tool starts and exits.
 
 Every tool keeps upstream's flag names and defaults (``apps/*`` in nsqio/nsq), in Go's and GNU's
-syntaxes (:mod:`nsqx.cli.flags`). Tools only use public APIs: :mod:`nsqx.client` and the HTTP
+syntaxes (:mod:`nsqx.flags`). Tools only use public APIs: :mod:`nsqx.client` and the HTTP
 APIs of nsqd and nsqlookupd.
 
 Exit codes: 0 after a clean stop (end of input, ``-n`` reached, SIGINT/SIGTERM), 1 on a fatal
@@ -24,14 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from nsqx import NSQ_VERSION, __version__
-from nsqx.cli.flags import (
+from nsqx.flags import (
     Flag,
     FlagError,
     FlagSet,
+    http_client_flags,
     parse_float,
     parse_go_bool,
     parse_go_duration,
     parse_go_int,
+    peer_flag,
 )
 
 __all__ = [
@@ -40,8 +42,11 @@ __all__ = [
     "RateReporter",
     "StopSignal",
     "TimerMetrics",
+    "address_flags",
     "conn_options",
     "consumer_flags",
+    "destination_flag",
+    "http_client_flags",
     "fatal",
     "parse_flags",
     "run_tool",
@@ -76,13 +81,19 @@ def version_flag() -> Flag:
     return Flag("version", "bool", False, "print version string")
 
 
-def address_flags(*, nsqd_help: str = "nsqd TCP address (may be given multiple times)"
-                  ) -> list[Flag]:
+def address_flags(*, nsqd: str = "tcp") -> list[Flag]:
+    """--nsqd-<tcp|http>-address and --lookupd-http-address: checked when parsed (a bad
+    port fails at start with Go's "invalid value ... for flag" message, exit 2)."""
     return [
-        Flag("nsqd-tcp-address", "strings", [], nsqd_help),
-        Flag("lookupd-http-address", "strings", [],
-             "lookupd HTTP address (may be given multiple times)"),
+        peer_flag(f"nsqd-{nsqd}-address", f"nsqd {nsqd.upper()} address (may be given multiple "
+                  "times)"),
+        peer_flag("lookupd-http-address", "lookupd HTTP address (may be given multiple times)"),
     ]
+
+
+def destination_flag(name: str) -> Flag:
+    """Where a producing tool publishes (to_nsq, nsq_to_nsq)."""
+    return peer_flag(name, "destination nsqd TCP address (may be given multiple times)")
 
 
 def consumer_opt_flag() -> Flag:

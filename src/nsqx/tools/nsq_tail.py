@@ -13,8 +13,8 @@ import random
 import sys
 from collections.abc import Sequence
 
-from nsqx.cli.flags import Flag
 from nsqx.client import Consumer, Message
+from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
 from .common import (

@@ -40,8 +40,8 @@ from typing import Any, BinaryIO
 import aiohttp
 import orjson
 
-from nsqx.cli.flags import Flag
 from nsqx.client import Consumer, Message
+from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
 from .common import (
@@ -52,6 +52,7 @@ from .common import (
     address_flags,
     conn_options,
     consumer_opt_flag,
+    http_client_flags,
     parse_flags,
     run_tool,
     setup_logging,
@@ -93,8 +94,7 @@ def flags() -> list[Flag]:
              "rotate the file when it grows bigger than `rotate-size` bytes"),
         Flag("rotate-interval", "duration", 0.0, "rotate the file every duration"),
         Flag("sync-interval", "duration", 30.0, "sync file to disk every duration"),
-        Flag("http-client-connect-timeout", "duration", 2.0, "timeout for HTTP connect"),
-        Flag("http-client-request-timeout", "duration", 5.0, "timeout for HTTP request"),
+        *http_client_flags(2.0, 5.0),
         *address_flags(),
         Flag("topic", "strings", [], "nsq topic (may be given multiple times)"),
         consumer_opt_flag(),

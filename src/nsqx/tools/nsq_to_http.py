@@ -25,8 +25,8 @@ from urllib.parse import quote_plus
 import aiohttp
 
 from nsqx import NSQ_VERSION
-from nsqx.cli.flags import Flag
 from nsqx.client import Consumer, Message
+from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
 from .common import (
@@ -37,6 +37,7 @@ from .common import (
     check_addresses,
     conn_options,
     consumer_flags,
+    http_client_flags,
     parse_flags,
     run_tool,
     setup_logging,
@@ -59,8 +60,7 @@ def flags() -> list[Flag]:
              "the upstream request mode options: round-robin, hostpool (default), "
              "epsilon-greedy (an alias of hostpool)"),
         Flag("sample", "float", 1.0, "% of messages to publish (float b/w 0 -> 1)"),
-        Flag("http-client-connect-timeout", "duration", 2.0, "timeout for HTTP connect"),
-        Flag("http-client-request-timeout", "duration", 20.0, "timeout for HTTP request"),
+        *http_client_flags(2.0, 20.0),
         Flag("status-every", "int", 250,
              "the # of requests between logging status (per handler), 0 disables"),
         Flag("content-type", "string", _DEFAULT_CONTENT_TYPE,

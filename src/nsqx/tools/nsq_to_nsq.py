@@ -26,8 +26,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from nsqx.cli.flags import Flag
 from nsqx.client import Consumer, Message, NSQError, Producer
+from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
 from .common import (
@@ -38,6 +38,7 @@ from .common import (
     check_addresses,
     conn_options,
     consumer_flags,
+    destination_flag,
     parse_flags,
     producer_opt_flag,
     run_tool,
@@ -60,8 +61,7 @@ def flags() -> list[Flag]:
         Flag("destination-topic", "string", "",
              "use this destination topic for all consumed topics (default is consumed topic "
              "name)"),
-        Flag("destination-nsqd-tcp-address", "strings", [],
-             "destination nsqd TCP address (may be given multiple times)"),
+        destination_flag("destination-nsqd-tcp-address"),
         producer_opt_flag(),
         Flag("status-every", "int", 250,
              "the # of requests between logging status (per destination), 0 disables"),

@@ -17,8 +17,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from nsqx.cli.flags import Flag
 from nsqx.client import NSQError, Producer
+from nsqx.flags import Flag
 from nsqx.protocol.names import valid_topic_name
 
 from .common import (
@@ -26,6 +26,7 @@ from .common import (
     RateReporter,
     StopSignal,
     conn_options,
+    destination_flag,
     parse_flags,
     producer_opt_flag,
     run_tool,
@@ -47,8 +48,7 @@ def flags() -> list[Flag]:
         Flag("topic", "string", "", "NSQ topic to publish to"),
         Flag("delimiter", "string", "\n", "character to split input from stdin",
              default_text='"\\n"'),
-        Flag("nsqd-tcp-address", "strings", [],
-             "destination nsqd TCP address (may be given multiple times)"),
+        destination_flag("nsqd-tcp-address"),
         producer_opt_flag(),
         Flag("rate", "int", 0, "Throttle messages to n/second. 0 to disable"),
         stats_interval_flag(10.0),
