@@ -10,7 +10,7 @@ from importlib.metadata import version
 
 import pytest
 
-from nsqx.cli.httpcall import default_to_local
+from nsqx.cli.common import default_to_local
 from nsqx.cli.nsqx_cmd import build_parser
 from nsqx.flags import FlagError
 

@@ -8,14 +8,11 @@ float seconds. Two flags are nsqx's own: ``--stats-sample-interval`` and
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from nsqx.flags import (
     LOG_LEVELS,
     Flag,
-    FlagSet,
     Program,
     basic_flags,
     http_client_flags,
@@ -163,19 +160,8 @@ def _flags() -> list[Flag]:
 PROGRAM = Program("nsqadmin", Options, _flags, (OptionsError,))
 
 
-def flag_set() -> FlagSet:
-    return PROGRAM.flag_set()
-
-
-def version_string() -> str:
-    return PROGRAM.version()
-
-
-def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
-    """argv (+ ``--config``) -> (validated Options, extras {help, version})."""
-    return PROGRAM.load(argv)
-
-
-def parse_args(argv: Sequence[str] | None = None) -> Options:
-    """The nsqadmin command line -> Options (exits 0 after --help/--version, 2 on a bad flag)."""
-    return PROGRAM.parse_args(argv)
+# the module's API (the entry point and the server use these names)
+flag_set = PROGRAM.flag_set
+version_string = PROGRAM.version
+load = PROGRAM.load  # argv (+ --config) -> (validated Options, extras {help, version})
+parse_args = PROGRAM.parse_args  # exits 0 after --help/--version, 2 on a bad flag

@@ -25,9 +25,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from nsqx.cli.httpcall import (
+from nsqx.cli.common import (
     LOCAL_NSQD_HTTP,
     LOCAL_NSQD_TCP,
+    command_group,
     default_to_local,
     http_call,
     http_failed,
@@ -303,10 +304,8 @@ def cmd_channel_reset(args: argparse.Namespace) -> int:
 
 def add_channel_commands(sub: Any) -> None:
     """``nsqx channel reset``: replay or skip a channel by moving its cursor."""
-    ch = sub.add_parser("channel", help="channel administration (reset = replay/skip)",
-                        description="Channel administration through nsqd's HTTP API.")
-    csub = ch.add_subparsers(dest="channel_command", metavar="COMMAND")
-    ch.set_defaults(func=lambda a: (ch.print_help(), 2)[1])
+    csub = command_group(sub, "channel", "channel administration (reset = replay/skip)",
+                         "Channel administration through nsqd's HTTP API.")
     p = csub.add_parser(
         "reset", help="move a channel to a time, an offset, the start or the end of its log",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -414,10 +413,8 @@ def format_message(doc: dict[str, Any]) -> str:
 
 def add_message_commands(sub: Any) -> None:
     """``nsqx message get``: read one message of a topic's log."""
-    msg = sub.add_parser("message", help="look a message up in a topic's log",
-                         description="Message lookup through nsqd's HTTP API.")
-    msub = msg.add_subparsers(dest="message_command", metavar="COMMAND")
-    msg.set_defaults(func=lambda a: (msg.print_help(), 2)[1])
+    msub = command_group(sub, "message", "look a message up in a topic's log",
+                         "Message lookup through nsqd's HTTP API.")
     p = msub.add_parser(
         "get", help="print one message by id or offset (body, time, attempts, headers)",
         formatter_class=argparse.RawDescriptionHelpFormatter,

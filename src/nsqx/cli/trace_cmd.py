@@ -14,7 +14,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from nsqx.cli.httpcall import http_call, http_failed
+from nsqx.cli.common import command_group, http_call, http_failed
 
 __all__ = ["add_trace_commands", "format_timeline"]
 
@@ -147,11 +147,9 @@ def _header(value: str) -> str:
 
 def add_trace_commands(sub: Any) -> None:
     """``nsqx trace get|enable|disable``."""
-    tr = sub.add_parser("trace", help="message tracing: switch it per topic, read timelines",
-                        description="Message tracing through nsqd's HTTP API (events are kept "
-                                    "in the topic __trace of each nsqd).")
-    tsub = tr.add_subparsers(dest="trace_command", metavar="COMMAND")
-    tr.set_defaults(func=lambda a: (tr.print_help(), 2)[1])
+    tsub = command_group(sub, "trace", "message tracing: switch it per topic, read timelines",
+                         "Message tracing through nsqd's HTTP API (events are kept in the "
+                         "topic __trace of each nsqd).")
     p = tsub.add_parser(
         "get", help="print the timeline of a message (published, delivered, FIN/REQ/timeout)",
         formatter_class=argparse.RawDescriptionHelpFormatter,

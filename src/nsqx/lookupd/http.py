@@ -347,29 +347,26 @@ def make_app(lookupd: HTTPHost) -> web.Application:
     """The HTTP API of one nsqlookupd (uses ``lookupd.db``, ``.opts``, ``.version``)."""
     h = _Handlers(lookupd)
     router = _Router()
-    for path, fn in (
-        ("/ping", h.ping),
-        ("/info", h.info),
-        ("/debug", h.debug),
-        ("/lookup", h.lookup),
-        ("/topics", h.topics),
-        ("/channels", h.channels),
-        ("/nodes", h.nodes),
-        ("/trace/search", h.trace_search),
-        ("/debug/tasks", h.debug_tasks),
-        ("/debug/pprof/goroutine", h.debug_tasks),
+    get, post = "GET", "POST"
+    for method, path, fn in (
+        (get, "/ping", h.ping),
+        (get, "/info", h.info),
+        (get, "/debug", h.debug),
+        (get, "/lookup", h.lookup),
+        (get, "/topics", h.topics),
+        (get, "/channels", h.channels),
+        (get, "/nodes", h.nodes),
+        (get, "/trace/search", h.trace_search),
+        (get, "/debug/tasks", h.debug_tasks),
+        (get, "/debug/pprof/goroutine", h.debug_tasks),
+        (post, "/topic/create", h.topic_create),
+        (post, "/topic/delete", h.topic_delete),
+        (post, "/channel/create", h.channel_create),
+        (post, "/channel/delete", h.channel_delete),
+        (post, "/topic/tombstone", h.topic_tombstone),
+        *lookupd.http_routes,  # extensions (cluster mode) may replace a default
     ):
-        router.add("GET", path, fn)
-    for path, fn in (
-        ("/topic/create", h.topic_create),
-        ("/topic/delete", h.topic_delete),
-        ("/channel/create", h.channel_create),
-        ("/channel/delete", h.channel_delete),
-        ("/topic/tombstone", h.topic_tombstone),
-    ):
-        router.add("POST", path, fn)
-    for method, path, fn in lookupd.http_routes:
-        router.add(method, path, fn)  # extensions (cluster mode) may replace a default
+        router.add(method, path, fn)
     app = web.Application(middlewares=[_log_middleware()])
     app.router.add_route("*", "/{tail:.*}", router.dispatch)
     app.on_response_prepare.append(add_v1_header)

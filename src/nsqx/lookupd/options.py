@@ -7,14 +7,11 @@ Durations are float seconds.
 from __future__ import annotations
 
 import socket
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from nsqx.flags import (
     LOG_LEVELS,
     Flag,
-    FlagSet,
     Program,
     basic_flags,
     cluster_flags,
@@ -76,19 +73,8 @@ PROGRAM = Program("nsqlookupd", Options, _flags, (OptionsError,),
                   empty_is_default=("broadcast_address",))
 
 
-def flag_set() -> FlagSet:
-    return PROGRAM.flag_set()
-
-
-def version_string() -> str:
-    return PROGRAM.version()
-
-
-def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
-    """argv (+ ``--config``) -> (validated Options, extras {help, version})."""
-    return PROGRAM.load(argv)
-
-
-def parse_args(argv: Sequence[str] | None = None) -> Options:
-    """The nsqlookupd command line -> Options (exits 0 after --help/--version, 2 on a bad flag)."""
-    return PROGRAM.parse_args(argv)
+# the module's API (the entry point and the server use these names)
+flag_set = PROGRAM.flag_set
+version_string = PROGRAM.version
+load = PROGRAM.load  # argv (+ --config) -> (validated Options, extras {help, version})
+parse_args = PROGRAM.parse_args  # exits 0 after --help/--version, 2 on a bad flag

@@ -14,7 +14,6 @@ import os
 import socket
 import ssl
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -22,7 +21,6 @@ from nsqx.flags import (
     LOG_LEVELS,
     Flag,
     FlagError,
-    FlagSet,
     Program,
     basic_flags,
     cluster_flags,
@@ -413,19 +411,8 @@ _FIELD_NAMES = {f.name for f in fields(Options)}
 assert all(f.dest in _FIELD_NAMES for f in _CFG_INDEX.values())
 
 
-def flag_set() -> FlagSet:
-    return PROGRAM.flag_set()
-
-
-def version_string() -> str:
-    return PROGRAM.version()
-
-
-def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
-    """argv (+ ``--config``) -> (validated Options, extras {help, version})."""
-    return PROGRAM.load(argv)
-
-
-def parse_args(argv: Sequence[str] | None = None) -> Options:
-    """The nsqd command line -> Options (exits 0 after --help/--version, 2 on a bad flag)."""
-    return PROGRAM.parse_args(argv)
+# the module's API (the entry point and the server use these names)
+flag_set = PROGRAM.flag_set
+version_string = PROGRAM.version
+load = PROGRAM.load  # argv (+ --config) -> (validated Options, extras {help, version})
+parse_args = PROGRAM.parse_args  # exits 0 after --help/--version, 2 on a bad flag

@@ -44,6 +44,7 @@ __all__ = [
     "TimerMetrics",
     "address_flags",
     "conn_options",
+    "consume_until_stopped",
     "consumer_flags",
     "destination_flag",
     "http_client_flags",
@@ -51,6 +52,7 @@ __all__ = [
     "parse_flags",
     "run_tool",
     "setup_logging",
+    "tool_main",
     "user_agent",
     "version_string",
 ]
@@ -489,3 +491,44 @@ def run_tool(prog: str, coro_fn: Callable[[], Coroutine[Any, Any, int | None]]) 
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     raise SystemExit(rc or 0)
+
+
+def tool_main(prog: str, run: Callable[[Sequence[str] | None], Coroutine[Any, Any, int | None]]
+              ) -> Callable[[Sequence[str] | None], None]:
+    """The tool's ``main(argv=None)``: run ``run(argv)`` under :func:`run_tool`."""
+    def main(argv: Sequence[str] | None = None) -> None:
+        run_tool(prog, lambda: run(argv))
+
+    return main
+
+
+async def consume_until_stopped(opts: Options, topics: Iterable[str],
+                                handler_for: Callable[[str], Callable[..., Any]],
+                                stop: StopSignal, reporter: RateReporter,
+                                consumer_kwargs: dict[str, Any], *,
+                                max_in_flight: int | None = None,
+                                announce: Callable[[str], None] | None = None) -> None:
+    """The consuming tools' one set-up: a Consumer per topic on ``opts.channel`` (through
+    ``--nsqd-tcp-address`` or ``--lookupd-http-address``) with ``handler_for(topic)``, all
+    started, then the rate reporter; returns when ``stop`` is set, every consumer and the
+    reporter closed. A bad consumer option is fatal (exit 1) with its message."""
+    from nsqx.client import Consumer
+
+    consumers: list[Consumer] = []
+    try:
+        for topic in topics:
+            if announce is not None:
+                announce(topic)
+            c = Consumer(topic, opts.channel, handler_for(topic),
+                         nsqd_tcp_addresses=opts.nsqd_tcp_address,
+                         lookupd_http_addresses=opts.lookupd_http_address,
+                         max_in_flight=max_in_flight or opts.max_in_flight, **consumer_kwargs)
+            consumers.append(c)
+            await c.start()
+        reporter.start()
+        await stop.wait()
+    except (ValueError, TypeError) as e:
+        raise Fatal(str(e)) from None
+    finally:
+        await asyncio.gather(*(c.close() for c in consumers), return_exceptions=True)
+        await reporter.close()

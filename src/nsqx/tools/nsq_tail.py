@@ -13,7 +13,7 @@ import random
 import sys
 from collections.abc import Sequence
 
-from nsqx.client import Consumer, Message
+from nsqx.client import Message
 from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
@@ -23,11 +23,12 @@ from .common import (
     StopSignal,
     check_addresses,
     conn_options,
+    consume_until_stopped,
     consumer_flags,
     parse_flags,
-    run_tool,
     setup_logging,
     stats_interval_flag,
+    tool_main,
     user_agent,
     version_flag,
 )
@@ -103,24 +104,9 @@ async def run(argv: Sequence[str] | None) -> int:
 
         return handle
 
-    consumers = []
-    try:
-        for topic in opts.topic:
-            print(f"Adding consumer for topic: {topic}", file=sys.stderr)
-            c = Consumer(topic, opts.channel, make_handler(topic),
-                         nsqd_tcp_addresses=opts.nsqd_tcp_address,
-                         lookupd_http_addresses=opts.lookupd_http_address,
-                         max_in_flight=max_in_flight, **kwargs)
-            consumers.append(c)
-            await c.start()
-        reporter.start()
-        await stop.wait()
-    except (ValueError, TypeError) as e:
-        raise Fatal(str(e)) from None
-    finally:
-        for c in consumers:
-            await c.close()
-        await reporter.close()
+    await consume_until_stopped(
+        opts, opts.topic, make_handler, stop, reporter, kwargs, max_in_flight=max_in_flight,
+        announce=lambda t: print(f"Adding consumer for topic: {t}", file=sys.stderr))
     return 1 if failed else 0
 
 
@@ -134,8 +120,7 @@ def _silence_stdout() -> None:
         pass
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    run_tool(PROG, lambda: run(argv))
+main = tool_main(PROG, run)
 
 
 if __name__ == "__main__":

@@ -54,9 +54,9 @@ from .common import (
     consumer_opt_flag,
     http_client_flags,
     parse_flags,
-    run_tool,
     setup_logging,
     stats_interval_flag,
+    tool_main,
     user_agent,
     version_flag,
 )
@@ -570,8 +570,7 @@ async def run(argv: Sequence[str] | None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    run_tool(PROG, lambda: run(argv))
+main = tool_main(PROG, run)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from urllib.parse import quote_plus
 import aiohttp
 
 from nsqx import NSQ_VERSION
-from nsqx.client import Consumer, Message
+from nsqx.client import Message
 from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
@@ -36,12 +36,13 @@ from .common import (
     TimerMetrics,
     check_addresses,
     conn_options,
+    consume_until_stopped,
     consumer_flags,
     http_client_flags,
     parse_flags,
-    run_tool,
     setup_logging,
     stats_interval_flag,
+    tool_main,
     user_agent,
     version_flag,
 )
@@ -229,27 +230,15 @@ async def run(argv: Sequence[str] | None) -> int:
             reporter.add()
 
     stop = StopSignal(PROG)
-    consumer = None
     try:
-        consumer = Consumer(opts.topic, opts.channel, handle,
-                            nsqd_tcp_addresses=opts.nsqd_tcp_address,
-                            lookupd_http_addresses=opts.lookupd_http_address,
-                            max_in_flight=opts.max_in_flight, **kwargs)
-        await consumer.start()
-        reporter.start()
-        await stop.wait()
-    except (ValueError, TypeError) as e:
-        raise Fatal(str(e)) from None
+        await consume_until_stopped(opts, [opts.topic], lambda _t: handle, stop, reporter,
+                                    kwargs)
     finally:
-        if consumer is not None:
-            await consumer.close()
         await session.close()
-        await reporter.close()
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    run_tool(PROG, lambda: run(argv))
+main = tool_main(PROG, run)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from nsqx.client import Consumer, Message, NSQError, Producer
+from nsqx.client import Message, NSQError, Producer
 from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
@@ -37,13 +37,14 @@ from .common import (
     TimerMetrics,
     check_addresses,
     conn_options,
+    consume_until_stopped,
     consumer_flags,
     destination_flag,
     parse_flags,
     producer_opt_flag,
-    run_tool,
     setup_logging,
     stats_interval_flag,
+    tool_main,
     user_agent,
     version_flag,
 )
@@ -289,30 +290,17 @@ async def run(argv: Sequence[str] | None) -> int:
         return handle
 
     stop = StopSignal(PROG)
-    consumers: list[Consumer] = []
     try:
-        for topic in opts.topic:
-            c = Consumer(topic, opts.channel, make_handler(opts.destination_topic or topic),
-                         nsqd_tcp_addresses=opts.nsqd_tcp_address,
-                         lookupd_http_addresses=opts.lookupd_http_address,
-                         max_in_flight=opts.max_in_flight, **ckwargs)
-            consumers.append(c)
-        for c in consumers:
-            await c.start()
-        reporter.start()
-        await stop.wait()
-    except (ValueError, TypeError) as e:
-        raise Fatal(str(e)) from None
+        await consume_until_stopped(
+            opts, opts.topic, lambda t: make_handler(opts.destination_topic or t), stop,
+            reporter, ckwargs)
     finally:
-        await asyncio.gather(*(c.close() for c in consumers), return_exceptions=True)
         for p in producers.values():
             await p.close()
-        await reporter.close()
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    run_tool(PROG, lambda: run(argv))
+main = tool_main(PROG, run)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,9 @@ from .common import (
     destination_flag,
     parse_flags,
     producer_opt_flag,
-    run_tool,
     setup_logging,
     stats_interval_flag,
+    tool_main,
     user_agent,
     version_flag,
 )
@@ -185,8 +185,7 @@ async def run(argv: Sequence[str] | None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    run_tool(PROG, lambda: run(argv))
+main = tool_main(PROG, run)
 
 
 if __name__ == "__main__":

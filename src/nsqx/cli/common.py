@@ -1,7 +1,7 @@
-"""One blocking request to an nsqd's (or nsqlookupd's) HTTP API for the ``nsqx`` commands.
-
-Shared by the command groups (``nsqx_cmd``, ``trace_cmd``) so that none imports another:
-a failure is one line on stderr naming the program and the address, never a traceback.
+"""What the ``nsqx`` command groups share, so that none imports another: one blocking
+request to an nsqd's (or nsqlookupd's) HTTP API (a failure is one line on stderr naming the
+program and the address, never a traceback), the local default addresses, and the parser
+of a command group.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["LOCAL_LOOKUPD_HTTP", "LOCAL_NSQD_HTTP", "LOCAL_NSQD_TCP", "default_to_local",
-           "http_call", "http_failed", "nsqd_http"]
+__all__ = ["LOCAL_LOOKUPD_HTTP", "LOCAL_NSQD_HTTP", "LOCAL_NSQD_TCP", "answer_failed",
+           "command_group",
+           "default_to_local", "http_call", "http_failed", "nsqd_http"]
 
 # what every nsqx command talks to when given no address: the local programs' default ports
 LOCAL_NSQD_TCP = "127.0.0.1:4150"
@@ -58,6 +59,18 @@ def http_failed(prog: str, status: int, data: bytes) -> int:
     return 1
 
 
+def answer_failed(prog: str, who: str, status: int, body: Any) -> int:
+    """Print a server's error answer (its JSON ``message`` and ``detail``); exit status 1."""
+    if isinstance(body, dict):
+        text = str(body.get("message"))
+        if body.get("detail"):
+            text += f": {body['detail']}"
+    else:
+        text = str(body)
+    print(f"{prog}: {who} answered {status} {text}", file=sys.stderr)
+    return 1
+
+
 def http_call(prog: str, method: str, address: str, path: str, params: dict[str, str],
               body: bytes | None = None) -> tuple[int, bytes, Any] | None:
     """:func:`nsqd_http`, or None after printing why the address cannot be reached."""
@@ -66,3 +79,12 @@ def http_call(prog: str, method: str, address: str, path: str, params: dict[str,
     except OSError as exc:
         print(f"{prog}: cannot reach nsqd at {address}: {exc}", file=sys.stderr)
         return None
+
+
+def command_group(sub: Any, name: str, help: str, description: str) -> Any:
+    """``nsqx NAME COMMAND``: the group's parser (printing its help when no command is
+    given, exit 2) -> the subparsers its commands are added to."""
+    group = sub.add_parser(name, help=help, description=description)
+    commands = group.add_subparsers(dest=f"{name}_command", metavar="COMMAND")
+    group.set_defaults(func=lambda a: (group.print_help(), 2)[1])
+    return commands
