@@ -17,61 +17,47 @@ from nsqx.client import Message
 from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
-from .common import (
-    Fatal,
-    RateReporter,
-    StopSignal,
-    check_addresses,
-    conn_options,
-    consume_until_stopped,
-    consumer_flags,
-    parse_flags,
-    setup_logging,
-    stats_interval_flag,
-    tool_main,
-    user_agent,
-    version_flag,
-)
+from . import common
 
 PROG = "nsq_tail"
 
 
 def flags() -> list[Flag]:
     return [
-        version_flag(),
+        common.version_flag(),
         Flag("topic", "strings", [], "NSQ topic (may be given multiple times)"),
-        *consumer_flags("", "NSQ channel (default tail<random 6 digits>#ephemeral)"),
+        *common.consumer_flags("", "NSQ channel (default tail<random 6 digits>#ephemeral)"),
         Flag("n", "int", 0, "total messages to show (will wait if starved)"),
         Flag("print-topic", "bool", False, "print topic name where message was received"),
-        stats_interval_flag(0.0),
+        common.stats_interval_flag(0.0),
     ]
 
 
 async def run(argv: Sequence[str] | None) -> int:
-    opts = parse_flags(PROG, flags(), argv, __doc__ or "")
-    setup_logging("warn")
+    opts = common.parse_flags(PROG, flags(), argv, __doc__ or "")
+    common.setup_logging("warn")
     if not opts.channel:
         opts.channel = f"tail{random.randrange(999999):06d}#ephemeral"
-    check_addresses(opts)
+    common.check_addresses(opts)
     if not opts.topic:
-        raise Fatal("--topic required")
+        raise common.Fatal("--topic required")
     for t in opts.topic:
         if not valid_topic_name(t):
-            raise Fatal(f"--topic {t!r} is invalid")
+            raise common.Fatal(f"--topic {t!r} is invalid")
     if not valid_channel_name(opts.channel):
-        raise Fatal(f"--channel {opts.channel!r} is invalid")
+        raise common.Fatal(f"--channel {opts.channel!r} is invalid")
     total = opts.n
     max_in_flight = opts.max_in_flight
     if 0 < total < max_in_flight:  # don't ask for more messages than we want
         max_in_flight = total
-    co = conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt",
-                      user_agent=user_agent(PROG))
+    co = common.conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt",
+                             user_agent=common.user_agent(PROG))
     kwargs = co.consumer_kwargs()
     kwargs.pop("max_in_flight", None)
 
-    stop = StopSignal(PROG)
+    stop = common.StopSignal(PROG)
     out = sys.stdout.buffer
-    reporter = RateReporter(PROG, opts.stats_interval)
+    reporter = common.RateReporter(PROG, opts.stats_interval)
     shown = 0
     failed: list[BaseException] = []
 
@@ -104,7 +90,7 @@ async def run(argv: Sequence[str] | None) -> int:
 
         return handle
 
-    await consume_until_stopped(
+    await common.consume_until_stopped(
         opts, opts.topic, make_handler, stop, reporter, kwargs, max_in_flight=max_in_flight,
         announce=lambda t: print(f"Adding consumer for topic: {t}", file=sys.stderr))
     return 1 if failed else 0
@@ -120,7 +106,7 @@ def _silence_stdout() -> None:
         pass
 
 
-main = tool_main(PROG, run)
+main = common.tool_main(PROG, run)
 
 
 if __name__ == "__main__":
