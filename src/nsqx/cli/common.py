@@ -6,6 +6,7 @@ of a command group.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any
@@ -81,10 +82,20 @@ def http_call(prog: str, method: str, address: str, path: str, params: dict[str,
         return None
 
 
+class _RawDescriptionParser(argparse.ArgumentParser):
+    """A command whose description and examples keep their own line breaks."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kw)
+
+
 def command_group(sub: Any, name: str, help: str, description: str) -> Any:
     """``nsqx NAME COMMAND``: the group's parser (printing its help when no command is
-    given, exit 2) -> the subparsers its commands are added to."""
+    given, exit 2) -> the subparsers its commands are added to (their descriptions and
+    examples keep their line breaks)."""
     group = sub.add_parser(name, help=help, description=description)
-    commands = group.add_subparsers(dest=f"{name}_command", metavar="COMMAND")
+    commands = group.add_subparsers(dest=f"{name}_command", metavar="COMMAND",
+                                    parser_class=_RawDescriptionParser)
     group.set_defaults(func=lambda a: (group.print_help(), 2)[1])
     return commands

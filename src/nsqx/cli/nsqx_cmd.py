@@ -308,7 +308,6 @@ def add_channel_commands(sub: Any) -> None:
                          "Channel administration through nsqd's HTTP API.")
     p = csub.add_parser(
         "reset", help="move a channel to a time, an offset, the start or the end of its log",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Move CHANNEL of TOPIC so that it delivers again from a point of the log "
                     "(replay) or skips ahead (POST /channel/setoffset).\n\n"
                     "Messages in flight are forgotten (a late FIN of one fails), finished ones "
@@ -417,7 +416,6 @@ def add_message_commands(sub: Any) -> None:
                          "Message lookup through nsqd's HTTP API.")
     p = msub.add_parser(
         "get", help="print one message by id or offset (body, time, attempts, headers)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Read one message of TOPIC from the log, whether or not a channel has "
                     "consumed it (GET /message/get). Messages removed by retention are not "
                     "found.",

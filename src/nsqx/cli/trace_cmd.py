@@ -152,7 +152,6 @@ def add_trace_commands(sub: Any) -> None:
                          "topic __trace of each nsqd).")
     p = tsub.add_parser(
         "get", help="print the timeline of a message (published, delivered, FIN/REQ/timeout)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Find TOPIC's messages by id, trace id or a header value and print what "
                     "happened to each (GET /trace/search; a scan of the newest trace events, "
                     "--limit of them). Exit status 3 when no message matched.",

@@ -157,15 +157,11 @@ class _Handlers:
             entries = data.setdefault(key, [])
             for p in producers:
                 info = p.peer.info
+                peer = _peer_json(info)
+                del peer["remote_address"]  # /debug names the peer by its id
                 entries.append({
                     "id": p.peer.id,
-                    "hostname": info.hostname,
-                    "broadcast_address": info.broadcast_address,
-                    "tcp_port": info.tcp_port,
-                    "http_port": info.http_port,
-                    "version": info.version,
-                    "topology_zone": info.topology_zone,
-                    "topology_region": info.topology_region,
+                    **peer,
                     "last_update": p.peer.last_update,
                     "tombstoned": p.tombstoned,
                     "tombstoned_at": p.tombstoned_at if p.tombstoned else GO_ZERO_TIME_UNIX_NANO,

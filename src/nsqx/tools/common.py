@@ -394,8 +394,7 @@ class RateReporter:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.gather(self._task, return_exceptions=True)  # its cancellation
             self._task = None
         if self.interval <= 0:
             return
