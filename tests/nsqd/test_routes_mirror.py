@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nsqx.cluster.barrier import ChannelRoute
 from nsqx.nsqd.routing import TopicRoutes
+from nsqx.protocol.barrier import ChannelRoute
 from nsqx.protocol.routes import RouteError, RouteHistory
 from tests.nsqd.inprocess import running_node
 

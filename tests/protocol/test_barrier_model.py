@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from nsqx.cluster.barrier import (
+from nsqx.protocol.barrier import (
     ChannelRoute,
     StaleRoute,
     advance,
