@@ -144,3 +144,16 @@ def test_a_lookupd_address_is_not_overridden_by_the_local_default() -> None:
     args = build_parser().parse_args(["cluster", "status"])
     default_to_local(args)
     assert args.lookupd_http_address == "127.0.0.1:4161"
+
+
+def test_a_data_path_nsqd_cannot_use_is_one_line_at_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for path, why in ((afile, "not a directory"), (afile / "sub", f"{afile} is not a directory")):
+        out = subprocess.run([sys.executable, "-m", "nsqx.cli.nsqd", f"--data-path={path}"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2
+        assert out.stderr.splitlines()[0] == \
+            f'nsqd: invalid value "{path}" for flag -data-path: {why}', out.stderr
+    opts, _ = _load("nsqx.nsqd.options", [f"--data-path={tmp_path / 'new' / 'dir'}"])
+    assert opts.data_path == str(tmp_path / "new" / "dir")  # created by nsqd at start

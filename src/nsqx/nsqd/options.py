@@ -264,6 +264,21 @@ def _parse_tls_min_version(s: str) -> str:
     return s
 
 
+def _check_data_path(path: str) -> str:
+    """Fail at start, in one line, on a data path nsqd cannot use: not a directory, or not
+    writable (it, or the nearest existing parent it would be created in)."""
+    p = os.path.abspath(path)
+    if os.path.exists(p) and not os.path.isdir(p):
+        raise ValueError("not a directory")
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    if not os.path.isdir(p):
+        raise ValueError(f"{p} is not a directory")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ValueError(f"{p} is not writable")
+    return path
+
+
 def _flags() -> list[Flag]:
     d = Options(node_id=0, broadcast_address="", data_path="")
     STR, INT, DUR, BOOL = "string", "int", "duration", "bool"
@@ -302,7 +317,7 @@ def _flags() -> list[Flag]:
              "closer consumer"),
         # storage
         Flag("data-path", STR, "", "path to store disk-backed messages (default is the current "
-             "directory)"),
+             "directory)", check=_check_data_path),
         Flag("mem-queue-size", INT, d.mem_queue_size, "number of messages to keep in memory "
              "(per topic/channel)"),
         Flag("max-bytes-per-file", INT, d.max_bytes_per_file, "number of bytes per log segment "
