@@ -37,8 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from nsqx.client import Producer  # noqa: E402
-from nsqx.cluster.routes import logical_partition  # noqa: E402
 from nsqx.protocol import v2  # noqa: E402
+from nsqx.protocol.routes import logical_partition  # noqa: E402
 from ordered import _Consumer  # noqa: E402  (bench/ordered.py: the same FIN-each consumer)
 
 LOGICAL = 1024

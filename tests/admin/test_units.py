@@ -9,7 +9,7 @@ import pytest
 from nsqx.admin.aggregate import aggregate_topic, e2e_from_nsqd, e2e_merge, node_topic_stats
 from nsqx.admin.options import Options, OptionsError, load, normalize_base_path
 from nsqx.admin.sampler import Sampler
-from nsqx.cli.flags import FlagError
+from nsqx.flags import FlagError
 
 
 def test_options_go_and_gnu_syntax(tmp_path) -> None:

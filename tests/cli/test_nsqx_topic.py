@@ -45,8 +45,9 @@ def test_create_with_an_fsync_policy(nsqd: NsqdProcess) -> None:
 
 
 def test_bad_use_is_explained(nsqd: NsqdProcess) -> None:
-    out = nsqx("topic", "create", "t")
-    assert out.returncode == 2 and "exactly one of --nsqd-http-address" in out.stderr
+    out = nsqx("topic", "create", "t", f"--nsqd-http-address={nsqd.http_address}",
+               "--lookupd-http-address=127.0.0.1:1")
+    assert out.returncode == 2 and "not both" in out.stderr
     out = nsqx("topic", "create", "t", "--replicas", "3",
                f"--nsqd-http-address={nsqd.http_address}")
     assert out.returncode == 2 and "need --lookupd-http-address" in out.stderr

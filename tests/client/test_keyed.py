@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 
 import pytest
@@ -9,9 +10,10 @@ import pytest
 from nsqx.client import Producer, key_partition
 from nsqx.client.errors import NSQError
 from nsqx.protocol import v2
-from tests.client.helpers import run
+from tests.client.helpers import run, start_fixed, wait_for
 from tests.support import http_api
-from tests.support.nsqd_process import NsqdProcess
+from tests.support.faultproxy import FaultProxy
+from tests.support.nsqd_process import NsqdFactory, NsqdProcess
 from tests.support.rawclient import RawClient
 
 
@@ -57,3 +59,78 @@ def test_keys_keep_their_order_per_partition(nsqd: NsqdProcess) -> None:
                 c.send(v2.fin(m.id))
             assert set(seen) == set(mine)
             assert all(v == [0, 1, 2, 3, 4] for v in seen.values())  # per key, in order
+
+
+@pytest.mark.slow
+def test_keyed_publishes_survive_a_restart_right_after_a_split(
+        nsqd_factory: NsqdFactory) -> None:
+    """Keyed publishes on a route-managed topic run while the topic is split and nsqd is
+    SIGKILLed and restarted at once; the route endpoint stays unreachable from the producers
+    (a proxy refuses) through the split and for a while after TCP is back (as when nsqd's HTTP
+    opens after its TCP). Every publish must wait for the route instead of raising
+    ``no route for topic``, and every acknowledged message must be in the log."""
+    from nsqx.client import Consumer
+
+    nsqd = start_fixed(nsqd_factory)
+    a = nsqd.http_address
+    assert http_api.post(a, "/topic/create", topic="rk", partition_num=2,
+                         logical=64).status == 200
+    assert http_api.post(a, "/channel/create", topic="rk", channel="c").status == 200
+    proxy = FaultProxy(nsqd.http_port).start()
+    keys, per_key = 24, 12
+    acked: set[tuple[str, int]] = set()
+
+    async def main() -> dict[str, list[int]]:
+        producers = [Producer(nsqd.tcp_address, nsqd_http_addresses=proxy.address,
+                              wait_timeout=20.0) for _ in range(2)]
+        started = asyncio.Event()
+
+        async def publish_key(p: Producer, k: int) -> None:
+            for s in range(per_key):
+                await p.publish("rk", f"k{k}:{s}".encode(), key=f"k{k}")
+                acked.add((f"k{k}", s))
+                if len(acked) >= keys:
+                    started.set()
+                await asyncio.sleep(0.03)
+
+        async def fault() -> None:
+            await started.wait()  # every producer holds route version 0
+            proxy.cut("refuse")
+            r = await asyncio.to_thread(http_api.post, a, "/topic/split", topic="rk",
+                                        partition=0, at=16)
+            assert r.status == 200, r.body
+            await asyncio.to_thread(nsqd.kill)
+            await asyncio.to_thread(nsqd.start)
+            await asyncio.sleep(0.5)  # TCP answers, the route endpoint does not yet
+            proxy.heal()
+
+        try:
+            await asyncio.gather(fault(), *(publish_key(producers[k % 2], k)
+                                            for k in range(keys)))
+        finally:
+            for p in producers:
+                await p.close()
+        seen: dict[str, list[int]] = {}
+
+        def handle(m) -> None:  # type: ignore[no-untyped-def]
+            k, s = m.body.decode().split(":")
+            seen.setdefault(k, []).append(int(s))
+
+        c = Consumer("rk", "c", handle, nsqd_tcp_addresses=nsqd.tcp_address,
+                     max_in_flight=50)
+        await c.start()
+        try:
+            await wait_for(lambda: {(k, s) for k, ss in seen.items() for s in ss} >= acked,
+                           timeout=30.0, step=0.1)
+        finally:
+            await c.close()
+        return seen
+
+    try:
+        seen = run(main(), timeout=120.0)
+    finally:
+        proxy.stop()
+    assert len(acked) == keys * per_key  # no publish raised
+    assert {(k, s) for k, ss in seen.items() for s in ss} == acked
+    r = http_api.get(nsqd.http_address, "/topic/route", topic="rk")
+    assert r.status == 200 and r.json()["versions"][-1]["version"] == 1

@@ -9,8 +9,8 @@ import pytest
 from nsqx.cluster.etcd import EtcdClient, Op
 from nsqx.cluster.etcd_server import EtcdServer
 from nsqx.cluster.route_store import EtcdRouteStore, parse_pass_key, pass_key
-from nsqx.cluster.routes import RouteError, RouteHistory
 from nsqx.nsqd.routing import RouteConflict
+from nsqx.protocol.routes import RouteError, RouteHistory
 from tests.client.helpers import run
 
 ROOT = b"/nsqx/test/"
@@ -88,3 +88,23 @@ def test_relabel_dead_nodes_uses_the_current_leader() -> None:
     assert relabel_dead_nodes(h, alive, ["b"], {}) is alive  # its node lives: unchanged
     moved = h.move(1, "gone")
     assert relabel_dead_nodes(h, moved, ["b"], {}) is moved  # a move's node is the operator's
+
+
+def test_held_resets_survive_a_restart_and_settle_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A hold taken for a cluster reset is on disk: the next process finds it once (its first
+    route sync applies a newer reset record or none), and apply/release clear it."""
+    from nsqx.cluster.route_store import HeldResets
+
+    path = tmp_path / "holds.json"
+    held = HeldResets(path)
+    held.add("t", "a")
+    held.add("t", "b")
+    held.add("u", "a")
+    held.discard("t", "b")  # released (or applied) before the stop
+    again = HeldResets(path)  # the node restarted
+    assert again.restored("t") == {"a"}
+    assert again.restored("t") == set()  # once: the first sync settles it
+    assert HeldResets(path).restored("t") == set()  # and it is gone from disk
+    assert HeldResets(path).restored("u") == {"a"}
+    path.write_text("not json")
+    assert HeldResets(path).restored("u") == set()  # unreadable: forgotten, no crash

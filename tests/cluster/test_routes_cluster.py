@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from nsqx.cluster.etcd_server import EtcdServer
-from nsqx.cluster.routes import RouteHistory
 from nsqx.protocol import v2
+from nsqx.protocol.routes import RouteHistory
 from tests.support.cluster import Cluster, http, wait_until
 from tests.support.rawclient import RawClient
 

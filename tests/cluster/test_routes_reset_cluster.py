@@ -326,3 +326,62 @@ def test_cluster_reset_refuses_a_position_retention_deleted(  # type: ignore[no-
     assert etcd_keys(etcd_server, "route_passed/t/a/") == passes
     code, answer = reset(cluster, "t", "a", b"latest")
     assert code == 200 and answer["route_version"] == 1, answer
+
+
+def test_a_node_restarted_between_hold_and_apply_applies_the_reset_at_start(  # type: ignore[no-untyped-def]
+        etcd_server: EtcdServer, nsqd_factory, lookupd_factory, monkeypatch) -> None:
+    """A coordinator holds channel a on both nodes, commits a reset to earliest (route
+    version 0), and node 1 is SIGKILLed before the apply reaches it; the coordinator gives
+    up on it (its retry window shortened here). Node 1 comes back after that: it was held
+    when it stopped (the hold is kept on disk), so it applies the reset record it finds in
+    etcd at start: its barrier state for a restarts on version 0 instead of staying on 1."""
+    from nsqx.cluster import route_coord
+    from nsqx.cluster.etcd import EtcdClient
+    from nsqx.cluster.metadata import ClusterMetadata
+    from nsqx.protocol.v2 import parse_start_position
+    from tests.client.helpers import run
+
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=2)
+    start_ordered_topic(cluster, "t")
+    assert lk(cluster, "POST", "/topic/split", topic="t", partition=0, at=16)[0] == 200
+
+    reader = OrderedReaders(cluster.lookupd.http_address, "t", "a", 0)
+
+    async def subscribe() -> None:  # the channel exists on every partition's leader
+        task = asyncio.create_task(reader.run())
+        await asyncio.sleep(1.0)
+        task.cancel()
+        reader.close()
+
+    run(subscribe())
+    wait_until(lambda: all(versions_of(n) == 1 for n in cluster.nodes),
+               what="channel a on version 1 on both nodes")
+    victim = cluster.nodes[1]
+    victim_id = cluster.node_id(victim)
+    monkeypatch.setattr(route_coord, "STEP_TIMEOUT", 1.0)
+
+    class KillBeforeApply(route_coord.RouteCoordinator):
+        async def _reset_apply(self, topic, channel, gen, nodes):  # type: ignore[no-untyped-def]
+            await asyncio.to_thread(victim.kill)  # held, then gone before the apply
+            return await super()._reset_apply(topic, channel, gen, nodes)
+
+    async def reset_killing() -> dict:
+        async with EtcdClient([etcd_server.endpoint]) as etcd:
+            coord = KillBeforeApply(ClusterMetadata(etcd, "test"))
+            try:
+                return await coord.reset_channel("t", "a", parse_start_position(b"earliest"))
+            finally:
+                await coord.close()
+
+    body = run(reset_killing())
+    assert body["route_version"] == 0 and body["unapplied"] == [victim_id], body
+    assert versions_of(cluster.nodes[0]) == 0
+    victim.start()
+    wait_until(lambda: versions_of(victim) == 0, timeout=20,
+               what="the restarted node's channel on the reset's version 0")
+
+
+def versions_of(n) -> int | None:  # type: ignore[no-untyped-def]
+    from tests.cluster.test_routes_cluster import node_route
+
+    return node_route(n, "t").get("channels", {}).get("a", {}).get("version")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from nsqx.cli.flags import FlagError
+from nsqx.flags import FlagError
 from nsqx.lookupd.options import Options, OptionsError, load
 from tests.support.lookupd_process import lookupd_command
 
@@ -144,8 +144,10 @@ def test_port_in_use_fails(lookupd_factory):
     r = run("--tcp-address=127.0.0.1:0", f"--http-address=127.0.0.1:{ld.http_port}")
     assert r.returncode == 1
     assert f"listen (127.0.0.1:{ld.http_port}) failed" in r.stderr
+    # a bad address is a bad flag now (issue 24): Go's message and exit code 2, before binding
     r = run("--tcp-address=nonsense", "--http-address=127.0.0.1:0")
-    assert r.returncode == 1 and "missing port" in r.stderr
+    assert r.returncode == 2, r.stderr
+    assert 'invalid value "nonsense" for flag -tcp-address: missing port' in r.stderr
 
 
 def _free_port() -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nsqx import NSQ_VERSION, __version__
-from nsqx.cli.flags import (
+from nsqx.flags import (
     FlagError,
     format_go_duration,
     parse_go_bool,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from nsqx.cluster.barrier import ChannelRoute
-from nsqx.cluster.routes import RouteError, RouteHistory
 from nsqx.nsqd.routing import TopicRoutes
+from nsqx.protocol.barrier import ChannelRoute
+from nsqx.protocol.routes import RouteError, RouteHistory
 from tests.nsqd.inprocess import running_node
 
 

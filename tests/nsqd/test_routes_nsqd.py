@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nsqx.cluster.routes import RouteError, RouteHistory
 from nsqx.protocol import v2
+from nsqx.protocol.routes import RouteError, RouteHistory
 from tests.nsqd.inprocess import running_node
 from tests.support import http_api
 from tests.support.nsqd_process import NsqdProcess

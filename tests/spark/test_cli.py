@@ -21,8 +21,9 @@ def test_parser_has_the_spark_group() -> None:
     assert (args.from_, args.json) == ("2026-11-22T10:00", True)
 
 
+# (no --nsqd and no --lookupd is no error since issue 24: the local nsqd, 127.0.0.1:4151 -
+# tests/cli/test_flags.py)
 @pytest.mark.parametrize("argv", [
-    ["spark", "archive", "--topic", "t", "--to", "d"],  # no --nsqd/--lookupd
     ["spark", "archive", "--nsqd", "a:1", "--lookupd", "b:1", "--topic", "t", "--to", "d"],
     ["spark", "archive", "--nsqd", "a:1", "--topic", "t", "--to", "d", "--option", "novalue"],
     ["spark", "stats", "--nsqd", "a:1"],  # no topic and no archive
@@ -58,7 +59,7 @@ def test_trace_report_arguments(capsys: pytest.CaptureFixture[str]) -> None:
                                       "--topic", "orders", "--top", "3"])
     assert (args.spark_command, args.out, args.topic, args.top) == ("trace-report", "d",
                                                                     "orders", 3)
-    for argv in (["spark", "trace-report", "--out", "d"],  # no source
+    for argv in (["spark", "trace-report", "--nsqd", "a:1", "--lookupd", "b:1", "--out", "d"],
                  ["spark", "trace-report", "--nsqd", "h:1"]):  # no --out
         with pytest.raises(SystemExit) as ei:
             main(argv)

@@ -56,7 +56,7 @@ from .cluster import (
     node_url_addr,
 )
 from .notify import Notifier, admin_action
-from .options import _CFG_INDEX, LOG_LEVELS, Options
+from .options import LOG_LEVELS, PROGRAM, Options
 from .sampler import Sampler
 
 __all__ = ["CSRF_COOKIE", "CSRF_HEADER", "AdminHTTP"]
@@ -573,28 +573,23 @@ class AdminHTTP:
         cn = self._ctx(request, [err] if err else [])
         return self._html(request, cn, pages.render_cluster(cn[0], stats, failed=bool(err)))
 
-    async def _require_cluster_mode(self) -> dict[str, Any]:
+    async def _require_cluster_mode(self, **kw: Any) -> tuple[dict[str, Any], list[str]]:
+        """lookupd's cluster stats and the errors met; 404 ``CLUSTER_MODE_OFF`` when the
+        lookupd is standalone, 502 when it cannot be asked."""
         try:
-            stats, _ = await self.cluster.cluster_stats(log_ends=False)
+            stats, errs = await self.cluster.cluster_stats(**kw)
         except UpstreamError as e:
             raise _upstream(e) from None
         except ClusterRefused as e:
             raise HTTPError(502, f"UPSTREAM_ERROR: {e.message}") from None
         if stats is None:
             raise HTTPError(404, "CLUSTER_MODE_OFF")
-        return stats
+        return stats, errs
 
     async def api_cluster(self, request: web.Request) -> web.Response:
         """nsqx: lookupd's ``/cluster/stats?log_ends=true`` as is (404 ``CLUSTER_MODE_OFF``
         when the lookupd is standalone)."""
-        try:
-            stats, errs = await self.cluster.cluster_stats()
-        except UpstreamError as e:
-            raise _upstream(e) from None
-        except ClusterRefused as e:
-            raise HTTPError(502, f"UPSTREAM_ERROR: {e.message}") from None
-        if stats is None:
-            raise HTTPError(404, "CLUSTER_MODE_OFF")
+        stats, errs = await self._require_cluster_mode()
         return v1_json({**stats, "message": _warn(errs)})
 
     async def api_cluster_create(self, request: web.Request) -> web.Response:
@@ -612,7 +607,7 @@ class AdminHTTP:
         ordered = body.get("ordered", False)
         if not isinstance(ordered, bool):
             raise HTTPError(400, "INVALID_ORDERED")
-        await self._require_cluster_mode()
+        await self._require_cluster_mode(log_ends=False)
         try:
             placed = await self.cluster.cluster_create_topic(topic, partitions, replicas, ordered)
         except UpstreamError as e:
@@ -633,7 +628,7 @@ class AdminHTTP:
         action = body.get("action")
         if action not in ("drain", "undrain"):
             raise HTTPError(400, "INVALID_ACTION")
-        await self._require_cluster_mode()
+        await self._require_cluster_mode(log_ends=False)
         try:
             await self.cluster.cluster_drain(node, undo=action == "undrain")
         except UpstreamError as e:
@@ -1033,7 +1028,7 @@ class AdminHTTP:
                     {"debug": 10, "info": 20, "warn": 30, "error": 40, "fatal": 50}[level])
             else:
                 raise HTTPError(400, "INVALID_OPTION")
-        flag = _CFG_INDEX.get(opt)
+        flag = PROGRAM.cfg_index.get(opt)
         if flag is None:
             raise HTTPError(400, "INVALID_OPTION")
         value = getattr(self.opts, flag.dest)

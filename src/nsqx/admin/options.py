@@ -8,26 +8,24 @@ float seconds. Two flags are nsqx's own: ``--stats-sample-interval`` and
 from __future__ import annotations
 
 import ipaddress
-import platform
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from nsqx import NSQ_VERSION, __version__
-from nsqx.cli.flags import Flag, FlagError, FlagSet, command_line_values, parse_or_exit
+from nsqx.flags import (
+    LOG_LEVELS,
+    Flag,
+    Program,
+    basic_flags,
+    http_client_flags,
+    listen_flag,
+    peer_flag,
+)
+from nsqx.netutil import check_peer_address
 
 __all__ = ["LOG_LEVELS", "Options", "OptionsError", "flag_set", "load", "normalize_base_path",
            "parse_args", "version_string"]
 
-LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
-
-
 class OptionsError(ValueError):
     """Options nsqadmin refuses to start with."""
-
-
-def version_string() -> str:
-    return f"nsqadmin v{NSQ_VERSION} (built w/python{platform.python_version()}) nsqx/{__version__}"
 
 
 def normalize_base_path(p: str) -> str:
@@ -93,10 +91,10 @@ class Options:
         for flag, addrs in (("--lookupd-http-address", self.nsqlookupd_http_addresses),
                             ("--nsqd-http-address", self.nsqd_http_addresses)):
             for a in addrs:
-                host_port = a.split("://", 1)[-1].rstrip("/")
-                host, sep, port = host_port.rpartition(":")
-                if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                    raise OptionsError(f"failed to resolve {flag} ({a}) - missing or bad port")
+                try:
+                    check_peer_address(a)
+                except ValueError as e:
+                    raise OptionsError(f"failed to resolve {flag} ({a}) - {e}") from None
         if self.proxy_graphite and not self.graphite_url:
             raise OptionsError(f"failed to parse --graphite-url ({self.graphite_url}) - empty")
         if self.allow_config_from_cidr:
@@ -110,25 +108,11 @@ class Options:
         self.base_path = normalize_base_path(self.base_path)
 
 
-def _parse_log_level(s: str) -> str:
-    s = s.lower()
-    if s not in LOG_LEVELS:
-        raise FlagError(f"invalid log level '{s}' (debug, info, warn, error, fatal)")
-    return s
-
-
 def _flags() -> list[Flag]:
     d = Options()
     return [
-        Flag("config", "string", "", "path to config file"),
-        Flag("version", "bool", False, "print version string"),
-        Flag("log-level", "custom", "info", "set log verbosity: debug, info, warn, error, or fatal",
-             parse=_parse_log_level, default_text="info"),
-        Flag("log-prefix", "string", d.log_prefix, "log message prefix"),
-        Flag("verbose", "bool", False, "[deprecated] has no effect, use --log-level",
-             deprecated=True),
-        Flag("http-address", "string", d.http_address,
-             "<addr>:<port> to listen on for HTTP clients"),
+        *basic_flags(d.log_prefix),
+        listen_flag("http-address", d.http_address, "<addr>:<port> to listen on for HTTP clients"),
         Flag("base-path", "string", d.base_path, "URL base path"),
         Flag("dev-static-dir", "string", "", "(development use only)"),
         Flag("graphite-url", "string", "", "graphite HTTP address"),
@@ -146,10 +130,7 @@ def _flags() -> list[Flag]:
         Flag("notification-http-endpoint", "string", "",
              "HTTP endpoint (fully qualified) to which POST notifications of admin actions "
              "will be sent"),
-        Flag("http-client-connect-timeout", "duration", d.http_client_connect_timeout,
-             "timeout for HTTP connect"),
-        Flag("http-client-request-timeout", "duration", d.http_client_request_timeout,
-             "timeout for HTTP request"),
+        *http_client_flags(d.http_client_connect_timeout, d.http_client_request_timeout),
         Flag("http-client-tls-insecure-skip-verify", "bool", False,
              "configure the HTTP client to skip verification of TLS certificates"),
         Flag("http-client-tls-root-ca-file", "string", "", "path to CA file for the HTTP client"),
@@ -160,12 +141,10 @@ def _flags() -> list[Flag]:
              "A CIDR from which to allow HTTP requests to the /config endpoint"),
         Flag("acl-http-header", "string", d.acl_http_header,
              "HTTP header to check for authenticated admin users"),
-        Flag("lookupd-http-address", "strings", [],
-             "lookupd HTTP address (may be given multiple times)",
-             dest="nsqlookupd_http_addresses", cfg="nsqlookupd_http_addresses"),
-        Flag("nsqd-http-address", "strings", [],
-             "nsqd HTTP address (may be given multiple times)",
-             dest="nsqd_http_addresses", cfg="nsqd_http_addresses"),
+        peer_flag("lookupd-http-address", "lookupd HTTP address (may be given multiple times)",
+                  dest="nsqlookupd_http_addresses"),
+        peer_flag("nsqd-http-address", "nsqd HTTP address (may be given multiple times)",
+                  dest="nsqd_http_addresses"),
         Flag("admin-user", "strings", [],
              "admin user (may be given multiple times; if specified, only these users will be "
              "able to perform privileged actions; acl-http-header is used to determine the "
@@ -178,30 +157,11 @@ def _flags() -> list[Flag]:
     ]
 
 
-_NON_OPTION_FLAGS = {"config", "version", "verbose"}
+PROGRAM = Program("nsqadmin", Options, _flags, (OptionsError,))
 
 
-def flag_set() -> FlagSet:
-    return FlagSet("nsqadmin", _flags())
-
-
-_CFG_INDEX: dict[str, Flag] = {f.cfg: f for f in _flags() if f.name not in _NON_OPTION_FLAGS}
-
-
-
-
-def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
-    """argv (+ ``--config``) -> (validated Options, extras {help, version})."""
-    values, extras = command_line_values("nsqadmin", flag_set(), _CFG_INDEX, argv, ("verbose",))
-    if extras["help"] or extras["version"]:
-        return Options(), extras
-    opts = Options(**values)
-    opts.validate()
-    return opts, extras
-
-
-
-def parse_args(argv: Sequence[str] | None = None) -> Options:
-    """The nsqadmin command line -> Options (exits 0 after --help/--version, 2 on a bad flag)."""
-    return parse_or_exit("nsqadmin", argv, load, lambda: flag_set().usage(), version_string,
-                         (OptionsError,))
+# the module's API (the entry point and the server use these names)
+flag_set = PROGRAM.flag_set
+version_string = PROGRAM.version
+load = PROGRAM.load  # argv (+ --config) -> (validated Options, extras {help, version})
+parse_args = PROGRAM.parse_args  # exits 0 after --help/--version, 2 on a bad flag

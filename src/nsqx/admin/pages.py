@@ -224,6 +224,17 @@ def _cell(metric: str, v: Any) -> str:
     return f'<td class="num" data-metric="{metric}" data-value="{int(v)}">{num(v)}</td>'
 
 
+def _channel_cells(c: dict[str, Any], extra: tuple[str, ...] = ()) -> str:
+    """A channel row's counters: depth (memory + disk), in flight, deferred, requeued, timed
+    out, the ``extra`` ones (0 when absent), messages, clients."""
+    return (f'{_cell("depth", c["depth"])}'
+            f'<td class="num muted">{num(c["memory_depth"])} + {num(c["backend_depth"])}</td>'
+            + "".join(_cell(k, c[k]) for k in ("in_flight_count", "deferred_count",
+                                               "requeue_count", "timeout_count"))
+            + "".join(_cell(k, c.get(k, 0)) for k in extra)
+            + _cell("message_count", c["message_count"]) + _cell("client_count", c["client_count"]))
+
+
 # ------------------------------------------------------------------------- Streams (/topics)
 
 def render_topics(ctx: Ctx, rows: list[dict[str, Any]], rates: dict[str, float],
@@ -359,14 +370,7 @@ def render_topic(ctx: Ctx, topic: str, agg: dict[str, Any], rates: dict[str, flo
             trs.append(
                 f'<tr data-channel="{e(name)}"><td class="name"><a href="{href}">{e(name)}</a>'
                 f'{_paused(c.get("paused"))}</td>'
-                f'{_cell("depth", c["depth"])}'
-                f'<td class="num muted">{num(c["memory_depth"])} + {num(c["backend_depth"])}</td>'
-                f'{_cell("in_flight_count", c["in_flight_count"])}'
-                f'{_cell("deferred_count", c["deferred_count"])}'
-                f'{_cell("requeue_count", c["requeue_count"])}'
-                f'{_cell("timeout_count", c["timeout_count"])}'
-                f'{_cell("message_count", c["message_count"])}'
-                f'{_cell("client_count", c["client_count"])}'
+                f'{_channel_cells(c)}'
                 f'{_e2e_cells(c.get("e2e_processing_latency"), pcts)}</tr>')
         body.append(
             '<div class="table-wrap"><table class="table" id="topic-channels"><thead><tr>'
@@ -428,16 +432,7 @@ def render_channel(ctx: Ctx, topic: str, channel: str, agg: dict[str, Any] | Non
     def row(c: dict[str, Any], label: str, key: str, cls: str = "") -> str:
         return (f'<tr class="{cls}" data-node="{e(key)}"><td class="name">{label}'
                 f'{_paused(c.get("paused")) if key != "*" else ""}</td>'
-                f'{_cell("depth", c["depth"])}'
-                f'<td class="num muted">{num(c["memory_depth"])} + {num(c["backend_depth"])}</td>'
-                f'{_cell("in_flight_count", c["in_flight_count"])}'
-                f'{_cell("deferred_count", c["deferred_count"])}'
-                f'{_cell("requeue_count", c["requeue_count"])}'
-                f'{_cell("timeout_count", c["timeout_count"])}'
-                f'{_cell("dlq_count", c.get("dlq_count", 0))}'
-                f'{_cell("expired_count", c.get("expired_count", 0))}'
-                f'{_cell("message_count", c["message_count"])}'
-                f'{_cell("client_count", c["client_count"])}'
+                f'{_channel_cells(c, ("dlq_count", "expired_count"))}'
                 f'{_e2e_cells(c.get("e2e_processing_latency"), pcts)}</tr>')
 
     trs = [row(n, f'<a href="{ctx.url("/nodes/" + q(n["node"]))}">{e(n["hostname"] or n["node"])}'

@@ -37,14 +37,9 @@ def _lookupd(method: str, address: str, path: str) -> tuple[int, Any]:
 
 
 def _fail(prog: str, status: int, body: Any) -> int:
-    if isinstance(body, dict):
-        text = str(body.get("message"))
-        if body.get("detail"):
-            text += f": {body['detail']}"
-    else:
-        text = str(body)
-    print(f"{prog}: nsqlookupd answered {status} {text}", file=sys.stderr)
-    return 1
+    from nsqx.cli.common import answer_failed
+
+    return answer_failed(prog, "nsqlookupd", status, body)
 
 
 # ------------------------------------------------------------------------------- cluster up

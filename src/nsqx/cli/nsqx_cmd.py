@@ -25,6 +25,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from nsqx.cli.common import (
+    LOCAL_NSQD_HTTP,
+    LOCAL_NSQD_TCP,
+    command_group,
+    default_to_local,
+    http_call,
+    http_failed,
+)
+
 __all__ = ["main", "build_parser", "add_spark_commands", "add_bench_commands",
            "add_channel_commands", "add_message_commands", "GROUPS"]
 
@@ -38,7 +47,8 @@ def _kv(value: str) -> tuple[str, str]:
 
 def _source_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--nsqd", help="nsqd HTTP address(es), host:port, comma separated")
+    g.add_argument("--nsqd", help="nsqd HTTP address(es), host:port, comma separated "
+                                  f"(default {LOCAL_NSQD_HTTP} unless --lookupd)")
     g.add_argument("--lookupd", help="nsqlookupd HTTP address(es), comma separated")
     p.add_argument("--option", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                    help="extra option for the nsq data source (e.g. authSecret=..., "
@@ -179,7 +189,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Run one scenario against each address in turn; print rates and the ratio."""
     from nsqx.benchmark import scenarios
 
-    targets = [a.split(",", 1) for a in args.nsqd]
+    targets = [a.split(",", 1) for a in args.nsqd or [f"{LOCAL_NSQD_TCP},{LOCAL_NSQD_HTTP}"]]
     results = []
     for tcp, http in targets:
         topic = f"{args.topic}{len(results)}"
@@ -214,8 +224,9 @@ def add_bench_commands(sub: Any) -> None:
                     "(and the ratio of the first to the second). Scenarios: ingest (MPUB), "
                     "drain (ingest, then consume it with RDY 2500 and FIN each), pub (one PUB "
                     "at a time, with latency percentiles).")
-    p.add_argument("--nsqd", action="append", required=True, metavar="TCP,HTTP",
-                   help="tcp_host:port,http_host:port of an nsqd; give it twice to compare")
+    p.add_argument("--nsqd", action="append", metavar="TCP,HTTP",
+                   help="tcp_host:port,http_host:port of an nsqd; give it twice to compare "
+                        f"(default {LOCAL_NSQD_TCP},{LOCAL_NSQD_HTTP})")
     p.add_argument("--scenario", choices=["ingest", "drain", "pub"], default="ingest")
     p.add_argument("--size", type=int, default=200, help="message size in bytes (default 200)")
     p.add_argument("--batch", type=int, default=200, help="messages per MPUB (default 200)")
@@ -223,41 +234,6 @@ def add_bench_commands(sub: Any) -> None:
     p.add_argument("--writers", type=int, default=2, help="writer processes (default 2)")
     p.add_argument("--topic", default="nsqx_bench", help="topic prefix (default nsqx_bench)")
     p.set_defaults(func=cmd_bench)
-
-
-def _nsqd_http(method: str, address: str, path: str, params: dict[str, str],
-               body: bytes | None = None, timeout: float = 30.0) -> tuple[int, bytes, Any]:
-    """One request to nsqd's HTTP API -> (status, body, headers); HTTP errors are returned."""
-    import urllib.error
-    import urllib.request
-    from urllib.parse import urlencode
-
-    base = address if "://" in address else f"http://{address}"
-    req = urllib.request.Request(f"{base.rstrip('/')}{path}?{urlencode(params)}", data=body,
-                                 method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read(), r.headers
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(), e.headers
-
-
-def _http_failed(prog: str, status: int, data: bytes) -> int:
-    try:
-        msg = json.loads(data)["message"]
-    except (ValueError, KeyError, TypeError):
-        msg = data.decode("utf-8", "replace").strip()[:300]
-    print(f"{prog}: nsqd answered {status} {msg}", file=sys.stderr)
-    return 1
-
-
-def _http_call(prog: str, method: str, address: str, path: str, params: dict[str, str],
-               body: bytes | None = None) -> tuple[int, bytes, Any] | None:
-    try:
-        return _nsqd_http(method, address, path, params, body)
-    except OSError as exc:
-        print(f"{prog}: cannot reach nsqd at {address}: {exc}", file=sys.stderr)
-        return None
 
 
 def cmd_channel_reset(args: argparse.Namespace) -> int:
@@ -288,7 +264,7 @@ def cmd_channel_reset(args: argparse.Namespace) -> int:
         print(f"{prog}: through nsqlookupd a route-managed topic's channel is reset on every "
               f"partition: use --to-time, --earliest or --latest", file=sys.stderr)
         return 2
-    got = _http_call(prog, "POST", lookupd or args.nsqd_http_address, "/channel/setoffset",
+    got = http_call(prog, "POST", lookupd or args.nsqd_http_address, "/channel/setoffset",
                      params, position.encode())
     if got is None:
         return 1
@@ -302,7 +278,7 @@ def cmd_channel_reset(args: argparse.Namespace) -> int:
                 msg = data.decode("utf-8", "replace").strip()[:300]
             print(f"{prog}: nsqlookupd answered {status} {msg}", file=sys.stderr)
             return 1
-        return _http_failed(prog, status, data)
+        return http_failed(prog, status, data)
     doc = json.loads(data)
     if args.json:
         print(json.dumps(doc))
@@ -328,13 +304,10 @@ def cmd_channel_reset(args: argparse.Namespace) -> int:
 
 def add_channel_commands(sub: Any) -> None:
     """``nsqx channel reset``: replay or skip a channel by moving its cursor."""
-    ch = sub.add_parser("channel", help="channel administration (reset = replay/skip)",
-                        description="Channel administration through nsqd's HTTP API.")
-    csub = ch.add_subparsers(dest="channel_command", metavar="COMMAND")
-    ch.set_defaults(func=lambda a: (ch.print_help(), 2)[1])
+    csub = command_group(sub, "channel", "channel administration (reset = replay/skip)",
+                         "Channel administration through nsqd's HTTP API.")
     p = csub.add_parser(
         "reset", help="move a channel to a time, an offset, the start or the end of its log",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Move CHANNEL of TOPIC so that it delivers again from a point of the log "
                     "(replay) or skips ahead (POST /channel/setoffset).\n\n"
                     "Messages in flight are forgotten (a late FIN of one fails), finished ones "
@@ -365,9 +338,10 @@ def add_channel_commands(sub: Any) -> None:
                        help="the end of the log: only messages published from now on")
     p.add_argument("--partition", type=_offset_arg, metavar="P",
                    help="partition of the topic (default 0)")
-    at = p.add_mutually_exclusive_group(required=True)
+    at = p.add_mutually_exclusive_group()
     at.add_argument("--nsqd-http-address", metavar="HOST:PORT",
-                    help="HTTP address of the nsqd that holds the partition")
+                    help="HTTP address of the nsqd that holds the partition (default "
+                         f"{LOCAL_NSQD_HTTP} unless --lookupd-http-address)")
     at.add_argument("--lookupd-http-address", metavar="HOST:PORT",
                     help="a cluster's nsqlookupd: resets a route-managed ordered topic's "
                          "channel on every node at once (--to-time, --earliest, --latest)")
@@ -396,12 +370,12 @@ def cmd_message_get(args: argparse.Namespace) -> int:
         params["partition"] = str(args.partition)
     if args.raw:
         params["raw"] = "1"
-    got = _http_call(prog, "GET", args.nsqd_http_address, "/message/get", params)
+    got = http_call(prog, "GET", args.nsqd_http_address, "/message/get", params)
     if got is None:
         return 1
     status, data, _ = got
     if status != 200:
-        return _http_failed(prog, status, data)
+        return http_failed(prog, status, data)
     if args.raw:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
@@ -438,13 +412,10 @@ def format_message(doc: dict[str, Any]) -> str:
 
 def add_message_commands(sub: Any) -> None:
     """``nsqx message get``: read one message of a topic's log."""
-    msg = sub.add_parser("message", help="look a message up in a topic's log",
-                         description="Message lookup through nsqd's HTTP API.")
-    msub = msg.add_subparsers(dest="message_command", metavar="COMMAND")
-    msg.set_defaults(func=lambda a: (msg.print_help(), 2)[1])
+    msub = command_group(sub, "message", "look a message up in a topic's log",
+                         "Message lookup through nsqd's HTTP API.")
     p = msub.add_parser(
         "get", help="print one message by id or offset (body, time, attempts, headers)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Read one message of TOPIC from the log, whether or not a channel has "
                     "consumed it (GET /message/get). Messages removed by retention are not "
                     "found.",
@@ -459,8 +430,9 @@ def add_message_commands(sub: Any) -> None:
     p.add_argument("--offset", type=_offset_arg, metavar="N", help="log offset instead of an id")
     p.add_argument("--partition", type=_offset_arg, metavar="P",
                    help="partition for --offset (default 0)")
-    p.add_argument("--nsqd-http-address", required=True, metavar="HOST:PORT",
-                   help="HTTP address of the nsqd that holds the partition")
+    p.add_argument("--nsqd-http-address", metavar="HOST:PORT", default=LOCAL_NSQD_HTTP,
+                   help="HTTP address of the nsqd that holds the partition (default "
+                        f"{LOCAL_NSQD_HTTP})")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print nsqd's JSON answer")
     out.add_argument("--raw", action="store_true", help="write the body's bytes to stdout")
@@ -483,7 +455,11 @@ GROUPS: list[Callable[[Any], None]] = [add_spark_commands, add_bench_commands,
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from nsqx import NSQ_VERSION, __version__
+
     parser = argparse.ArgumentParser(prog="nsqx", description="nsqx administration")
+    parser.add_argument("--version", action="version",
+                        version=f"nsqx {__version__} (speaks NSQ {NSQ_VERSION})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in GROUPS:
         add(sub)
@@ -493,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    default_to_local(args)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

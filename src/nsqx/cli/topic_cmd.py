@@ -28,6 +28,8 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlencode
 
+from nsqx.cli.common import answer_failed
+
 __all__ = ["add_topic_commands"]
 
 
@@ -46,21 +48,10 @@ def _call(method: str, address: str, path: str, params: dict[str, str]) -> tuple
         return status, raw.decode(errors="replace")
 
 
-def _fail(prog: str, who: str, status: int, body: Any) -> int:
-    if isinstance(body, dict):
-        text = str(body.get("message"))
-        if body.get("detail"):
-            text += f": {body['detail']}"
-    else:
-        text = str(body)
-    print(f"{prog}: {who} answered {status} {text}", file=sys.stderr)
-    return 1
-
-
 def _target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, str]:
-    if bool(args.nsqd_http_address) == bool(args.lookupd_http_address):
-        parser.error("give exactly one of --nsqd-http-address (one node) and "
-                     "--lookupd-http-address (cluster mode)")
+    if args.nsqd_http_address and args.lookupd_http_address:
+        parser.error("give one of --nsqd-http-address (one node, default 127.0.0.1:4151) "
+                     "and --lookupd-http-address (cluster mode), not both")
     if args.lookupd_http_address:
         return "nsqlookupd", args.lookupd_http_address
     return "nsqd", args.nsqd_http_address
@@ -94,7 +85,7 @@ def cmd_topic_create(args: argparse.Namespace) -> int:
         print(f"{prog}: cannot reach {who} at {addr}: {e}", file=sys.stderr)
         return 1
     if status != 200:
-        return _fail(prog, who, status, body)
+        return answer_failed(prog, who, status, body)
     what = f"{args.partitions} partition{'s' if args.partitions != 1 else ''}"
     ordered = (f", ordered over {args.logical} logical partitions" if args.logical
                else ", ordered" if args.ordered else "")
@@ -116,7 +107,7 @@ def cmd_topic_describe(args: argparse.Namespace) -> int:
         print(f"{prog}: cannot reach {who} at {addr}: {e}", file=sys.stderr)
         return 1
     if status != 200:
-        return _fail(prog, who, status, body)
+        return answer_failed(prog, who, status, body)
     if who == "nsqlookupd":
         t = (body.get("topics") or {}).get(args.topic)
         if t is None:
@@ -187,7 +178,7 @@ def _route_call(prog: str, args: argparse.Namespace, path: str, params: dict[str
         print(f"{prog}: cannot reach {who} at {addr}: {e}", file=sys.stderr)
         return 1
     if status != 200:
-        return _fail(prog, who, status, body)
+        return answer_failed(prog, who, status, body)
     if args.json:
         print(json.dumps(body, indent=2, sort_keys=True))
     else:
@@ -226,7 +217,7 @@ def cmd_topic_move(args: argparse.Namespace) -> int:
             # Youzan's API wants move_leader=true when the source leads: say it for the user
             status, body = _call("GET", addr, "/cluster/stats", {})
             if status != 200:
-                return _fail(prog, "nsqlookupd", status, body)
+                return answer_failed(prog, "nsqlookupd", status, body)
             parts = ((body.get("topics") or {}).get(args.topic) or {}).get("partitions") or []
             move_leader = any(p["partition"] == args.partition and p["leader"] == args.source
                               for p in parts)
@@ -237,7 +228,7 @@ def cmd_topic_move(args: argparse.Namespace) -> int:
             params["move_leader"] = "true"
         status, body = _call("POST", addr, "/topic/partition/move", params)
         if status != 200:
-            return _fail(prog, "nsqlookupd", status, body)
+            return answer_failed(prog, "nsqlookupd", status, body)
         what = (f"leadership {body['move_from']} -> {body['move_to']}" if body["leader_only"]
                 else f"replica {body['move_from']} -> {body['move_to']}"
                 + (" (with its leadership)" if move_leader else ""))
@@ -263,6 +254,21 @@ def cmd_topic_move(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"{prog}: cannot reach nsqlookupd at {addr}: {e}", file=sys.stderr)
         return 1
+
+
+def _route_command(tsub: Any, func: Any, name: str, help: str, description: str,
+                   partitions: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """``nsqx topic routes|split|merge``: TOPIC, the partition numbers, where (one nsqd,
+    default the local one, or a cluster's nsqlookupd) and --json."""
+    p = tsub.add_parser(name, help=help, description=description)
+    p.add_argument("topic")
+    for arg in partitions:
+        p.add_argument(arg, type=int)
+    p.add_argument("--nsqd-http-address", default="127.0.0.1:4151")
+    p.add_argument("--lookupd-http-address", help="a cluster: any nsqlookupd's HTTP API")
+    p.add_argument("--json", action="store_true", help="print the JSON answer")
+    p.set_defaults(func=func, parser=p)
+    return p
 
 
 def add_topic_commands(sub: Any) -> None:
@@ -327,36 +333,19 @@ def add_topic_commands(sub: Any) -> None:
                    "(its range to a new partition led by --to, a node id or TCP address)")
     p.add_argument("--json", action="store_true", help="print the JSON answer (route move)")
     p.set_defaults(func=cmd_topic_move, parser=p)
-    p = tsub.add_parser(
-        "routes", help="a route-managed ordered topic's route history",
-        description="Each route version: the logical ranges and the physical partition (and "
-        "node) each maps to, when it was committed; then the sealed partitions and each "
-        "channel's barrier state as nsqd reports them (GET /topic/route).")
-    p.add_argument("topic")
-    p.add_argument("--nsqd-http-address", default="127.0.0.1:4151")
-    p.add_argument("--lookupd-http-address", help="a cluster: any nsqlookupd's HTTP API")
-    p.add_argument("--json", action="store_true", help="print the JSON answer")
-    p.set_defaults(func=cmd_topic_routes, parser=p)
-    p = tsub.add_parser(
-        "split", help="split a route-managed partition's logical range in two",
-        description="POST /topic/split: PARTITION's logical range [lo, hi) becomes [lo, AT) "
-        "and [AT, hi) on two new partitions; PARTITION gets a command message and refuses "
-        "publishes from then on. Consumers keep each key's order with no cooperation.")
-    p.add_argument("topic")
-    p.add_argument("partition", type=int)
+    _route_command(tsub, cmd_topic_routes, "routes",
+                   "a route-managed ordered topic's route history",
+                   "Each route version: the logical ranges and the physical partition (and "
+                   "node) each maps to, when it was committed; then the sealed partitions and "
+                   "each channel's barrier state as nsqd reports them (GET /topic/route).")
+    p = _route_command(
+        tsub, cmd_topic_split, "split", "split a route-managed partition's logical range in two",
+        "POST /topic/split: PARTITION's logical range [lo, hi) becomes [lo, AT) and [AT, hi) "
+        "on two new partitions; PARTITION gets a command message and refuses publishes from "
+        "then on. Consumers keep each key's order with no cooperation.", ("partition",))
     p.add_argument("--at", type=int, required=True, help="first logical partition of the upper half")
-    p.add_argument("--nsqd-http-address", default="127.0.0.1:4151")
-    p.add_argument("--lookupd-http-address", help="a cluster: any nsqlookupd's HTTP API")
-    p.add_argument("--json", action="store_true", help="print the JSON answer")
-    p.set_defaults(func=cmd_topic_split, parser=p)
-    p = tsub.add_parser(
-        "merge", help="merge two route-managed partitions with adjacent ranges",
-        description="POST /topic/merge: partitions A and B (adjacent logical ranges) become "
-        "one new partition; both get a command message and refuse publishes from then on.")
-    p.add_argument("topic")
-    p.add_argument("a", type=int)
-    p.add_argument("b", type=int)
-    p.add_argument("--nsqd-http-address", default="127.0.0.1:4151")
-    p.add_argument("--lookupd-http-address", help="a cluster: any nsqlookupd's HTTP API")
-    p.add_argument("--json", action="store_true", help="print the JSON answer")
-    p.set_defaults(func=cmd_topic_merge, parser=p)
+    _route_command(tsub, cmd_topic_merge, "merge",
+                   "merge two route-managed partitions with adjacent ranges",
+                   "POST /topic/merge: partitions A and B (adjacent logical ranges) become one "
+                   "new partition; both get a command message and refuse publishes from then "
+                   "on.", ("a", "b"))

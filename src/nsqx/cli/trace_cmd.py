@@ -14,21 +14,15 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from nsqx.cli.common import command_group, http_call, http_failed
+
 __all__ = ["add_trace_commands", "format_timeline"]
 
 
 def _http(prog: str, method: str, address: str, path: str, params: dict[str, str]
           ) -> tuple[int, bytes] | None:
-    from nsqx.cli.nsqx_cmd import _http_call
-
-    got = _http_call(prog, method, address, path, params, b"" if method == "POST" else None)
+    got = http_call(prog, method, address, path, params, b"" if method == "POST" else None)
     return None if got is None else (got[0], got[1])
-
-
-def _failed(prog: str, status: int, data: bytes) -> int:
-    from nsqx.cli.nsqx_cmd import _http_failed
-
-    return _http_failed(prog, status, data)
 
 
 def _event_line(ev: dict[str, Any], t0: int) -> str:
@@ -100,7 +94,7 @@ def cmd_trace_get(args: argparse.Namespace) -> int:
         return 1
     status, data = got
     if status != 200:
-        return _failed(prog, status, data)
+        return http_failed(prog, status, data)
     doc = json.loads(data)
     if args.json:
         print(json.dumps(doc))
@@ -133,7 +127,7 @@ def cmd_trace_switch(args: argparse.Namespace, on: bool) -> int:
         return 1
     status, data = got
     if status != 200:
-        return _failed(prog, status, data)
+        return http_failed(prog, status, data)
     print(f"{args.topic}: tracing {'on' if on else 'off'}")
     return 0
 
@@ -153,14 +147,11 @@ def _header(value: str) -> str:
 
 def add_trace_commands(sub: Any) -> None:
     """``nsqx trace get|enable|disable``."""
-    tr = sub.add_parser("trace", help="message tracing: switch it per topic, read timelines",
-                        description="Message tracing through nsqd's HTTP API (events are kept "
-                                    "in the topic __trace of each nsqd).")
-    tsub = tr.add_subparsers(dest="trace_command", metavar="COMMAND")
-    tr.set_defaults(func=lambda a: (tr.print_help(), 2)[1])
+    tsub = command_group(sub, "trace", "message tracing: switch it per topic, read timelines",
+                         "Message tracing through nsqd's HTTP API (events are kept in the "
+                         "topic __trace of each nsqd).")
     p = tsub.add_parser(
         "get", help="print the timeline of a message (published, delivered, FIN/REQ/timeout)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Find TOPIC's messages by id, trace id or a header value and print what "
                     "happened to each (GET /trace/search; a scan of the newest trace events, "
                     "--limit of them). Exit status 3 when no message matched.",
@@ -186,11 +177,6 @@ def add_trace_commands(sub: Any) -> None:
         q = tsub.add_parser(name, help=f"{'start' if on else 'stop'} tracing a topic "
                                        "(every partition, kept across restarts)")
         q.add_argument("topic", metavar="TOPIC")
-        q.add_argument("--nsqd-http-address", required=True, metavar="HOST:PORT")
+        q.add_argument("--nsqd-http-address", metavar="HOST:PORT",
+                       help="the nsqd (default 127.0.0.1:4151)")
         q.set_defaults(func=lambda a, on=on: cmd_trace_switch(a, on))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from nsqx.cli.nsqx_cmd import main
-
-    sys.exit(main(["trace", *sys.argv[1:]]))

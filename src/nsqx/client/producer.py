@@ -21,30 +21,18 @@ import asyncio
 import contextlib
 import logging
 import random
-import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from nsqx.protocol import v2
 from nsqx.protocol.names import valid_topic_name
+from nsqx.protocol.routes import key_partition
 
 from .conn import ConnConfig, Connection, make_config
 from .errors import ClosedError, ConnectionClosedError, NoConnectionsError, NSQError
 from .routing import HttpRouteSource, RouteCache, refused_version
 
 __all__ = ["Producer", "key_partition"]
-
-
-def key_partition(key: bytes | str, partitions: int) -> int:
-    """The partition of a key: CRC-32 (zlib's, IEEE) of its UTF-8 bytes modulo the count.
-
-    Stable across processes, machines and versions, so producers in any language can
-    agree on it (``crc32(key) % partitions``).
-    """
-    if partitions < 1:
-        raise ValueError("partitions must be >= 1")
-    data = key.encode() if isinstance(key, str) else bytes(key)
-    return zlib.crc32(data) % partitions
 
 
 def _pick(partition: int | None, key: bytes | str | None, partitions: int | None) -> int | None:

@@ -1,11 +1,8 @@
-"""Where a producer learns route-managed topics' routes (:mod:`nsqx.cluster.routes`).
+"""Where a producer learns route-managed topics' routes (:mod:`nsqx.protocol.routes`).
 
 :class:`RouteSource` is what :class:`~nsqx.client.Producer` asks; :class:`HttpRouteSource`
 reads ``GET /topic/route?topic=T`` from a standalone nsqd or, in a cluster, from nsqlookupd
 (whose answer also names each partition's leader).
-
-The history's module is imported lazily: ``nsqx.cluster.routes`` itself imports
-``nsqx.client.producer`` for the key hash.
 """
 
 from __future__ import annotations
@@ -14,17 +11,20 @@ import asyncio
 import random
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
-if TYPE_CHECKING:
-    from nsqx.cluster.routes import RouteHistory
+from nsqx.protocol.routes import RouteHistory
 
 __all__ = ["HttpRouteSource", "RouteSource", "refused_version"]
 
 _REFUSED = re.compile(r"\broute version (\d+)\b")
+# a route fetch that failed or found an older version is tried again after this (doubling
+# up to RETRY_MAX on failures), until the publish's wait_timeout
+RETRY_MIN = 0.02
+RETRY_MAX = 0.5
 
 
 def refused_version(text: str) -> int | None:
@@ -60,8 +60,6 @@ class HttpRouteSource:
         return self.leaders.get(topic, {}).get(partition)
 
     async def fetch(self, topic: str) -> RouteHistory | None:
-        from nsqx.cluster.routes import RouteHistory
-
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout))
@@ -106,36 +104,54 @@ class RouteCache:
 
     async def get(self, topic: str, min_version: int = -1) -> RouteHistory | None:
         """The cached route, fetched if missing or older than ``min_version`` (polling until
-        nsqd committed that version, up to ``wait_timeout``)."""
+        nsqd committed that version, up to ``wait_timeout``).
+
+        A fetch that cannot reach the route endpoint (``ConnectionError``: nsqd restarting,
+        its HTTP port not yet open) is retried until ``wait_timeout`` too, as a keyless
+        publish waits for a connection; only then is the last error raised."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_timeout
+        backoff = RETRY_MIN
         while True:
             if topic in self._routes and _enough(self._routes[topic], min_version):
                 return self._routes[topic]
-            fut = self._fetching.get(topic)
-            if fut is None:
-                fut = loop.create_future()
-                self._fetching[topic] = fut
-                try:
-                    h = await self.source.fetch(topic)
-                    old = self._routes.get(topic)
-                    if h is None or old is None or h.newest.version >= old.newest.version:
-                        self._routes[topic] = h
-                    fut.set_result(h)
-                except BaseException as exc:
-                    fut.set_exception(exc)
-                    fut.exception()  # retrieved: waiters re-raise it themselves
+            try:
+                await self._fetch_once(topic)
+            except ConnectionError:
+                left = deadline - loop.time()
+                if left <= 0:
                     raise
-                finally:
-                    del self._fetching[topic]
-            else:
-                await asyncio.shield(fut)
+                await asyncio.sleep(min(backoff, left))
+                backoff = min(backoff * 2, RETRY_MAX)
+                continue
             if _enough(self._routes.get(topic), min_version):
                 return self._routes.get(topic)
             if loop.time() >= deadline:
                 raise TimeoutError(f"topic {topic}: route version {min_version} not committed "
                                    f"within {self.wait_timeout}s")
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(RETRY_MIN)
+
+    async def _fetch_once(self, topic: str) -> None:
+        """One fetch of the topic's route, shared by every caller waiting at the same time;
+        an older answer never replaces a newer cached one."""
+        fut = self._fetching.get(topic)
+        if fut is not None:
+            await asyncio.shield(fut)
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._fetching[topic] = fut
+        try:
+            h = await self.source.fetch(topic)
+            old = self._routes.get(topic)
+            if h is None or old is None or h.newest.version >= old.newest.version:
+                self._routes[topic] = h
+            fut.set_result(h)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            del self._fetching[topic]
 
 
 def _enough(h: RouteHistory | None, min_version: int) -> bool:

@@ -55,7 +55,7 @@ from nsqx.cluster.coordinator import Coordinator
 from nsqx.cluster.etcd import EtcdClient, EtcdError
 from nsqx.cluster.model import MetaError, NodeInfo, TopicMeta
 from nsqx.cluster.placement import plan_move
-from nsqx.cluster.routes import DEFAULT_LOGICAL, MAX_LOGICAL, RouteError
+from nsqx.protocol.routes import DEFAULT_LOGICAL, MAX_LOGICAL, RouteError
 
 log = logging.getLogger("nsqx.cluster.lookupd")
 

@@ -54,6 +54,7 @@ from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import expand_isr, shrink_isr
 from nsqx.cluster.replication import LeaderProgress, truncation_point
 from nsqx.cluster.route_store import (
+    HeldResets,
     ResetRecord,
     parse_pass_key,
     parse_reset_key,
@@ -63,10 +64,10 @@ from nsqx.cluster.route_store import (
     resets_prefix,
     routes_prefix,
 )
-from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
 from nsqx.nsqd.config_api import apply_settings, export_settings
 from nsqx.nsqd.routing import TopicRoutes
 from nsqx.nsqd.topic import PublishRefused, settle
+from nsqx.protocol.routes import RouteError, RouteHistory, routes_key
 
 log = logging.getLogger("nsqx.cluster.member")
 
@@ -338,6 +339,7 @@ class NodeMember:
         self._passes_sent: set[tuple[str, str, int]] = set()
         self._pass_tasks: set[asyncio.Task[None]] = set()
         self.route_resets: dict[tuple[str, str], ResetRecord] = {}
+        self.held_resets = HeldResets(Path(nsqd.data_path) / "cluster-reset-holds.json")
         nsqd.http_route_hooks.append(self.add_routes)
         nsqd.topic_hooks.append(self._on_new_topic)
 
@@ -553,10 +555,12 @@ class NodeMember:
             routes.apply(h)
         for channel, parts in self.route_passes.get(name, {}).items():
             routes.set_passes(channel, parts)
+        was_held = self.held_resets.restored(name)  # held when this node stopped
         for (topic, channel), rec in self.route_resets.items():
             # a reset this node was prepared for (held) whose apply call did not come (the
-            # coordinator died after its transaction): applied from the watch
-            if topic == name and channel in routes.held and rec.gen > routes.reset_gen(channel):
+            # coordinator died after its transaction, or gave up while the node restarted)
+            if topic == name and (channel in routes.held or channel in was_held) and \
+                    rec.gen > routes.reset_gen(channel):
                 self._clear_sent(name, channel)
                 routes.apply_reset(channel, rec.gen, rec.version, rec.offsets,
                                    set(self.route_passes.get(name, {}).get(channel, ())))
@@ -674,6 +678,7 @@ class NodeMember:
         if routes is None:  # this node holds nothing of the topic
             return _answer(200, {"node": self.node_id, "partitions": {}})
         routes.hold(channel, RESET_HOLD)
+        self.held_resets.add(name, channel)
         busy = [t for t in self._pass_tasks if t.get_name() == f"pass {name}/{channel}"]
         if busy:
             _done, pending = await asyncio.wait(busy, timeout=5)
@@ -709,6 +714,7 @@ class NodeMember:
         if rec.gen != gen:
             return _answer(409, {"message": "E_STALE_RESET", "gen": rec.gen})
         self.route_resets[(name, channel)] = rec
+        self.held_resets.discard(name, channel)
         passes = {pk[2] for k in kvs if (pk := parse_pass_key(self.meta.keys.root, k.key))}
         self.route_passes.setdefault(name, {})[channel] = set(passes)
         self._clear_sent(name, channel)
@@ -724,7 +730,8 @@ class NodeMember:
         found = self._reset_target(request)
         if isinstance(found, web.Response):
             return found
-        _name, channel, routes = found
+        name, channel, routes = found
+        self.held_resets.discard(name, channel)
         if routes is not None:
             routes.release(channel)
         return _answer(200, {"node": self.node_id})

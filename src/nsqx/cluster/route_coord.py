@@ -4,7 +4,7 @@ A standalone nsqd runs a change itself (:meth:`nsqx.nsqd.routing.TopicRoutes.cha
 cluster the physical partitions are cluster partitions (replicated, each with a leader), so
 the elected coordinator runs the same steps across nodes, every write a CAS in etcd:
 
-1. **pending**: ``op(history)`` checks the rules (:class:`~nsqx.cluster.routes.RouteHistory`:
+1. **pending**: ``op(history)`` checks the rules (:class:`~nsqx.protocol.routes.RouteHistory`:
    one change at a time, a boundary strictly inside, adjacent merges, a live target node);
    one transaction stores the pending history with a CAS on ``routes/<topic>``, the new
    physical partitions (placed with replicas: the route's node leads, the least-loaded
@@ -44,7 +44,7 @@ from nsqx.cluster.route_store import (
     reset_key,
     routes_prefix,
 )
-from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
+from nsqx.protocol.routes import RouteError, RouteHistory, routes_key
 from nsqx.protocol.v2 import StartPosition
 
 log = logging.getLogger("nsqx.cluster.routes")

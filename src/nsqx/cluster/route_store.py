@@ -1,8 +1,8 @@
 """Route histories of route-managed ordered topics in etcd (cluster mode).
 
-The standalone nsqd keeps a topic's :class:`~nsqx.cluster.routes.RouteHistory` in a file
+The standalone nsqd keeps a topic's :class:`~nsqx.protocol.routes.RouteHistory` in a file
 (:class:`nsqx.nsqd.routing.FileRouteStore`); a cluster keeps it at
-``<root>routes/<topic>`` (:func:`~nsqx.cluster.routes.routes_key`) and replaces it only with
+``<root>routes/<topic>`` (:func:`~nsqx.protocol.routes.routes_key`) and replaces it only with
 a transaction comparing the key's mod revision with the one this store last read or wrote,
 so two coordinators (one that just lost its lease and its successor) can never both move a
 route: the loser gets :class:`~nsqx.nsqd.routing.RouteConflict`, re-reads and decides again.
@@ -17,16 +17,18 @@ its member's watch). See ``docs/design-notes.md`` §Route changes in a cluster.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 
 from nsqx.cluster.etcd import Compare, EtcdClient, Op
-from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
 from nsqx.protocol.names import valid_name
+from nsqx.protocol.routes import RouteError, RouteHistory, routes_key
 
-__all__ = ["EtcdRouteStore", "ResetRecord", "parse_pass_key", "parse_reset_key", "pass_key",
+__all__ = ["EtcdRouteStore", "HeldResets", "ResetRecord", "parse_pass_key", "parse_reset_key", "pass_key",
            "passes_prefix", "reset_key", "resets_prefix", "routes_prefix"]
 
 
@@ -160,3 +162,50 @@ class ResetRecord:
         if rec.gen < 1 or rec.version < 0:
             raise RouteError("bad channel reset record: gen >= 1 and version >= 0")
         return rec
+
+
+class HeldResets:
+    """The channels this node holds for a cluster reset, kept in a file beside the node's
+    data so that a hold survives a restart.
+
+    A node restarted between the coordinator's *prepare* (hold) and *apply* lost its
+    in-memory hold; if it comes back after the coordinator stopped retrying the apply, its
+    channel would keep the barrier state from before the reset. With the hold on disk, the
+    node's first route sync after the start (:meth:`restored`) still knows it was held and
+    applies the reset record it finds in etcd, or drops the hold if no newer record came
+    (the coordinator gave the reset up)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.marks: set[tuple[str, str]] = set()
+        try:
+            self.marks = {(t, c) for t, c in orjson.loads(path.read_bytes())}
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError):
+            pass  # unreadable: forget it (the in-memory holds still work)
+        self._restored = set(self.marks)  # held when the node stopped; settled once each
+
+    def add(self, topic: str, channel: str) -> None:
+        if (topic, channel) not in self.marks:
+            self.marks.add((topic, channel))
+            self._save()
+
+    def discard(self, topic: str, channel: str) -> None:
+        self._restored.discard((topic, channel))
+        if (topic, channel) in self.marks:
+            self.marks.discard((topic, channel))
+            self._save()
+
+    def restored(self, topic: str) -> set[str]:
+        """The topic's channels that were held when the node stopped, once: the caller
+        applies a newer reset record or none, and either way the hold is over."""
+        found = {c for t, c in self._restored if t == topic}
+        for c in found:
+            self.discard(topic, c)
+        return found
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(sorted(self.marks)))
+        os.replace(tmp, self.path)

@@ -16,7 +16,7 @@ import posixpath
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -36,13 +36,22 @@ from nsqx.httpapi import (
 )
 from nsqx.protocol.names import valid_topic_name
 
-from .registry import CHANNEL, CLIENT, TOPIC, Registration, filter_by_active
+from .options import Options
+from .registry import CHANNEL, CLIENT, TOPIC, Registration, RegistrationDB, filter_by_active
 from .trace_search import trace_search
 
-if TYPE_CHECKING:
-    from .node import NSQLookupd
+__all__ = ["HTTPHost", "make_app"]
 
-__all__ = ["make_app"]
+
+class HTTPHost(Protocol):
+    """What the HTTP API needs of its node (:class:`~nsqx.lookupd.node.NSQLookupd`), which
+    builds the app and owns it: the API never imports the node."""
+
+    db: RegistrationDB
+    opts: Options
+    version: str
+    # extensions (cluster mode): (method, path, handler) routes added over the defaults
+    http_routes: list[tuple[str, str, Callable[..., Any]]]
 
 log = logging.getLogger("nsqx.lookupd.http")
 
@@ -69,12 +78,12 @@ def _peer_json(info: Any) -> dict[str, Any]:
 
 
 class _Handlers:
-    def __init__(self, lookupd: NSQLookupd) -> None:
+    def __init__(self, lookupd: HTTPHost) -> None:
         self.lookupd = lookupd
         self.db = lookupd.db
 
     @property
-    def opts(self) -> Any:
+    def opts(self) -> Options:
         return self.lookupd.opts
 
     def _ns(self, seconds: float) -> int:
@@ -150,15 +159,11 @@ class _Handlers:
             entries = data.setdefault(key, [])
             for p in producers:
                 info = p.peer.info
+                peer = _peer_json(info)
+                del peer["remote_address"]  # /debug names the peer by its id
                 entries.append({
                     "id": p.peer.id,
-                    "hostname": info.hostname,
-                    "broadcast_address": info.broadcast_address,
-                    "tcp_port": info.tcp_port,
-                    "http_port": info.http_port,
-                    "version": info.version,
-                    "topology_zone": info.topology_zone,
-                    "topology_region": info.topology_region,
+                    **peer,
                     "last_update": p.peer.last_update,
                     "tombstoned": p.tombstoned,
                     "tombstoned_at": p.tombstoned_at if p.tombstoned else GO_ZERO_TIME_UNIX_NANO,
@@ -340,33 +345,30 @@ def _log_middleware() -> Any:
     return v1_errors
 
 
-def make_app(lookupd: NSQLookupd) -> web.Application:
+def make_app(lookupd: HTTPHost) -> web.Application:
     """The HTTP API of one nsqlookupd (uses ``lookupd.db``, ``.opts``, ``.version``)."""
     h = _Handlers(lookupd)
     router = _Router()
-    for path, fn in (
-        ("/ping", h.ping),
-        ("/info", h.info),
-        ("/debug", h.debug),
-        ("/lookup", h.lookup),
-        ("/topics", h.topics),
-        ("/channels", h.channels),
-        ("/nodes", h.nodes),
-        ("/trace/search", h.trace_search),
-        ("/debug/tasks", h.debug_tasks),
-        ("/debug/pprof/goroutine", h.debug_tasks),
+    get, post = "GET", "POST"
+    for method, path, fn in (
+        (get, "/ping", h.ping),
+        (get, "/info", h.info),
+        (get, "/debug", h.debug),
+        (get, "/lookup", h.lookup),
+        (get, "/topics", h.topics),
+        (get, "/channels", h.channels),
+        (get, "/nodes", h.nodes),
+        (get, "/trace/search", h.trace_search),
+        (get, "/debug/tasks", h.debug_tasks),
+        (get, "/debug/pprof/goroutine", h.debug_tasks),
+        (post, "/topic/create", h.topic_create),
+        (post, "/topic/delete", h.topic_delete),
+        (post, "/channel/create", h.channel_create),
+        (post, "/channel/delete", h.channel_delete),
+        (post, "/topic/tombstone", h.topic_tombstone),
+        *lookupd.http_routes,  # extensions (cluster mode) may replace a default
     ):
-        router.add("GET", path, fn)
-    for path, fn in (
-        ("/topic/create", h.topic_create),
-        ("/topic/delete", h.topic_delete),
-        ("/channel/create", h.channel_create),
-        ("/channel/delete", h.channel_delete),
-        ("/topic/tombstone", h.topic_tombstone),
-    ):
-        router.add("POST", path, fn)
-    for method, path, fn in getattr(lookupd, "http_routes", ()):
-        router.add(method, path, fn)  # extensions (cluster mode) may replace a default
+        router.add(method, path, fn)
     app = web.Application(middlewares=[_log_middleware()])
     app.router.add_route("*", "/{tail:.*}", router.dispatch)
     app.on_response_prepare.append(add_v1_header)

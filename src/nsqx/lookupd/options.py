@@ -6,27 +6,24 @@ Durations are float seconds.
 
 from __future__ import annotations
 
-import platform
 import socket
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from nsqx import NSQ_VERSION, __version__
-from nsqx.cli.flags import Flag, FlagError, FlagSet, command_line_values, parse_or_exit
+from nsqx.flags import (
+    LOG_LEVELS,
+    Flag,
+    Program,
+    basic_flags,
+    cluster_flags,
+    listen_flag,
+)
 
 __all__ = ["LOG_LEVELS", "Options", "OptionsError", "flag_set", "load", "parse_args",
            "version_string"]
 
-LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
-
 
 class OptionsError(ValueError):
     """Options nsqlookupd refuses to start with."""
-
-
-def version_string() -> str:
-    return f"nsqlookupd v{NSQ_VERSION} (built w/python{platform.python_version()}) nsqx/{__version__}"
 
 
 @dataclass
@@ -49,26 +46,12 @@ class Options:
                 f"invalid log level '{self.log_level}' (debug, info, warn, error, fatal)")
 
 
-def _parse_log_level(s: str) -> str:
-    s = s.lower()
-    if s not in LOG_LEVELS:
-        raise FlagError(f"invalid log level '{s}' (debug, info, warn, error, fatal)")
-    return s
-
-
 def _flags() -> list[Flag]:
     d = Options(broadcast_address="")
     return [
-        Flag("config", "string", "", "path to config file"),
-        Flag("version", "bool", False, "print version string"),
-        Flag("log-level", "custom", "info", "set log verbosity: debug, info, warn, error, or fatal",
-             parse=_parse_log_level, default_text="info"),
-        Flag("log-prefix", "string", d.log_prefix, "log message prefix"),
-        Flag("verbose", "bool", False, "[deprecated] has no effect, use --log-level",
-             deprecated=True),
-        Flag("tcp-address", "string", d.tcp_address, "<addr>:<port> to listen on for TCP clients"),
-        Flag("http-address", "string", d.http_address,
-             "<addr>:<port> to listen on for HTTP clients"),
+        *basic_flags(d.log_prefix),
+        listen_flag("tcp-address", d.tcp_address, "<addr>:<port> to listen on for TCP clients"),
+        listen_flag("http-address", d.http_address, "<addr>:<port> to listen on for HTTP clients"),
         Flag("broadcast-address", "string", "",
              "address of this lookupd node, (default to the OS hostname)",
              default_text=f'"{socket.gethostname()}"'),
@@ -76,44 +59,22 @@ def _flags() -> list[Flag]:
              "duration of time a producer will remain in the active list since its last ping"),
         Flag("tombstone-lifetime", "duration", d.tombstone_lifetime,
              "duration of time a producer will remain tombstoned if registration remains"),
-        Flag("cluster-id", "string", d.cluster_id, "[nsqx] cluster name: the etcd key prefix "
-             "/nsqx/<id>/ shared by the nsqd and nsqlookupd of one cluster"),
-        Flag("cluster-leadership-addresses", "strings", [], "[nsqx] etcd client URLs "
-             "(comma separated or repeated); when set, this nsqlookupd campaigns to be the "
-             "cluster's coordinator and answers /lookup from the cluster's metadata",
-             dest="cluster_leadership_addresses"),
+        *cluster_flags(d.cluster_id, "(comma separated or repeated); when set, this "
+                       "nsqlookupd campaigns to be the cluster's coordinator and answers "
+                       "/lookup from the cluster's metadata"),
         Flag("cluster-rebalance", "bool", d.cluster_rebalance, "[nsqx] while coordinating: "
              "give leadership back to preferred replicas and move replicas onto a node that "
              "holds clearly fewer than the average (one that joined), one partition at a time"),
     ]
 
 
-_NON_OPTION_FLAGS = {"config", "version", "verbose"}
+# "" for --broadcast-address means the default: the hostname
+PROGRAM = Program("nsqlookupd", Options, _flags, (OptionsError,),
+                  empty_is_default=("broadcast_address",))
 
 
-def flag_set() -> FlagSet:
-    return FlagSet("nsqlookupd", _flags())
-
-
-_CFG_INDEX: dict[str, Flag] = {f.cfg: f for f in _flags() if f.name not in _NON_OPTION_FLAGS}
-
-
-
-
-def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
-    """argv (+ ``--config``) -> (validated Options, extras {help, version})."""
-    values, extras = command_line_values("nsqlookupd", flag_set(), _CFG_INDEX, argv, ("verbose",))
-    if extras["help"] or extras["version"]:
-        return Options(), extras
-    if values.get("broadcast_address") == "":
-        del values["broadcast_address"]  # "" means the default: the hostname
-    opts = Options(**values)
-    opts.validate()
-    return opts, extras
-
-
-
-def parse_args(argv: Sequence[str] | None = None) -> Options:
-    """The nsqlookupd command line -> Options (exits 0 after --help/--version, 2 on a bad flag)."""
-    return parse_or_exit("nsqlookupd", argv, load, lambda: flag_set().usage(), version_string,
-                         (OptionsError,))
+# the module's API (the entry point and the server use these names)
+flag_set = PROGRAM.flag_set
+version_string = PROGRAM.version
+load = PROGRAM.load  # argv (+ --config) -> (validated Options, extras {help, version})
+parse_args = PROGRAM.parse_args  # exits 0 after --help/--version, 2 on a bad flag

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from nsqx.protocol.errors import ProtocolError, raw_text
 from nsqx.protocol.lookup_v1 import (
@@ -33,12 +33,24 @@ from nsqx.protocol.lookup_v1 import (
 )
 from nsqx.protocol.names import is_ephemeral
 
-from .registry import CHANNEL, CLIENT, TOPIC, Peer, Producer, Registration
+from .options import Options
+from .registry import CHANNEL, CLIENT, TOPIC, Peer, Producer, Registration, RegistrationDB
 
-if TYPE_CHECKING:
-    from .node import NSQLookupd
+__all__ = ["LookupProtocol", "TCPHost", "format_address"]
 
-__all__ = ["LookupProtocol", "format_address"]
+
+class TCPHost(Protocol):
+    """What a peer's session needs of its node (:class:`~nsqx.lookupd.node.NSQLookupd`): the
+    registrations, its own addresses for IDENTIFY's answer, and the set of open sessions it
+    closes at shutdown. The session never imports the node."""
+
+    db: RegistrationDB
+    opts: Options
+    version: str
+    hostname: str
+    tcp_port: int
+    http_port: int
+    connections: set[LookupProtocol]
 
 log = logging.getLogger("nsqx.lookupd.tcp")
 
@@ -61,7 +73,7 @@ def format_address(addr: object) -> str:
 class LookupProtocol(asyncio.Protocol):
     """One nsqd connection."""
 
-    def __init__(self, lookupd: NSQLookupd) -> None:
+    def __init__(self, lookupd: TCPHost) -> None:
         self.lookupd = lookupd
         self.db = lookupd.db
         self.transport: asyncio.Transport | None = None

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from nsqx.cli.flags import parse_go_duration
+from nsqx.flags import parse_go_duration
 from nsqx.httpapi import HTTPError, topic_channel_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query

@@ -11,22 +11,23 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
 import socket
 import ssl
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from nsqx import NSQ_VERSION, __version__
-from nsqx.cli.flags import (
+from nsqx.flags import (
+    LOG_LEVELS,
     Flag,
     FlagError,
-    FlagSet,
-    command_line_values,
+    Program,
+    basic_flags,
+    cluster_flags,
+    http_client_flags,
+    listen_flag,
     parse_go_bool,
-    parse_or_exit,
+    peer_flag,
 )
 
 __all__ = [
@@ -46,9 +47,6 @@ __all__ = [
 TLS_NOT_REQUIRED = 0
 TLS_REQUIRED_EXCEPT_HTTP = 1
 TLS_REQUIRED = 2
-
-# upstream lg.LogLevel numbers (what /config/log_level shows)
-LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
 
 # tls_min_version names -> Go's uint16 constants
 TLS_VERSIONS = {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304}
@@ -70,10 +68,6 @@ def _default_node_id() -> int:
     # upstream: crc32(md5(hostname)) % 1024
     digest = hashlib.md5(socket.gethostname().encode()).digest()
     return zlib.crc32(digest) % 1024
-
-
-def version_string() -> str:
-    return f"nsqd v{NSQ_VERSION} (built w/python{platform.python_version()}) nsqx/{__version__}"
 
 
 @dataclass
@@ -270,11 +264,19 @@ def _parse_tls_min_version(s: str) -> str:
     return s
 
 
-def _parse_log_level(s: str) -> str:
-    s = s.lower()
-    if s not in LOG_LEVELS:
-        raise FlagError(f"invalid log level '{s}' (debug, info, warn, error, fatal)")
-    return s
+def _check_data_path(path: str) -> str:
+    """Fail at start, in one line, on a data path nsqd cannot use: not a directory, or not
+    writable (it, or the nearest existing parent it would be created in)."""
+    p = os.path.abspath(path)
+    if os.path.exists(p) and not os.path.isdir(p):
+        raise ValueError("not a directory")
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    if not os.path.isdir(p):
+        raise ValueError(f"{p} is not a directory")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ValueError(f"{p} is not writable")
+    return path
 
 
 def _flags() -> list[Flag]:
@@ -282,22 +284,18 @@ def _flags() -> list[Flag]:
     STR, INT, DUR, BOOL = "string", "int", "duration", "bool"
     return [
         # basic options
-        Flag("version", BOOL, False, "print version string", dest="version"),
-        Flag("config", STR, "", "path to config file", dest="config"),
-        Flag("log-level", "custom", "info", "set log verbosity: debug, info, warn, error, or fatal",
-             parse=_parse_log_level, default_text="info"),
-        Flag("log-prefix", STR, d.log_prefix, "log message prefix"),
-        Flag("verbose", BOOL, False, "[deprecated] has no effect, use --log-level", deprecated=True),
+        *basic_flags(d.log_prefix),
         Flag("node-id", INT, 0, "unique part for message IDs, (int) in range [0,1024) "
              "(default is hash of hostname)", dest="node_id", cfg="id", default_text=""),
         Flag("worker-id", BOOL, False, "[deprecated] use --node-id", deprecated=True),
-        Flag("https-address", STR, d.https_address, "<addr>:<port> to listen on for HTTPS clients"),
-        Flag("http-address", STR, d.http_address, "address to listen on for HTTP clients "
-             "(<addr>:<port> for TCP/IP or <path> for unix socket)"),
-        Flag("tcp-address", STR, d.tcp_address, "address to listen on for TCP clients "
-             "(<addr>:<port> for TCP/IP or <path> for unix socket)"),
-        Flag("auth-http-address", "strings", [], "<addr>:<port> or a full url to query auth "
-             "server (may be given multiple times)", dest="auth_http_addresses"),
+        listen_flag("https-address", d.https_address,
+                    "<addr>:<port> to listen on for HTTPS clients"),
+        listen_flag("http-address", d.http_address, "address to listen on for HTTP clients "
+                    "(<addr>:<port> for TCP/IP or <path> for unix socket)"),
+        listen_flag("tcp-address", d.tcp_address, "address to listen on for TCP clients "
+                    "(<addr>:<port> for TCP/IP or <path> for unix socket)"),
+        peer_flag("auth-http-address", "<addr>:<port> or a full url to query auth server (may "
+                  "be given multiple times)", dest="auth_http_addresses"),
         Flag("auth-http-request-method", STR, d.auth_http_request_method,
              "HTTP method to use for auth server requests"),
         Flag("broadcast-address", STR, "", "address that will be registered with lookupd "
@@ -306,17 +304,11 @@ def _flags() -> list[Flag]:
              "(defaults to the TCP port that this nsqd is listening on)"),
         Flag("broadcast-http-port", INT, 0, "HTTP port that will be registered with lookupd "
              "(defaults to the HTTP port that this nsqd is listening on)"),
-        Flag("lookupd-tcp-address", "strings", [], "lookupd TCP address (may be given multiple "
-             "times)", dest="nsqlookupd_tcp_addresses"),
-        Flag("http-client-connect-timeout", DUR, d.http_client_connect_timeout,
-             "timeout for HTTP connect"),
-        Flag("http-client-request-timeout", DUR, d.http_client_request_timeout,
-             "timeout for HTTP request"),
-        Flag("cluster-id", STR, d.cluster_id, "[nsqx] cluster name: the etcd key prefix "
-             "/nsqx/<id>/ shared by the nsqd and nsqlookupd of one cluster"),
-        Flag("cluster-leadership-addresses", "strings", [], "[nsqx] etcd client URLs "
-             "(http://127.0.0.1:2379, comma separated or repeated); cluster mode is on exactly "
-             "when set", dest="cluster_leadership_addresses"),
+        peer_flag("lookupd-tcp-address", "lookupd TCP address (may be given multiple times)",
+                  dest="nsqlookupd_tcp_addresses"),
+        *http_client_flags(d.http_client_connect_timeout, d.http_client_request_timeout),
+        *cluster_flags(d.cluster_id, "(http://127.0.0.1:2379, comma separated or repeated); "
+                       "cluster mode is on exactly when set"),
         Flag("cluster-node-ttl", DUR, d.cluster_node_ttl, "[nsqx] lease of this node's "
              "membership in etcd: a node silent this long is considered dead"),
         Flag("topology-region", STR, "", "A region represents a larger domain, made up of one or "
@@ -325,7 +317,7 @@ def _flags() -> list[Flag]:
              "closer consumer"),
         # storage
         Flag("data-path", STR, "", "path to store disk-backed messages (default is the current "
-             "directory)"),
+             "directory)", check=_check_data_path),
         Flag("mem-queue-size", INT, d.mem_queue_size, "number of messages to keep in memory "
              "(per topic/channel)"),
         Flag("max-bytes-per-file", INT, d.max_bytes_per_file, "number of bytes per log segment "
@@ -378,7 +370,8 @@ def _flags() -> list[Flag]:
         Flag("max-channel-consumers", INT, 0, "maximum channel consumer connection count per nsqd "
              "instance (default 0, i.e., unlimited)"),
         # statsd
-        Flag("statsd-address", STR, "", "UDP <addr>:<port> of a statsd daemon for pushing stats"),
+        peer_flag("statsd-address", "UDP <addr>:<port> of a statsd daemon for pushing stats",
+                  many=False),
         Flag("statsd-interval", DUR, d.statsd_interval, "duration between pushing to statsd"),
         Flag("statsd-mem-stats", BOOL, d.statsd_mem_stats, "toggle sending memory and GC stats "
              "to statsd"),
@@ -418,44 +411,23 @@ def _flags() -> list[Flag]:
     ]
 
 
-_NON_OPTION_FLAGS = {"version", "config", "verbose", "worker-id"}
+def _prepare(values: dict[str, Any]) -> None:
+    if "e2e_processing_latency_percentiles" in values:
+        # upstream FloatArray keeps them sorted, largest first
+        values["e2e_processing_latency_percentiles"] = sorted(
+            values["e2e_processing_latency_percentiles"], reverse=True)
 
 
-def flag_set() -> FlagSet:
-    return FlagSet("nsqd", _flags())
-
-
-_CFG_INDEX: dict[str, Flag] = {
-    f.cfg: f for f in _flags() if f.name not in _NON_OPTION_FLAGS
-}
+# "" for --broadcast-address / --data-path means the default (hostname / current directory)
+PROGRAM = Program("nsqd", Options, _flags, (OptionsError,),
+                  empty_is_default=("broadcast_address", "data_path"), prepare=_prepare)
+_CFG_INDEX = PROGRAM.cfg_index
 _FIELD_NAMES = {f.name for f in fields(Options)}
 assert all(f.dest in _FIELD_NAMES for f in _CFG_INDEX.values())
 
 
-# ---------------------------------------------------------------- loading
-
-
-
-def load(argv: Sequence[str]) -> tuple[Options, dict[str, Any]]:
-    """argv (+ ``--config``) -> (validated Options, extras {help, version})."""
-    values, extras = command_line_values("nsqd", flag_set(), _CFG_INDEX, argv, ("verbose", "worker_id"))
-    if extras["help"] or extras["version"]:
-        return Options(), extras
-    if "e2e_processing_latency_percentiles" in values:
-        # upstream FloatArray keeps them sorted, largest first
-        values["e2e_processing_latency_percentiles"] = sorted(
-            values["e2e_processing_latency_percentiles"], reverse=True
-        )
-    for key in ("broadcast_address", "data_path"):
-        if values.get(key) == "":
-            del values[key]  # "" means the default (hostname / current directory)
-    opts = Options(**values)
-    opts.validate()
-    return opts, extras
-
-
-
-def parse_args(argv: Sequence[str] | None = None) -> Options:
-    """The nsqd command line -> Options (exits 0 after --help/--version, 2 on a bad flag)."""
-    return parse_or_exit("nsqd", argv, load, lambda: flag_set().usage(), version_string,
-                         (OptionsError,))
+# the module's API (the entry point and the server use these names)
+flag_set = PROGRAM.flag_set
+version_string = PROGRAM.version
+load = PROGRAM.load  # argv (+ --config) -> (validated Options, extras {help, version})
+parse_args = PROGRAM.parse_args  # exits 0 after --help/--version, 2 on a bad flag

@@ -69,7 +69,6 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from nsqx.cluster.routes import RouteError
 from nsqx.httpapi import HTTPError, topic_channel_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
@@ -77,6 +76,7 @@ from nsqx.nsqd.channel import NotLeader, SeekError
 from nsqx.nsqd.http_publish import read_capped
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_topic_name
+from nsqx.protocol.routes import RouteError
 from nsqx.protocol.v2 import StartPosition, parse_start_position
 from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION, make_id
 

@@ -35,12 +35,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from nsqx.cluster.routes import DEFAULT_LOGICAL, RouteError, RouteHistory
 from nsqx.httpapi import HTTPError
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.routing import TopicRoutes
 from nsqx.protocol.names import valid_topic_name
+from nsqx.protocol.routes import DEFAULT_LOGICAL, RouteError, RouteHistory
 
 log = logging.getLogger("nsqx.nsqd.http")
 

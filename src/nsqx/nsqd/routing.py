@@ -38,7 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from nsqx.cluster.barrier import (
+from nsqx.nsqd.topic import BadPartition
+from nsqx.protocol.barrier import (
     ChannelRoute,
     StaleRoute,
     advance,
@@ -48,8 +49,7 @@ from nsqx.cluster.barrier import (
     readable_partitions,
     start,
 )
-from nsqx.cluster.routes import RouteError, RouteHistory, command_body, parse_command
-from nsqx.nsqd.topic import BadPartition
+from nsqx.protocol.routes import RouteError, RouteHistory, command_body, parse_command
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel

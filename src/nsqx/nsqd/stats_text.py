@@ -10,7 +10,7 @@ import datetime as _dt
 import time
 from typing import Any
 
-from nsqx.cli.flags import format_go_duration
+from nsqx.flags import format_go_duration
 from nsqx.nsqd.options import version_string
 
 __all__ = ["client_line", "e2e_text", "format_stats", "nanoseconds_to_human"]

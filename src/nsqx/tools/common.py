@@ -2,7 +2,7 @@
 signal handling and the way a tool starts and exits.
 
 Every tool keeps upstream's flag names and defaults (``apps/*`` in nsqio/nsq), in Go's and GNU's
-syntaxes (:mod:`nsqx.cli.flags`). Tools only use public APIs: :mod:`nsqx.client` and the HTTP
+syntaxes (:mod:`nsqx.flags`). Tools only use public APIs: :mod:`nsqx.client` and the HTTP
 APIs of nsqd and nsqlookupd.
 
 Exit codes: 0 after a clean stop (end of input, ``-n`` reached, SIGINT/SIGTERM), 1 on a fatal
@@ -24,14 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from nsqx import NSQ_VERSION, __version__
-from nsqx.cli.flags import (
+from nsqx.flags import (
     Flag,
     FlagError,
     FlagSet,
+    http_client_flags,
     parse_float,
     parse_go_bool,
     parse_go_duration,
     parse_go_int,
+    peer_flag,
 )
 
 __all__ = [
@@ -40,12 +42,17 @@ __all__ = [
     "RateReporter",
     "StopSignal",
     "TimerMetrics",
+    "address_flags",
     "conn_options",
+    "consume_until_stopped",
     "consumer_flags",
+    "destination_flag",
+    "http_client_flags",
     "fatal",
     "parse_flags",
     "run_tool",
     "setup_logging",
+    "tool_main",
     "user_agent",
     "version_string",
 ]
@@ -76,13 +83,19 @@ def version_flag() -> Flag:
     return Flag("version", "bool", False, "print version string")
 
 
-def address_flags(*, nsqd_help: str = "nsqd TCP address (may be given multiple times)"
-                  ) -> list[Flag]:
+def address_flags(*, nsqd: str = "tcp") -> list[Flag]:
+    """--nsqd-<tcp|http>-address and --lookupd-http-address: checked when parsed (a bad
+    port fails at start with Go's "invalid value ... for flag" message, exit 2)."""
     return [
-        Flag("nsqd-tcp-address", "strings", [], nsqd_help),
-        Flag("lookupd-http-address", "strings", [],
-             "lookupd HTTP address (may be given multiple times)"),
+        peer_flag(f"nsqd-{nsqd}-address", f"nsqd {nsqd.upper()} address (may be given multiple "
+                  "times)"),
+        peer_flag("lookupd-http-address", "lookupd HTTP address (may be given multiple times)"),
     ]
+
+
+def destination_flag(name: str) -> Flag:
+    """Where a producing tool publishes (to_nsq, nsq_to_nsq)."""
+    return peer_flag(name, "destination nsqd TCP address (may be given multiple times)")
 
 
 def consumer_opt_flag() -> Flag:
@@ -381,8 +394,7 @@ class RateReporter:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.gather(self._task, return_exceptions=True)  # its cancellation
             self._task = None
         if self.interval <= 0:
             return
@@ -478,3 +490,44 @@ def run_tool(prog: str, coro_fn: Callable[[], Coroutine[Any, Any, int | None]]) 
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     raise SystemExit(rc or 0)
+
+
+def tool_main(prog: str, run: Callable[[Sequence[str] | None], Coroutine[Any, Any, int | None]]
+              ) -> Callable[[Sequence[str] | None], None]:
+    """The tool's ``main(argv=None)``: run ``run(argv)`` under :func:`run_tool`."""
+    def main(argv: Sequence[str] | None = None) -> None:
+        run_tool(prog, lambda: run(argv))
+
+    return main
+
+
+async def consume_until_stopped(opts: Options, topics: Iterable[str],
+                                handler_for: Callable[[str], Callable[..., Any]],
+                                stop: StopSignal, reporter: RateReporter,
+                                consumer_kwargs: dict[str, Any], *,
+                                max_in_flight: int | None = None,
+                                announce: Callable[[str], None] | None = None) -> None:
+    """The consuming tools' one set-up: a Consumer per topic on ``opts.channel`` (through
+    ``--nsqd-tcp-address`` or ``--lookupd-http-address``) with ``handler_for(topic)``, all
+    started, then the rate reporter; returns when ``stop`` is set, every consumer and the
+    reporter closed. A bad consumer option is fatal (exit 1) with its message."""
+    from nsqx.client import Consumer
+
+    consumers: list[Consumer] = []
+    try:
+        for topic in topics:
+            if announce is not None:
+                announce(topic)
+            c = Consumer(topic, opts.channel, handler_for(topic),
+                         nsqd_tcp_addresses=opts.nsqd_tcp_address,
+                         lookupd_http_addresses=opts.lookupd_http_address,
+                         max_in_flight=max_in_flight or opts.max_in_flight, **consumer_kwargs)
+            consumers.append(c)
+            await c.start()
+        reporter.start()
+        await stop.wait()
+    except (ValueError, TypeError) as e:
+        raise Fatal(str(e)) from None
+    finally:
+        await asyncio.gather(*(c.close() for c in consumers), return_exceptions=True)
+        await reporter.close()

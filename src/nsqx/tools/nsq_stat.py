@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from nsqx.cli.flags import Flag, FlagError, parse_go_int
+from nsqx.flags import Flag, FlagError, parse_go_int
 
-from .common import Fatal, parse_flags
+from .common import Fatal, address_flags, http_client_flags, parse_flags
 
 PROG = "nsq_stat"
 ACCEPT = "application/vnd.nsq; version=1.0"
@@ -45,13 +45,9 @@ def flags() -> list[Flag]:
         Flag("topic", "string", "", "NSQ topic"),
         Flag("channel", "string", "", "NSQ channel"),
         Flag("interval", "duration", 2.0, "duration of time between polling/printing output"),
-        Flag("http-client-connect-timeout", "duration", 2.0, "timeout for HTTP connect"),
-        Flag("http-client-request-timeout", "duration", 5.0, "timeout for HTTP request"),
+        *http_client_flags(2.0, 5.0),
         Flag("count", "custom", None, "number of reports", parse=_count, default_text=""),
-        Flag("nsqd-http-address", "strings", [],
-             "nsqd HTTP address (may be given multiple times)"),
-        Flag("lookupd-http-address", "strings", [],
-             "lookupd HTTP address (may be given multiple times)"),
+        *address_flags(nsqd="http"),
     ]
 
 

@@ -13,64 +13,51 @@ import random
 import sys
 from collections.abc import Sequence
 
-from nsqx.cli.flags import Flag
-from nsqx.client import Consumer, Message
+from nsqx.client import Message
+from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
-from .common import (
-    Fatal,
-    RateReporter,
-    StopSignal,
-    check_addresses,
-    conn_options,
-    consumer_flags,
-    parse_flags,
-    run_tool,
-    setup_logging,
-    stats_interval_flag,
-    user_agent,
-    version_flag,
-)
+from . import common
 
 PROG = "nsq_tail"
 
 
 def flags() -> list[Flag]:
     return [
-        version_flag(),
+        common.version_flag(),
         Flag("topic", "strings", [], "NSQ topic (may be given multiple times)"),
-        *consumer_flags("", "NSQ channel (default tail<random 6 digits>#ephemeral)"),
+        *common.consumer_flags("", "NSQ channel (default tail<random 6 digits>#ephemeral)"),
         Flag("n", "int", 0, "total messages to show (will wait if starved)"),
         Flag("print-topic", "bool", False, "print topic name where message was received"),
-        stats_interval_flag(0.0),
+        common.stats_interval_flag(0.0),
     ]
 
 
 async def run(argv: Sequence[str] | None) -> int:
-    opts = parse_flags(PROG, flags(), argv, __doc__ or "")
-    setup_logging("warn")
+    opts = common.parse_flags(PROG, flags(), argv, __doc__ or "")
+    common.setup_logging("warn")
     if not opts.channel:
         opts.channel = f"tail{random.randrange(999999):06d}#ephemeral"
-    check_addresses(opts)
+    common.check_addresses(opts)
     if not opts.topic:
-        raise Fatal("--topic required")
+        raise common.Fatal("--topic required")
     for t in opts.topic:
         if not valid_topic_name(t):
-            raise Fatal(f"--topic {t!r} is invalid")
+            raise common.Fatal(f"--topic {t!r} is invalid")
     if not valid_channel_name(opts.channel):
-        raise Fatal(f"--channel {opts.channel!r} is invalid")
+        raise common.Fatal(f"--channel {opts.channel!r} is invalid")
     total = opts.n
     max_in_flight = opts.max_in_flight
     if 0 < total < max_in_flight:  # don't ask for more messages than we want
         max_in_flight = total
-    co = conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt",
-                      user_agent=user_agent(PROG))
+    co = common.conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt",
+                             user_agent=common.user_agent(PROG))
     kwargs = co.consumer_kwargs()
     kwargs.pop("max_in_flight", None)
 
-    stop = StopSignal(PROG)
+    stop = common.StopSignal(PROG)
     out = sys.stdout.buffer
-    reporter = RateReporter(PROG, opts.stats_interval)
+    reporter = common.RateReporter(PROG, opts.stats_interval)
     shown = 0
     failed: list[BaseException] = []
 
@@ -103,24 +90,9 @@ async def run(argv: Sequence[str] | None) -> int:
 
         return handle
 
-    consumers = []
-    try:
-        for topic in opts.topic:
-            print(f"Adding consumer for topic: {topic}", file=sys.stderr)
-            c = Consumer(topic, opts.channel, make_handler(topic),
-                         nsqd_tcp_addresses=opts.nsqd_tcp_address,
-                         lookupd_http_addresses=opts.lookupd_http_address,
-                         max_in_flight=max_in_flight, **kwargs)
-            consumers.append(c)
-            await c.start()
-        reporter.start()
-        await stop.wait()
-    except (ValueError, TypeError) as e:
-        raise Fatal(str(e)) from None
-    finally:
-        for c in consumers:
-            await c.close()
-        await reporter.close()
+    await common.consume_until_stopped(
+        opts, opts.topic, make_handler, stop, reporter, kwargs, max_in_flight=max_in_flight,
+        announce=lambda t: print(f"Adding consumer for topic: {t}", file=sys.stderr))
     return 1 if failed else 0
 
 
@@ -134,8 +106,7 @@ def _silence_stdout() -> None:
         pass
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    run_tool(PROG, lambda: run(argv))
+main = common.tool_main(PROG, run)
 
 
 if __name__ == "__main__":

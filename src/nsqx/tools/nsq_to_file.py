@@ -40,25 +40,11 @@ from typing import Any, BinaryIO
 import aiohttp
 import orjson
 
-from nsqx.cli.flags import Flag
 from nsqx.client import Consumer, Message
+from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
-from .common import (
-    Fatal,
-    Options,
-    RateReporter,
-    StopSignal,
-    address_flags,
-    conn_options,
-    consumer_opt_flag,
-    parse_flags,
-    run_tool,
-    setup_logging,
-    stats_interval_flag,
-    user_agent,
-    version_flag,
-)
+from . import common
 
 PROG = "nsq_to_file"
 log = logging.getLogger("nsqx.tools.nsq_to_file")
@@ -66,7 +52,7 @@ log = logging.getLogger("nsqx.tools.nsq_to_file")
 
 def flags() -> list[Flag]:
     return [
-        version_flag(),
+        common.version_flag(),
         Flag("log-level", "string", "info", "set log verbosity: debug, info, warn, error, or fatal"),
         Flag("log-prefix", "string", "[nsq_to_file] ", "log message prefix"),
         Flag("channel", "string", "nsq_to_file", "nsq channel"),
@@ -93,16 +79,15 @@ def flags() -> list[Flag]:
              "rotate the file when it grows bigger than `rotate-size` bytes"),
         Flag("rotate-interval", "duration", 0.0, "rotate the file every duration"),
         Flag("sync-interval", "duration", 30.0, "sync file to disk every duration"),
-        Flag("http-client-connect-timeout", "duration", 2.0, "timeout for HTTP connect"),
-        Flag("http-client-request-timeout", "duration", 5.0, "timeout for HTTP request"),
-        *address_flags(),
+        *common.http_client_flags(2.0, 5.0),
+        *common.address_flags(),
         Flag("topic", "strings", [], "nsq topic (may be given multiple times)"),
-        consumer_opt_flag(),
-        stats_interval_flag(10.0),
+        common.consumer_opt_flag(),
+        common.stats_interval_flag(10.0),
     ]
 
 
-def compute_filename_format(opts: Options, topic: str) -> str:
+def compute_filename_format(opts: common.Options, topic: str) -> str:
     hostname = socket.gethostname()
     short = hostname.split(".")[0]
     identifier = short
@@ -113,8 +98,8 @@ def compute_filename_format(opts: Options, topic: str) -> str:
     if opts.gzip or opts.rotate_size > 0 or opts.rotate_interval > 0 \
             or opts.work_dir != opts.output_dir:
         if "<REV>" not in cff:
-            raise Fatal("missing <REV> in --filename-format when gzip, rotation, or work dir "
-                        "enabled")
+            raise common.Fatal("missing <REV> in --filename-format when gzip, rotation, or work "
+                               "dir enabled")
     else:
         cff = cff.replace("<REV>", "")  # not needed
     cff = cff.replace("<TOPIC>", topic).replace("<HOST>", identifier)
@@ -159,8 +144,8 @@ TERM, HUP, CLOSED = _Item("TERM"), _Item("HUP"), _Item("CLOSED")
 class FileLogger:
     """One topic: a consumer whose messages a router task writes, syncs, FINs and rotates."""
 
-    def __init__(self, opts: Options, topic: str, consumer_kwargs: dict[str, Any],
-                 reporter: RateReporter) -> None:
+    def __init__(self, opts: common.Options, topic: str, consumer_kwargs: dict[str, Any],
+                 reporter: common.RateReporter) -> None:
         self.opts = opts
         self.topic = topic
         self.reporter = reporter
@@ -431,7 +416,7 @@ class FileLogger:
 
 
 async def lookupd_topics(session: aiohttp.ClientSession, addresses: Sequence[str],
-                         opts: Options) -> list[str]:
+                         opts: common.Options) -> list[str]:
     """Every topic any lookupd knows (``GET /topics``); raises if none answered."""
     timeout = aiohttp.ClientTimeout(total=opts.http_client_request_timeout,
                                     connect=opts.http_client_connect_timeout)
@@ -464,54 +449,54 @@ async def lookupd_topics(session: aiohttp.ClientSession, addresses: Sequence[str
 
 
 async def run(argv: Sequence[str] | None) -> int:
-    opts = parse_flags(PROG, flags(), argv, __doc__ or "")
+    opts = common.parse_flags(PROG, flags(), argv, __doc__ or "")
     if opts.log_level.lower() not in ("debug", "info", "warn", "warning", "error", "fatal"):
-        raise Fatal("--log-level is invalid")
-    setup_logging(opts.log_level, opts.log_prefix)
+        raise common.Fatal("--log-level is invalid")
+    common.setup_logging(opts.log_level, opts.log_prefix)
     if not opts.channel:
-        raise Fatal("--channel is required")
+        raise common.Fatal("--channel is required")
     if not valid_channel_name(opts.channel):
-        raise Fatal(f"--channel {opts.channel!r} is invalid")
+        raise common.Fatal(f"--channel {opts.channel!r} is invalid")
     if opts.http_client_connect_timeout <= 0:
-        raise Fatal("--http-client-connect-timeout should be positive")
+        raise common.Fatal("--http-client-connect-timeout should be positive")
     if opts.http_client_request_timeout <= 0:
-        raise Fatal("--http-client-request-timeout should be positive")
+        raise common.Fatal("--http-client-request-timeout should be positive")
     if not opts.nsqd_tcp_address and not opts.lookupd_http_address:
-        raise Fatal("--nsqd-tcp-address or --lookupd-http-address required.")
+        raise common.Fatal("--nsqd-tcp-address or --lookupd-http-address required.")
     if opts.nsqd_tcp_address and opts.lookupd_http_address:
-        raise Fatal("use --nsqd-tcp-address or --lookupd-http-address not both")
+        raise common.Fatal("use --nsqd-tcp-address or --lookupd-http-address not both")
     if not 1 <= opts.gzip_level <= 9:
-        raise Fatal(f"invalid --gzip-level value ({opts.gzip_level}), should be 1-9")
+        raise common.Fatal(f"invalid --gzip-level value ({opts.gzip_level}), should be 1-9")
     if not opts.topic and not opts.topic_pattern:
-        raise Fatal("--topic or --topic-pattern required")
+        raise common.Fatal("--topic or --topic-pattern required")
     if not opts.topic and not opts.lookupd_http_address:
-        raise Fatal("--lookupd-http-address must be specified when no --topic specified")
+        raise common.Fatal("--lookupd-http-address must be specified when no --topic specified")
     for t in opts.topic:
         if not valid_topic_name(t):
-            raise Fatal(f"--topic {t!r} is invalid")
+            raise common.Fatal(f"--topic {t!r} is invalid")
     if opts.max_in_flight < 1:
-        raise Fatal("--max-in-flight must be positive")
+        raise common.Fatal("--max-in-flight must be positive")
     if opts.sync_interval <= 0:
-        raise Fatal("--sync-interval should be positive")
+        raise common.Fatal("--sync-interval should be positive")
     if opts.topic_refresh <= 0:
-        raise Fatal("--topic-refresh should be positive")
+        raise common.Fatal("--topic-refresh should be positive")
     pattern = None
     if opts.topic_pattern:
         try:
             pattern = re.compile(opts.topic_pattern)
         except re.error as e:
-            raise Fatal(f"--topic-pattern is invalid: {e}") from None
+            raise common.Fatal(f"--topic-pattern is invalid: {e}") from None
     if not opts.work_dir:
         opts.work_dir = opts.output_dir
     compute_filename_format(opts, "topic")  # fail fast on a bad format
-    co = conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt",
-                      user_agent=user_agent(PROG))
+    co = common.conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt",
+                             user_agent=common.user_agent(PROG))
     kwargs = co.consumer_kwargs()
     kwargs.pop("max_in_flight", None)
 
-    stop = StopSignal(PROG)
+    stop = common.StopSignal(PROG)
     loop = asyncio.get_running_loop()
-    reporter = RateReporter(PROG, opts.stats_interval)
+    reporter = common.RateReporter(PROG, opts.stats_interval)
     loggers: dict[str, FileLogger] = {}
     reporter.extra = lambda: f"{len(loggers)} topics"
 
@@ -534,7 +519,7 @@ async def run(argv: Sequence[str] | None) -> int:
             try:
                 fl = FileLogger(opts, topic, kwargs, reporter)
                 await fl.start()
-            except Fatal:
+            except common.Fatal:
                 raise
             except Exception as e:
                 log.error("couldn't create logger for new topic %s: %s", topic, e)
@@ -570,8 +555,7 @@ async def run(argv: Sequence[str] | None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    run_tool(PROG, lambda: run(argv))
+main = common.tool_main(PROG, run)
 
 
 if __name__ == "__main__":

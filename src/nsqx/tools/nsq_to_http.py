@@ -25,25 +25,11 @@ from urllib.parse import quote_plus
 import aiohttp
 
 from nsqx import NSQ_VERSION
-from nsqx.cli.flags import Flag
-from nsqx.client import Consumer, Message
+from nsqx.client import Message
+from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
-from .common import (
-    Fatal,
-    RateReporter,
-    StopSignal,
-    TimerMetrics,
-    check_addresses,
-    conn_options,
-    consumer_flags,
-    parse_flags,
-    run_tool,
-    setup_logging,
-    stats_interval_flag,
-    user_agent,
-    version_flag,
-)
+from . import common
 
 PROG = "nsq_to_http"
 _DEFAULT_CONTENT_TYPE = "application/octet-stream"
@@ -51,16 +37,15 @@ _DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
 def flags() -> list[Flag]:
     return [
-        version_flag(),
+        common.version_flag(),
         Flag("topic", "string", "", "nsq topic"),
-        *consumer_flags("nsq_to_http"),
+        *common.consumer_flags("nsq_to_http"),
         Flag("n", "int", 100, "number of concurrent publishers"),
         Flag("mode", "string", "hostpool",
              "the upstream request mode options: round-robin, hostpool (default), "
              "epsilon-greedy (an alias of hostpool)"),
         Flag("sample", "float", 1.0, "% of messages to publish (float b/w 0 -> 1)"),
-        Flag("http-client-connect-timeout", "duration", 2.0, "timeout for HTTP connect"),
-        Flag("http-client-request-timeout", "duration", 20.0, "timeout for HTTP request"),
+        *common.http_client_flags(2.0, 20.0),
         Flag("status-every", "int", 250,
              "the # of requests between logging status (per handler), 0 disables"),
         Flag("content-type", "string", _DEFAULT_CONTENT_TYPE,
@@ -73,7 +58,7 @@ def flags() -> list[Flag]:
         Flag("get", "strings", [],
              "HTTP address to make a GET request to. '%s' will be printf replaced with data "
              "(may be given multiple times)"),
-        stats_interval_flag(10.0),
+        common.stats_interval_flag(10.0),
     ]
 
 
@@ -128,45 +113,45 @@ def parse_headers(items: Sequence[str]) -> dict[str, str]:
         key, sep, val = s.partition(":")
         key, val = key.strip(), val.strip()
         if not sep or not key or not val:
-            raise Fatal("--header value format should be 'key:value'")
+            raise common.Fatal("--header value format should be 'key:value'")
         out[key] = val
     return out
 
 
 async def run(argv: Sequence[str] | None) -> int:
-    opts = parse_flags(PROG, flags(), argv, __doc__ or "")
-    setup_logging("warn")
+    opts = common.parse_flags(PROG, flags(), argv, __doc__ or "")
+    common.setup_logging("warn")
     headers = parse_headers(opts.header)
     if not opts.topic or not opts.channel:
-        raise Fatal("--topic and --channel are required")
+        raise common.Fatal("--topic and --channel are required")
     if not valid_topic_name(opts.topic):
-        raise Fatal("--topic is invalid")
+        raise common.Fatal("--topic is invalid")
     if not valid_channel_name(opts.channel):
-        raise Fatal("--channel is invalid")
+        raise common.Fatal("--channel is invalid")
     if opts.content_type != _DEFAULT_CONTENT_TYPE:
         if not opts.post:
-            raise Fatal("--content-type only used with --post")
+            raise common.Fatal("--content-type only used with --post")
         if not opts.content_type:
-            raise Fatal("--content-type requires a value when used")
-    check_addresses(opts)
+            raise common.Fatal("--content-type requires a value when used")
+    common.check_addresses(opts)
     if not opts.get and not opts.post:
-        raise Fatal("--get or --post required")
+        raise common.Fatal("--get or --post required")
     if opts.get and opts.post:
-        raise Fatal("use --get or --post not both")
+        raise common.Fatal("use --get or --post not both")
     for g in opts.get:
         if g.count("%s") != 1:
-            raise Fatal("invalid GET address - must be a printf string")
+            raise common.Fatal("invalid GET address - must be a printf string")
     if opts.mode not in ("round-robin", "hostpool", "epsilon-greedy"):
-        raise Fatal(f"invalid --mode {opts.mode!r} (round-robin, hostpool, epsilon-greedy)")
+        raise common.Fatal(f"invalid --mode {opts.mode!r} (round-robin, hostpool, epsilon-greedy)")
     if not 0.0 <= opts.sample <= 1.0:
-        raise Fatal("ERROR: --sample must be between 0.0 and 1.0")
+        raise common.Fatal("ERROR: --sample must be between 0.0 and 1.0")
     if opts.n < 1:
-        raise Fatal("-n must be positive")
+        raise common.Fatal("-n must be positive")
     if opts.http_client_connect_timeout <= 0 or opts.http_client_request_timeout <= 0:
-        raise Fatal("--http-client-connect-timeout and --http-client-request-timeout should be "
-                    "positive")
-    co = conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt",
-                      user_agent=user_agent(PROG))
+        raise common.Fatal("--http-client-connect-timeout and --http-client-request-timeout "
+                           "should be positive")
+    co = common.conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt",
+                             user_agent=common.user_agent(PROG))
     kwargs = co.consumer_kwargs()
     kwargs.pop("max_in_flight", None)
 
@@ -176,9 +161,9 @@ async def run(argv: Sequence[str] | None) -> int:
     pool = HostPool(addresses)
     counter = 0
     status_every = opts.status_every
-    per_address = {a: TimerMetrics(status_every if len(addresses) > 1 else 0, f"[{a}]:")
+    per_address = {a: common.TimerMetrics(status_every if len(addresses) > 1 else 0, f"[{a}]:")
                    for a in addresses}
-    aggregate = TimerMetrics(status_every, "[aggregate]:")
+    aggregate = common.TimerMetrics(status_every, "[aggregate]:")
     req_headers = {"User-Agent": f"nsq_to_http v{NSQ_VERSION}"}
     if is_post:
         req_headers["Content-Type"] = opts.content_type
@@ -188,7 +173,7 @@ async def run(argv: Sequence[str] | None) -> int:
     session = aiohttp.ClientSession(
         timeout=timeout, connector=aiohttp.TCPConnector(limit=opts.n), auto_decompress=False)
     slots = asyncio.Semaphore(opts.n)
-    reporter = RateReporter(PROG, opts.stats_interval)
+    reporter = common.RateReporter(PROG, opts.stats_interval)
     failures = 0
     reporter.extra = lambda: f"{failures} failed requests"
 
@@ -228,28 +213,16 @@ async def run(argv: Sequence[str] | None) -> int:
             aggregate.status(start)
             reporter.add()
 
-    stop = StopSignal(PROG)
-    consumer = None
+    stop = common.StopSignal(PROG)
     try:
-        consumer = Consumer(opts.topic, opts.channel, handle,
-                            nsqd_tcp_addresses=opts.nsqd_tcp_address,
-                            lookupd_http_addresses=opts.lookupd_http_address,
-                            max_in_flight=opts.max_in_flight, **kwargs)
-        await consumer.start()
-        reporter.start()
-        await stop.wait()
-    except (ValueError, TypeError) as e:
-        raise Fatal(str(e)) from None
+        await common.consume_until_stopped(opts, [opts.topic], lambda _t: handle, stop, reporter,
+                                           kwargs)
     finally:
-        if consumer is not None:
-            await consumer.close()
         await session.close()
-        await reporter.close()
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    run_tool(PROG, lambda: run(argv))
+main = common.tool_main(PROG, run)
 
 
 if __name__ == "__main__":

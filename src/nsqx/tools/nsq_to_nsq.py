@@ -26,26 +26,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from nsqx.cli.flags import Flag
-from nsqx.client import Consumer, Message, NSQError, Producer
+from nsqx.client import Message, NSQError, Producer
+from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
-from .common import (
-    Fatal,
-    RateReporter,
-    StopSignal,
-    TimerMetrics,
-    check_addresses,
-    conn_options,
-    consumer_flags,
-    parse_flags,
-    producer_opt_flag,
-    run_tool,
-    setup_logging,
-    stats_interval_flag,
-    user_agent,
-    version_flag,
-)
+from . import common
 from .nsq_to_http import HostPool
 
 PROG = "nsq_to_nsq"
@@ -54,15 +39,14 @@ log = logging.getLogger("nsqx.tools.nsq_to_nsq")
 
 def flags() -> list[Flag]:
     return [
-        version_flag(),
+        common.version_flag(),
         Flag("topic", "strings", [], "nsq topic (may be given multiple times)"),
-        *consumer_flags("nsq_to_nsq"),
+        *common.consumer_flags("nsq_to_nsq"),
         Flag("destination-topic", "string", "",
              "use this destination topic for all consumed topics (default is consumed topic "
              "name)"),
-        Flag("destination-nsqd-tcp-address", "strings", [],
-             "destination nsqd TCP address (may be given multiple times)"),
-        producer_opt_flag(),
+        common.destination_flag("destination-nsqd-tcp-address"),
+        common.producer_opt_flag(),
         Flag("status-every", "int", 250,
              "the # of requests between logging status (per destination), 0 disables"),
         Flag("mode", "string", "hostpool",
@@ -75,7 +59,7 @@ def flags() -> list[Flag]:
              "for JSON messages: only pass messages that contain this field"),
         Flag("require-json-value", "string", "",
              "for JSON messages: only pass messages in which the required field has this value"),
-        stats_interval_flag(10.0),
+        common.stats_interval_flag(10.0),
     ]
 
 
@@ -196,29 +180,29 @@ class Batcher:
 
 
 async def run(argv: Sequence[str] | None) -> int:
-    opts = parse_flags(PROG, flags(), argv, __doc__ or "")
-    setup_logging("warn")
+    opts = common.parse_flags(PROG, flags(), argv, __doc__ or "")
+    common.setup_logging("warn")
     if not opts.topic or not opts.channel:
-        raise Fatal("--topic and --channel are required")
+        raise common.Fatal("--topic and --channel are required")
     for t in opts.topic:
         if not valid_topic_name(t):
-            raise Fatal("--topic is invalid")
+            raise common.Fatal("--topic is invalid")
     if opts.destination_topic and not valid_topic_name(opts.destination_topic):
-        raise Fatal("--destination-topic is invalid")
+        raise common.Fatal("--destination-topic is invalid")
     if not valid_channel_name(opts.channel):
-        raise Fatal("--channel is invalid")
-    check_addresses(opts)
+        raise common.Fatal("--channel is invalid")
+    common.check_addresses(opts)
     if not opts.destination_nsqd_tcp_address:
-        raise Fatal("--destination-nsqd-tcp-address required")
+        raise common.Fatal("--destination-nsqd-tcp-address required")
     mode = opts.mode
     if mode == "epsilon-greedy":
         mode = "hostpool"
     if mode not in ("round-robin", "hostpool", "fanout"):
-        raise Fatal(f"invalid --mode {opts.mode!r} (round-robin, hostpool, epsilon-greedy, "
-                    "fanout)")
-    ua = user_agent(PROG)
-    cco = conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt", user_agent=ua)
-    pco = conn_options(opts.producer_opt, consumer=False, flag="producer-opt", user_agent=ua)
+        raise common.Fatal(f"invalid --mode {opts.mode!r} (round-robin, hostpool, epsilon-greedy, "
+                           "fanout)")
+    ua = common.user_agent(PROG)
+    cco = common.conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt", user_agent=ua)
+    pco = common.conn_options(opts.producer_opt, consumer=False, flag="producer-opt", user_agent=ua)
     ckwargs = cco.consumer_kwargs()
     ckwargs.pop("max_in_flight", None)
 
@@ -227,12 +211,12 @@ async def run(argv: Sequence[str] | None) -> int:
     batchers = {a: Batcher(p) for a, p in producers.items()}
     pool = HostPool(dests)
     counter = 0
-    per_address = {a: TimerMetrics(opts.status_every if len(dests) > 1 else 0, f"[{a}]:")
+    per_address = {a: common.TimerMetrics(opts.status_every if len(dests) > 1 else 0, f"[{a}]:")
                    for a in dests}
-    aggregate = TimerMetrics(opts.status_every, "[aggregate]:")
+    aggregate = common.TimerMetrics(opts.status_every, "[aggregate]:")
     filt = JSONFilter(opts.require_json_field, opts.require_json_value,
                       opts.whitelist_json_field)
-    reporter = RateReporter(PROG, opts.stats_interval)
+    reporter = common.RateReporter(PROG, opts.stats_interval)
     counts = {"filtered": 0, "failed": 0}
     reporter.extra = lambda: f"{counts['filtered']} filtered, {counts['failed']} failed publishes"
 
@@ -288,31 +272,18 @@ async def run(argv: Sequence[str] | None) -> int:
 
         return handle
 
-    stop = StopSignal(PROG)
-    consumers: list[Consumer] = []
+    stop = common.StopSignal(PROG)
     try:
-        for topic in opts.topic:
-            c = Consumer(topic, opts.channel, make_handler(opts.destination_topic or topic),
-                         nsqd_tcp_addresses=opts.nsqd_tcp_address,
-                         lookupd_http_addresses=opts.lookupd_http_address,
-                         max_in_flight=opts.max_in_flight, **ckwargs)
-            consumers.append(c)
-        for c in consumers:
-            await c.start()
-        reporter.start()
-        await stop.wait()
-    except (ValueError, TypeError) as e:
-        raise Fatal(str(e)) from None
+        await common.consume_until_stopped(
+            opts, opts.topic, lambda t: make_handler(opts.destination_topic or t), stop,
+            reporter, ckwargs)
     finally:
-        await asyncio.gather(*(c.close() for c in consumers), return_exceptions=True)
         for p in producers.values():
             await p.close()
-        await reporter.close()
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    run_tool(PROG, lambda: run(argv))
+main = common.tool_main(PROG, run)
 
 
 if __name__ == "__main__":

@@ -17,23 +17,11 @@ import threading
 import time
 from collections.abc import Sequence
 
-from nsqx.cli.flags import Flag
 from nsqx.client import NSQError, Producer
+from nsqx.flags import Flag
 from nsqx.protocol.names import valid_topic_name
 
-from .common import (
-    Fatal,
-    RateReporter,
-    StopSignal,
-    conn_options,
-    parse_flags,
-    producer_opt_flag,
-    run_tool,
-    setup_logging,
-    stats_interval_flag,
-    user_agent,
-    version_flag,
-)
+from . import common
 
 PROG = "to_nsq"
 _READ = 256 * 1024
@@ -43,15 +31,14 @@ _BATCH_BYTES = 512 * 1024
 
 def flags() -> list[Flag]:
     return [
-        version_flag(),
+        common.version_flag(),
         Flag("topic", "string", "", "NSQ topic to publish to"),
         Flag("delimiter", "string", "\n", "character to split input from stdin",
              default_text='"\\n"'),
-        Flag("nsqd-tcp-address", "strings", [],
-             "destination nsqd TCP address (may be given multiple times)"),
-        producer_opt_flag(),
+        common.destination_flag("nsqd-tcp-address"),
+        common.producer_opt_flag(),
         Flag("rate", "int", 0, "Throttle messages to n/second. 0 to disable"),
-        stats_interval_flag(10.0),
+        common.stats_interval_flag(10.0),
     ]
 
 
@@ -96,25 +83,25 @@ def _start_reader(queue: asyncio.Queue[bytes | None]) -> None:
 
 
 async def run(argv: Sequence[str] | None) -> int:
-    opts = parse_flags(PROG, flags(), argv, __doc__ or "")
-    setup_logging("warn")
+    opts = common.parse_flags(PROG, flags(), argv, __doc__ or "")
+    common.setup_logging("warn")
     if not opts.topic:
-        raise Fatal("--topic required")
+        raise common.Fatal("--topic required")
     if not valid_topic_name(opts.topic):
-        raise Fatal(f"--topic {opts.topic!r} is invalid")
+        raise common.Fatal(f"--topic {opts.topic!r} is invalid")
     delim = opts.delimiter.encode("utf-8", "surrogateescape")
     if len(delim) != 1:
-        raise Fatal("--delimiter must be a single byte")
+        raise common.Fatal("--delimiter must be a single byte")
     if not opts.nsqd_tcp_address:
-        raise Fatal("--nsqd-tcp-address required")
+        raise common.Fatal("--nsqd-tcp-address required")
     if opts.rate < 0:
-        raise Fatal("--rate must be >= 0")
-    co = conn_options(opts.producer_opt, consumer=False, flag="producer-opt",
-                      user_agent=user_agent(PROG))
+        raise common.Fatal("--rate must be >= 0")
+    co = common.conn_options(opts.producer_opt, consumer=False, flag="producer-opt",
+                             user_agent=common.user_agent(PROG))
     producers = [Producer(a, **co.producer_kwargs())
                  for a in dict.fromkeys(opts.nsqd_tcp_address)]
-    stop = StopSignal(PROG)
-    reporter = RateReporter(PROG, opts.stats_interval)
+    stop = common.StopSignal(PROG)
+    reporter = common.RateReporter(PROG, opts.stats_interval)
     bucket = TokenBucket(opts.rate) if opts.rate >= 1 else None
     if bucket is not None:
         print(f"Throttling messages rate to max:{opts.rate}/second", file=sys.stderr)
@@ -176,7 +163,7 @@ async def run(argv: Sequence[str] | None) -> int:
             if batch:
                 await publish_batch(batch)
     except NSQError as e:
-        raise Fatal(f"publish failed: {e}") from None
+        raise common.Fatal(f"publish failed: {e}") from None
     finally:
         stop_wait.cancel()
         for p in producers:
@@ -185,8 +172,7 @@ async def run(argv: Sequence[str] | None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    run_tool(PROG, lambda: run(argv))
+main = common.tool_main(PROG, run)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Route history of ordered topics: every operation, every refusal, storage round trips."""
+"""Key hashing and route history of ordered topics: every operation, every refusal, storage
+round trips."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from nsqx.client import key_partition
 from nsqx.cluster.model import ClusterKeys
-from nsqx.cluster.routes import (
+from nsqx.protocol.routes import (
     Change,
     Route,
     RouteError,
     RouteHistory,
     RouteVersion,
     command_body,
+    key_partition,
     logical_partition,
     parse_command,
     routes_key,

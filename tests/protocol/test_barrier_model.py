@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from nsqx.cluster.barrier import (
+from nsqx.protocol.barrier import (
     ChannelRoute,
     StaleRoute,
     advance,
@@ -30,7 +30,7 @@ from nsqx.cluster.barrier import (
     readable_partitions,
     start,
 )
-from nsqx.cluster.routes import RouteError, RouteHistory, logical_partition
+from nsqx.protocol.routes import RouteError, RouteHistory, logical_partition
 
 
 def hist() -> RouteHistory:

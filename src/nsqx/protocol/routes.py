@@ -1,10 +1,13 @@
-"""An ordered topic's route history: logical partitions mapped by ranges onto physical ones.
+"""Key -> partition hashing and an ordered topic's route history (logical partitions mapped by
+ranges onto physical ones).
 
+These are protocol-level facts that producers (:mod:`nsqx.client`), servers (:mod:`nsqx.nsqd`)
+and the cluster (:mod:`nsqx.cluster`) must agree on, so they live below all of them.
 Pure values, no IO (QMQ's design, ``DESIGN.md`` §Ordered partitions that can change). Why
 each rule exists:
 
 * A key hashes to one of ``logical`` partitions (default 1024) with the same CRC-32 as
-  :func:`nsqx.client.key_partition`; that count never changes, so a key's logical
+  :func:`key_partition`; that count never changes, so a key's logical
   partition never changes, and only the range table decides where it goes.
 * Version ``v`` maps contiguous ranges ``[lo, hi)`` covering ``0..logical`` exactly onto
   physical partitions, each on a node. Versions grow by exactly one per change.
@@ -13,7 +16,7 @@ each rule exists:
   node). Physical ids are never reused and a physical partition's range and node never
   change, so each one lives for one contiguous run of versions and its log holds its keys'
   messages of exactly that run, ended by one command message. That keeps the consumer
-  barrier (:mod:`nsqx.cluster.barrier`) one uniform rule: read version v+1's new partitions
+  barrier (:mod:`nsqx.protocol.barrier`) one uniform rule: read version v+1's new partitions
   after the command message of every partition v+1 retires.
 * One change at a time: a change is first *pending* (stored so a coordinator that fails over
   finds it and rolls it forward), the retired partitions get their command messages, then
@@ -25,13 +28,13 @@ Every refusal is a :class:`RouteError` whose text is meant for the operator.
 from __future__ import annotations
 
 import bisect
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
-from nsqx.client.producer import key_partition
 from nsqx.protocol.names import valid_name
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "RouteHistory",
     "RouteVersion",
     "command_body",
+    "key_partition",
     "logical_partition",
     "parse_command",
     "routes_key",
@@ -56,6 +60,18 @@ _COMMAND_KEY = "nsqx_route_change"
 
 class RouteError(ValueError):
     """A route operation or stored route that the rules refuse (the text is for the operator)."""
+
+
+def key_partition(key: bytes | str, partitions: int) -> int:
+    """The partition of a key: CRC-32 (zlib's, IEEE) of its UTF-8 bytes modulo the count.
+
+    Stable across processes, machines and versions, so producers in any language can
+    agree on it (``crc32(key) % partitions``).
+    """
+    if partitions < 1:
+        raise ValueError("partitions must be >= 1")
+    data = key.encode() if isinstance(key, str) else bytes(key)
+    return zlib.crc32(data) % partitions
 
 
 def logical_partition(key: bytes | str, logical: int = DEFAULT_LOGICAL) -> int:

@@ -1,4 +1,5 @@
-"""A small command-line flag parser that accepts Go's and GNU's syntaxes.
+"""A small command-line flag parser that accepts Go's and GNU's syntaxes, and the pieces the
+programs' flag tables are built from.
 
 Every nsqx program keeps upstream's flag names, so scripts written for the Go
 binaries (``-tcp-address=...``, ``-lookupd-tcp-address h:p -lookupd-tcp-address
@@ -8,20 +9,36 @@ do Go's single-dash long flags nor Go's bare/``=false`` booleans, hence this.
 The parser only turns ``argv`` into ``{dest: value}`` for the flags that were
 given; programs merge that over a config file and their defaults (Go's
 ``go-options`` precedence: command line > config file > default).
+
+Each server program declares one table (:class:`Program`: its ``Options`` dataclass and its
+flags, built from the shared pieces :func:`basic_flags`, :func:`cluster_flags`,
+:func:`http_client_flags`, :func:`listen_flag`, :func:`peer_flag`); the program's module
+only adds its own flags and checks. This module sits below the servers (it knows nothing of
+them), so ``nsqd``, ``nsqlookupd``, ``nsqadmin`` and the tools all import it.
 """
 
 from __future__ import annotations
 
+import platform
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from nsqx.netutil import check_listen_address, check_peer_address
+
 __all__ = [
+    "LOG_LEVELS",
     "Flag",
     "FlagError",
     "FlagSet",
+    "Program",
+    "basic_flags",
+    "cluster_flags",
+    "http_client_flags",
+    "listen_flag",
+    "peer_flag",
     "format_go_duration",
     "parse_go_bool",
     "parse_go_duration",
@@ -184,6 +201,9 @@ class Flag:
     is_bool: bool = False  # custom flags that may appear bare (like Go's IsBoolFlag)
     default_text: str | None = None  # override of "(default ...)" in --help
     deprecated: bool = False  # accepted, ignored
+    # string/strings flags: checks one value, ValueError(reason) if bad (address flags fail
+    # at start with Go's "invalid value ... for flag -name: reason", not when first used)
+    check: Callable[[str], str] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -206,11 +226,19 @@ class Flag:
         if self.kind == "duration":
             return parse_go_duration(text)
         if self.kind == "strings" or self.kind == "string":
-            return text
+            return self._checked(text)
         if self.kind == "floats":
             return [parse_float(p.strip()) for p in text.split(",")]
         assert self.parse is not None, self.name
         return self.parse(text)
+
+    def _checked(self, text: str) -> str:
+        if self.check is not None and text:
+            try:
+                self.check(text)
+            except ValueError as e:
+                raise FlagError(str(e)) from None
+        return text
 
     def coerce_config(self, value: Any) -> Any:
         """A config-file value -> the flag's value (go-options' coercion rules)."""
@@ -234,9 +262,9 @@ class Flag:
                 return parse_float(value)
         elif k == "string":
             if isinstance(value, str):
-                return value
+                return self._checked(value)
             if isinstance(value, int | float) and not isinstance(value, bool):
-                return str(value)
+                return self._checked(str(value))
         elif k == "duration":
             if isinstance(value, str):
                 return parse_go_duration(value)
@@ -244,9 +272,9 @@ class Flag:
                 return value / 1000.0  # go-options: a bare number is milliseconds
         elif k == "strings":
             if isinstance(value, str):
-                return value.split(",")
+                return [self._checked(v) for v in value.split(",")]
             if isinstance(value, list) and all(isinstance(v, str) for v in value):
-                return list(value)
+                return [self._checked(v) for v in value]
         elif k == "floats":
             if isinstance(value, str):
                 return [parse_float(p.strip()) for p in value.split(",")]
@@ -293,6 +321,20 @@ class Flag:
         if self.kind in ("strings", "floats"):
             return ",".join(str(x) for x in d) if d else ""
         return str(d) if d not in (None, "", 0, False) else ""
+
+
+def listen_flag(name: str, default: str, help: str, **kw: Any) -> Flag:
+    """A ``host:port`` to listen on; a bad port or an unresolvable host fails at start."""
+    return Flag(name, "string", default, help, check=check_listen_address, **kw)
+
+
+def peer_flag(name: str, help: str, *, many: bool = True, default: Any = None,
+              **kw: Any) -> Flag:
+    """Another program's ``host:port`` (HTTP peers may be URLs); ``many``: repeatable."""
+    if default is None:
+        default = [] if many else ""
+    return Flag(name, "strings" if many else "string", default, help,
+                check=check_peer_address, **kw)
 
 
 class FlagSet:
@@ -448,3 +490,104 @@ def command_line_values(prog: str, flags: FlagSet, cfg_index: dict[str, Flag],
                 raise FlagError(f"config file {config_path}: failed parsing {key} - {e}") from None
     values.update(given)
     return values, extras
+
+
+# ---------------------------------------------------------------- shared pieces of the tables
+
+# upstream lg.LogLevel numbers (what nsqd's /config/log_level shows)
+LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
+
+
+def parse_log_level(s: str) -> str:
+    s = s.lower()
+    if s not in LOG_LEVELS:
+        raise FlagError(f"invalid log level '{s}' (debug, info, warn, error, fatal)")
+    return s
+
+
+def basic_flags(log_prefix: str) -> list[Flag]:
+    """What every server has: --config, --version, --log-level, --log-prefix, --verbose."""
+    return [
+        Flag("config", "string", "", "path to config file"),
+        Flag("version", "bool", False, "print version string"),
+        Flag("log-level", "custom", "info", "set log verbosity: debug, info, warn, error, or fatal",
+             parse=parse_log_level, default_text="info"),
+        Flag("log-prefix", "string", log_prefix, "log message prefix"),
+        Flag("verbose", "bool", False, "[deprecated] has no effect, use --log-level",
+             deprecated=True),
+    ]
+
+
+def cluster_flags(cluster_id: str, leadership_help: str) -> list[Flag]:
+    """nsqx's cluster mode (Youzan's names): the etcd prefix and etcd's URLs."""
+    return [
+        Flag("cluster-id", "string", cluster_id, "[nsqx] cluster name: the etcd key prefix "
+             "/nsqx/<id>/ shared by the nsqd and nsqlookupd of one cluster"),
+        peer_flag("cluster-leadership-addresses", "[nsqx] etcd client URLs " + leadership_help,
+                  dest="cluster_leadership_addresses"),
+    ]
+
+
+def http_client_flags(connect: float, request: float) -> list[Flag]:
+    """Timeouts of the program's own HTTP client (upstream's names)."""
+    return [
+        Flag("http-client-connect-timeout", "duration", connect, "timeout for HTTP connect"),
+        Flag("http-client-request-timeout", "duration", request, "timeout for HTTP request"),
+    ]
+
+
+@dataclass
+class Program:
+    """One server program's declarative flag table: its ``Options`` dataclass (whose
+    ``validate()`` raises one of ``errors``) and its flags; loads argv + ``--config`` with
+    upstream's precedence (command line > config file > default).
+
+    ``empty_is_default``: options where "" means "the default" (the hostname, the current
+    directory); ``prepare`` may adjust the values before ``Options(**values)``."""
+
+    name: str
+    options: Callable[..., Any]
+    table: Callable[[], list[Flag]]
+    errors: tuple[type[Exception], ...] = ()
+    empty_is_default: tuple[str, ...] = ()
+    prepare: Callable[[dict[str, Any]], None] | None = None
+    _index: dict[str, Flag] = field(default_factory=dict, init=False, repr=False)
+
+    def flag_set(self) -> FlagSet:
+        return FlagSet(self.name, self.table())
+
+    @property
+    def cfg_index(self) -> dict[str, Flag]:
+        """Config-file key -> flag, for the flags that are options (not --config,
+        --version or deprecated ones)."""
+        if not self._index:
+            self._index.update((f.cfg, f) for f in self.table()
+                               if f.name not in ("config", "version") and not f.deprecated)
+        return self._index
+
+    def version(self) -> str:
+        from nsqx import NSQ_VERSION, __version__
+
+        return (f"{self.name} v{NSQ_VERSION} (built w/python{platform.python_version()}) "
+                f"nsqx/{__version__}")
+
+    def load(self, argv: Sequence[str]) -> tuple[Any, dict[str, Any]]:
+        """argv (+ ``--config``) -> (validated Options, extras {help, version})."""
+        ignored = [f.dest for f in self.table() if f.deprecated]
+        values, extras = command_line_values(self.name, self.flag_set(), self.cfg_index, argv,
+                                             ignored)
+        if extras["help"] or extras["version"]:
+            return self.options(), extras
+        for key in self.empty_is_default:
+            if values.get(key) == "":
+                del values[key]
+        if self.prepare is not None:
+            self.prepare(values)
+        opts = self.options(**values)
+        opts.validate()
+        return opts, extras
+
+    def parse_args(self, argv: Sequence[str] | None = None) -> Any:
+        """The command line -> Options (exits 0 after --help/--version, 2 on a bad flag)."""
+        return parse_or_exit(self.name, argv, self.load, lambda: self.flag_set().usage(),
+                             self.version, self.errors)
