@@ -15,10 +15,16 @@ def main(argv: list[str] | None = None) -> None:
         node = NSQD(opts)
         if opts.cluster_leadership_addresses:
             from nsqx.cluster.member import NodeMember
+            from nsqx.cluster.trust import load_secret
 
             endpoints = [u for a in opts.cluster_leadership_addresses for u in a.split(",") if u]
+            try:
+                secret = load_secret(opts.cluster_secret_file) if opts.cluster_secret_file else None
+            except ValueError as e:
+                raise SystemExit(f"FATAL: {e}") from None
             node.plugins.append(NodeMember(node, endpoints, opts.cluster_id,
-                                           ttl=opts.cluster_node_ttl))
+                                           ttl=opts.cluster_node_ttl, secret=secret,
+                                           cluster_address=opts.cluster_address))
         return node
 
     run_daemon(opts, make, "nsqx.nsqd")

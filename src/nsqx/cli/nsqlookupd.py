@@ -15,9 +15,15 @@ def main(argv: list[str] | None = None) -> None:
         node = NSQLookupd(opts)
         if opts.cluster_leadership_addresses:
             from nsqx.cluster.lookupd_api import ClusterLookupd
+            from nsqx.cluster.trust import load_secret
 
             endpoints = [u for a in opts.cluster_leadership_addresses for u in a.split(",") if u]
-            ClusterLookupd(node, endpoints, opts.cluster_id, rebalance=opts.cluster_rebalance)
+            try:
+                secret = load_secret(opts.cluster_secret_file) if opts.cluster_secret_file else None
+            except ValueError as e:
+                raise SystemExit(f"FATAL: {e}") from None
+            ClusterLookupd(node, endpoints, opts.cluster_id, rebalance=opts.cluster_rebalance,
+                           secret=secret)
         return node
 
     run_daemon(opts, make, "nsqx.lookupd")

@@ -41,6 +41,7 @@ from nsqx.cluster.placement import (
     remove_replica,
 )
 from nsqx.cluster.route_coord import RouteCoordinator
+from nsqx.cluster.trust import Signer
 
 log = logging.getLogger("nsqx.cluster.coordinator")
 
@@ -87,7 +88,7 @@ class Coordinator:
     """Campaigns on start; while elected, reconciles after every change in etcd."""
 
     def __init__(self, etcd: EtcdClient, cluster_id: str, candidate_id: str, *,
-                 ttl: int = 5, rebalance: bool = True) -> None:
+                 ttl: int = 5, rebalance: bool = True, signer: Signer | None = None) -> None:
         self.meta = ClusterMetadata(etcd, cluster_id)
         self.candidate_id = candidate_id
         self.rebalance = rebalance
@@ -96,7 +97,7 @@ class Coordinator:
         self._lead_task: asyncio.Task[None] | None = None
         self.passes = 0  # reconciling passes made while leading (for /cluster/stats and tests)
         self.rebalance_moves = 0  # replica moves this coordinator started to spread the load
-        self.routes = RouteCoordinator(self.meta)  # route-managed ordered topics' changes
+        self.routes = RouteCoordinator(self.meta, signer)  # route-managed ordered topics' changes
         self._roll_task: asyncio.Task[None] | None = None
 
     @property

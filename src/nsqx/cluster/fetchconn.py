@@ -70,17 +70,19 @@ class FetchConnection:
         self.host, self.port = host.strip("[]"), int(port)
         self._proto: _Proto | None = None
 
-    async def get(self, path: str, params: dict[str, str], timeout: float
-                  ) -> tuple[int, memoryview]:
-        """(status, body): the body a view of the received bytes (never copied again)."""
+    async def get(self, path: str, params: dict[str, str], timeout: float,
+                  headers: dict[str, str] | None = None) -> tuple[int, memoryview]:
+        """(status, body): the body a view of the received bytes (never copied again);
+        ``headers`` (the cluster signature) go with the request."""
         try:
             async with asyncio.timeout(timeout):
-                return await self._get(path, params)
+                return await self._get(path, params, headers)
         except BaseException:
             self.close()  # unknown state: never reuse it
             raise
 
-    async def _get(self, path: str, params: dict[str, str]) -> tuple[int, memoryview]:
+    async def _get(self, path: str, params: dict[str, str], headers: dict[str, str] | None
+                   ) -> tuple[int, memoryview]:
         proto = self._proto
         if proto is None or proto.lost is not None or proto.transport is None \
                 or proto.transport.is_closing():
@@ -89,8 +91,9 @@ class FetchConnection:
             self._proto = proto
         assert proto.transport is not None
         proto.take()  # nothing may be left from an earlier answer
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()) if headers else ""
         proto.transport.write(f"GET {path}?{urlencode(params)} HTTP/1.1\r\n"
-                              f"Host: {self.address}\r\n\r\n".encode())
+                              f"Host: {self.address}\r\n{extra}\r\n".encode())
         # the head: status line and headers
         await proto.wait_for(1)
         while True:

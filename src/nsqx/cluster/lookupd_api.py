@@ -56,6 +56,7 @@ from nsqx.cluster.etcd import EtcdClient, EtcdError
 from nsqx.cluster.model import MetaError, NodeInfo, TopicMeta
 from nsqx.cluster.placement import plan_move
 from nsqx.cluster.routes import DEFAULT_LOGICAL, MAX_LOGICAL, RouteError
+from nsqx.cluster.trust import Signer
 
 log = logging.getLogger("nsqx.cluster.lookupd")
 
@@ -97,9 +98,10 @@ class ClusterLookupd:
     """The cluster side of one nsqlookupd (plugin + routes)."""
 
     def __init__(self, lookupd: Any, endpoints: list[str], cluster_id: str, *,
-                 rebalance: bool = True) -> None:
+                 rebalance: bool = True, secret: bytes | None = None) -> None:
         self.lookupd = lookupd
         self.rebalance = rebalance
+        self.secret = secret  # signs the coordinator's calls to nodes (seal, reset)
         self.etcd = EtcdClient(endpoints)
         self.cluster_id = cluster_id
         self.coordinator: Coordinator | None = None
@@ -124,7 +126,9 @@ class ClusterLookupd:
 
     async def start(self) -> None:
         me = f"{self.lookupd.opts.broadcast_address}:{self.lookupd.http_port}"
-        self.coordinator = Coordinator(self.etcd, self.cluster_id, me, rebalance=self.rebalance)
+        self.coordinator = Coordinator(self.etcd, self.cluster_id, me, rebalance=self.rebalance,
+                                       signer=Signer(self.secret, f"nsqlookupd:{me}")
+                                       if self.secret else None)
         self.coordinator.start()
         log.info("CLUSTER: nsqlookupd %s campaigning to coordinate cluster %s at %s", me,
                  self.cluster_id, ", ".join(self.etcd.endpoints))

@@ -42,6 +42,7 @@ class Options:
     cluster_id: str = "nsqx"
     cluster_leadership_addresses: list[str] = field(default_factory=list)
     cluster_rebalance: bool = True
+    cluster_secret_file: str = ""  # shared secret signing the coordinator's calls to nsqd
 
     def validate(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -85,6 +86,8 @@ def _flags() -> list[Flag]:
         Flag("cluster-rebalance", "bool", d.cluster_rebalance, "[nsqx] while coordinating: "
              "give leadership back to preferred replicas and move replicas onto a node that "
              "holds clearly fewer than the average (one that joined), one partition at a time"),
+        Flag("cluster-secret-file", "string", "", "[nsqx] file holding the cluster's shared "
+             "secret (the nsqd's --cluster-secret-file): the coordinator signs its calls to nodes"),
     ]
 
 

@@ -100,6 +100,8 @@ class Options:
     cluster_id: str = "nsqx"
     cluster_leadership_addresses: list[str] = field(default_factory=list)
     cluster_node_ttl: float = 3.0  # seconds an nsqd stays a live member without refreshing
+    cluster_secret_file: str = ""  # shared secret signing requests between members
+    cluster_address: str = ""  # internal listener for other members ("": HTTP host, OS port)
 
     # storage (upstream "diskqueue options", same names and meanings)
     data_path: str = field(default_factory=os.getcwd)
@@ -319,6 +321,12 @@ def _flags() -> list[Flag]:
              "when set", dest="cluster_leadership_addresses"),
         Flag("cluster-node-ttl", DUR, d.cluster_node_ttl, "[nsqx] lease of this node's "
              "membership in etcd: a node silent this long is considered dead"),
+        Flag("cluster-secret-file", STR, "", "[nsqx] file holding the cluster's shared secret: "
+             "requests between members are signed with it and internal endpoints refuse "
+             "unsigned ones (same file on every nsqd and nsqlookupd of the cluster)"),
+        Flag("cluster-address", STR, "", "[nsqx] <addr>:<port> of the listener serving other "
+             "members (replication, route calls); default: the HTTP host, a port the OS "
+             "picks, published in etcd"),
         Flag("topology-region", STR, "", "A region represents a larger domain, made up of one or "
              "more zones for preferring closer consumer"),
         Flag("topology-zone", STR, "", "A zone represents a logical failure domain for preferring "
