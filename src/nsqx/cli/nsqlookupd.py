@@ -18,12 +18,12 @@ def main(argv: list[str] | None = None) -> None:
             from nsqx.cluster.trust import load_secret
 
             endpoints = [u for a in opts.cluster_leadership_addresses for u in a.split(",") if u]
-            try:
+            try:  # a bad secret file or etcd endpoint option: a clear error, no start
                 secret = load_secret(opts.cluster_secret_file) if opts.cluster_secret_file else None
+                ClusterLookupd(node, endpoints, opts.cluster_id,
+                               rebalance=opts.cluster_rebalance, secret=secret)
             except ValueError as e:
                 raise SystemExit(f"FATAL: {e}") from None
-            ClusterLookupd(node, endpoints, opts.cluster_id, rebalance=opts.cluster_rebalance,
-                           secret=secret)
         return node
 
     run_daemon(opts, make, "nsqx.lookupd")
