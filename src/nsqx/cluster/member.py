@@ -36,6 +36,7 @@ import base64
 import contextlib
 import logging
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Callable
@@ -64,7 +65,7 @@ from nsqx.cluster.route_store import (
     routes_prefix,
 )
 from nsqx.cluster.routes import RouteError, RouteHistory, routes_key
-from nsqx.cluster.trust import RefusalLog, Refused, Signer, Verifier
+from nsqx.cluster.trust import RefusalLog, Refused, SignedSession, Signer, Verifier
 from nsqx.netutil import bind_listener
 from nsqx.nsqd.config_api import apply_settings, export_settings
 from nsqx.nsqd.routing import TopicRoutes
@@ -314,7 +315,8 @@ class NodeMember:
 
     def __init__(self, nsqd: Any, endpoints: list[str], cluster_id: str, *,
                  ttl: float = 3.0, lag_timeout: float = LAG_TIMEOUT,
-                 secret: bytes | None = None, cluster_address: str = "") -> None:
+                 secret: bytes | None = None, cluster_address: str = "",
+                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> None:
         self.nsqd = nsqd
         # trust: requests between members are signed with the cluster secret (none: the
         # compatible, unauthenticated mode, warned about at start)
@@ -323,6 +325,8 @@ class NodeMember:
         self.signer: Signer | None = None
         self.verifier = Verifier(secret) if secret else None
         self.refusals = RefusalLog()
+        # mutual TLS between members (server, client contexts; --cluster-tls-*)
+        self.tls_server, self.tls_client = tls if tls is not None else (None, None)
         self._internal_runner: web.AppRunner | None = None
         self.internal_address = ""
         self.etcd = EtcdClient(endpoints)
@@ -339,7 +343,7 @@ class NodeMember:
         self._following: dict[tuple[str, int], tuple[str | None, int]] = {}
         self.nodes: dict[str, NodeInfo] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._http: aiohttp.ClientSession | None = None
+        self._http: SignedSession | None = None
         self._producers: dict[str, Any] = {}  # leader tcp address -> nsqx.client Producer
         self.forwarded = 0
         self.etcd_ok = True
@@ -396,14 +400,15 @@ class NodeMember:
         app.router.add_get("/nsqx/cluster/state", self.h_state)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        await web.SockSite(runner, sock).start()
+        await web.SockSite(runner, sock, ssl_context=self.tls_server).start()
         self._internal_runner = runner
         host, port = sock.getsockname()[:2]
         if host in ("0.0.0.0", "::", ""):
             host = self.nsqd.opts.broadcast_address or "127.0.0.1"
         self.internal_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        log.info("CLUSTER: internal endpoints on %s (%s)", self.internal_address,
-                 "signed requests only" if self.verifier else "NOT authenticated")
+        log.info("CLUSTER: internal endpoints on %s (%s%s)", self.internal_address,
+                 "signed requests only" if self.verifier else "NOT authenticated",
+                 ", mutual TLS" if self.tls_server else "")
 
     # -- plugin ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -417,7 +422,7 @@ class NodeMember:
                         "shared secret on every nsqd and nsqlookupd of the cluster")
         await self._listen_internal()
         self.info = self._node_info()
-        self._http = aiohttp.ClientSession()
+        self._http = SignedSession(self.signer, ssl=self.tls_client)
         for topic in list(self.nsqd.topics.values()):  # until the metadata says otherwise
             if not topic.ephemeral:
                 for part in topic.partitions:
@@ -898,7 +903,7 @@ class NodeMember:
                 if not conns or conns[0].address != leader.internal_address:
                     for old in conns:
                         old.close()
-                    conns[:] = [FetchConnection(leader.internal_address)]
+                    conns[:] = [FetchConnection(leader.internal_address, self.tls_client)]
                 base = f"http://{leader.internal_address}/nsqx/replica"
                 if not truncated:
                     info = await self._get_json(f"{base}/epochs", topic=name, partition=p,
@@ -931,10 +936,8 @@ class NodeMember:
 
     async def _get_json(self, url: str, **params: Any) -> dict:
         assert self._http is not None
-        query = {k: str(v) for k, v in params.items()}
-        async with self._http.get(url, params=query, headers=self._sign(
-                "GET", url[url.index("/", 8):], query),
-                timeout=aiohttp.ClientTimeout(total=5)) as resp:
+        async with self._http.get(url, params=params,
+                                  timeout=aiohttp.ClientTimeout(total=5)) as resp:
             raw = await resp.read()
             if resp.status == 409:
                 raise StaleEpoch(raw.decode(errors="replace"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -115,9 +116,10 @@ def relabel_dead_nodes(old: RouteHistory, new: RouteHistory, live: list[str],
 class RouteCoordinator:
     """The coordinator's route operations (lookupd's HTTP handlers call them)."""
 
-    def __init__(self, meta: ClusterMetadata, signer: Signer | None = None) -> None:
+    def __init__(self, meta: ClusterMetadata, signer: Signer | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.meta = meta
-        self._session = SignedSession(signer)  # calls to nodes' internal endpoints
+        self._session = SignedSession(signer, ssl=tls)  # calls to nodes' internal endpoints
         self._rolling: set[str] = set()
         self._resetting: set[str] = set()  # topics with a channel reset under way
 

@@ -24,6 +24,7 @@ import itertools
 import logging
 import os
 import secrets
+import ssl
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
@@ -38,7 +39,7 @@ log = logging.getLogger("nsqx.cluster.trust")
 
 __all__ = ["EMPTY_BODY_HASH", "HEADERS", "MAX_SKEW", "Refused", "RefusalLog", "SignedSession",
            "Signer",
-           "Verifier", "generate_secret_file", "load_secret"]
+           "Verifier", "generate_secret_file", "load_secret", "tls_contexts"]
 
 H_NODE, H_TIME, H_NONCE, H_SIG = ("X-Nsqx-Node", "X-Nsqx-Time", "X-Nsqx-Nonce",
                                   "X-Nsqx-Signature")
@@ -69,6 +70,21 @@ def generate_secret_file(path: str | os.PathLike[str]) -> Path:
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32) + "\n")
     return p
+
+
+def tls_contexts(cert: str, key: str, ca: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) contexts of mutual TLS between members (``--cluster-tls-*``): each
+    member's certificate (both server and client use) must chain to ``ca``; a bad file is a
+    ValueError saying which."""
+    try:
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=ca)
+        server.load_cert_chain(cert, key)
+        server.verify_mode = ssl.CERT_REQUIRED
+        client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+        client.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"--cluster-tls-cert/-key/-ca ({cert}, {key}, {ca}): {e}") from None
+    return server, client
 
 
 def _message(method: str, path: str, query: Iterable[tuple[str, str]], body_hash: str,
@@ -188,9 +204,12 @@ class RefusalLog:
 
 class SignedSession:
     """An aiohttp client session whose ``get``/``post`` sign each request (no signer: plain,
-    for a cluster without a secret). Bodies, if any, must be bytes (they are hashed)."""
+    for a cluster without a secret). Bodies, if any, must be bytes (they are hashed). With
+    ``ssl`` (the members' client context) every ``http://`` URL is asked over ``https://``:
+    the cluster's internal listeners then all speak TLS."""
 
-    def __init__(self, signer: Signer | None, *, timeout: float = 5.0, ssl: Any = None) -> None:
+    def __init__(self, signer: Signer | None, *, timeout: float = 5.0,
+                 ssl: ssl.SSLContext | None = None) -> None:
         self.signer = signer
         self.timeout = timeout
         self.ssl = ssl
@@ -210,6 +229,8 @@ class SignedSession:
             kw["headers"] = self.signer.headers(method, URL(url).path, params, data)
         if self.ssl is not None:
             kw["ssl"] = self.ssl
+            if url.startswith("http://"):
+                url = "https://" + url[7:]
         return self._session.request(method, url, params=params, data=data or None, **kw)
 
     def get(self, url: str, **kw: Any) -> Any:

@@ -43,6 +43,9 @@ class Options:
     cluster_leadership_addresses: list[str] = field(default_factory=list)
     cluster_rebalance: bool = True
     cluster_secret_file: str = ""  # shared secret signing the coordinator's calls to nsqd
+    cluster_tls_cert: str = ""  # mutual TLS to the nodes' cluster listeners: certificate,
+    cluster_tls_key: str = ""  # key,
+    cluster_tls_ca: str = ""  # and the members' CA
 
     def validate(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -88,6 +91,10 @@ def _flags() -> list[Flag]:
              "holds clearly fewer than the average (one that joined), one partition at a time"),
         Flag("cluster-secret-file", "string", "", "[nsqx] file holding the cluster's shared "
              "secret (the nsqd's --cluster-secret-file): the coordinator signs its calls to nodes"),
+        Flag("cluster-tls-cert", "string", "", "[nsqx] mutual TLS to the nodes' cluster "
+             "listeners (with -key, -ca; the nsqd's --cluster-tls-*): this lookupd's certificate"),
+        Flag("cluster-tls-key", "string", "", "[nsqx] key of --cluster-tls-cert"),
+        Flag("cluster-tls-ca", "string", "", "[nsqx] CA of the members' certificates"),
     ]
 
 

@@ -102,6 +102,9 @@ class Options:
     cluster_node_ttl: float = 3.0  # seconds an nsqd stays a live member without refreshing
     cluster_secret_file: str = ""  # shared secret signing requests between members
     cluster_address: str = ""  # internal listener for other members ("": HTTP host, OS port)
+    cluster_tls_cert: str = ""  # mutual TLS between members: this node's certificate,
+    cluster_tls_key: str = ""  # its key,
+    cluster_tls_ca: str = ""  # and the CA every member's certificate chains to
 
     # storage (upstream "diskqueue options", same names and meanings)
     data_path: str = field(default_factory=os.getcwd)
@@ -327,6 +330,10 @@ def _flags() -> list[Flag]:
         Flag("cluster-address", STR, "", "[nsqx] <addr>:<port> of the listener serving other "
              "members (replication, route calls); default: the HTTP host, a port the OS "
              "picks, published in etcd"),
+        Flag("cluster-tls-cert", STR, "", "[nsqx] mutual TLS between members (with -key, -ca): "
+             "this node's certificate, for serving and calling (server and client use)"),
+        Flag("cluster-tls-key", STR, "", "[nsqx] key of --cluster-tls-cert"),
+        Flag("cluster-tls-ca", STR, "", "[nsqx] CA that every member's certificate chains to"),
         Flag("topology-region", STR, "", "A region represents a larger domain, made up of one or "
              "more zones for preferring closer consumer"),
         Flag("topology-zone", STR, "", "A zone represents a logical failure domain for preferring "
