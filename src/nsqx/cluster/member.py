@@ -405,6 +405,7 @@ class NodeMember:
         host, port = sock.getsockname()[:2]
         if host in ("0.0.0.0", "::", ""):
             host = self.nsqd.opts.broadcast_address or "127.0.0.1"
+        port = getattr(self.nsqd.opts, "broadcast_cluster_port", 0) or port
         self.internal_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         log.info("CLUSTER: internal endpoints on %s (%s%s)", self.internal_address,
                  "signed requests only" if self.verifier else "NOT authenticated",

@@ -102,6 +102,7 @@ class Options:
     cluster_node_ttl: float = 3.0  # seconds an nsqd stays a live member without refreshing
     cluster_secret_file: str = ""  # shared secret signing requests between members
     cluster_address: str = ""  # internal listener for other members ("": HTTP host, OS port)
+    broadcast_cluster_port: int = 0  # the cluster listener's port as registered in etcd
     cluster_tls_cert: str = ""  # mutual TLS between members: this node's certificate,
     cluster_tls_key: str = ""  # its key,
     cluster_tls_ca: str = ""  # and the CA every member's certificate chains to
@@ -330,6 +331,8 @@ def _flags() -> list[Flag]:
         Flag("cluster-address", STR, "", "[nsqx] <addr>:<port> of the listener serving other "
              "members (replication, route calls); default: the HTTP host, a port the OS "
              "picks, published in etcd"),
+        Flag("broadcast-cluster-port", INT, 0, "[nsqx] port of the cluster listener that will be "
+             "registered in etcd (defaults to the port it listens on)"),
         Flag("cluster-tls-cert", STR, "", "[nsqx] mutual TLS between members (with -key, -ca): "
              "this node's certificate, for serving and calling (server and client use)"),
         Flag("cluster-tls-key", STR, "", "[nsqx] key of --cluster-tls-cert"),
