@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 import urllib.parse
 from typing import Any
 
 import pytest
 
 from nsqx.cluster.etcd_server import EtcdServer
-from nsqx.cluster.trust import Signer
+from nsqx.cluster.trust import Signer, generate_secret_file
 from tests.support.cluster import Cluster, http, wait_until
 
 pytestmark = pytest.mark.slow
@@ -162,3 +163,27 @@ def test_without_a_secret_members_still_work_and_warn(
     got = get(f"http://{leader.http_address}{FETCH}", {
         "topic": "open", "partition": 0, "epoch": epoch, "node": "ghost", "offset": 0})
     assert got[0] == 403 and got[1]["message"] == "E_NOT_REGISTERED", got
+
+
+def test_a_member_with_another_secret_is_told_once(
+        etcd_server: EtcdServer, nsqd_factory, lookupd_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A node given the wrong secret file registers, but its fetches (or its followers'
+    fetches, if it leads) are refused: a warning that says why, once a minute."""
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=2)
+    good = cluster.secret_file
+    cluster.secret_file = str(generate_secret_file(tmp_path / "other.secret"))
+    try:
+        cluster.add_node()
+    finally:
+        cluster.secret_file = good
+    wait_until(lambda: len(cluster.stats()["nodes"]) == 3, what="three nodes registered")
+    cluster.create_topic("mixed", partitions=1, replicas=3)
+
+    def warnings() -> list[str]:
+        return [ln for n in cluster.nodes for ln in n.log_bytes().decode().splitlines()
+                if "refuses this node's fetches" in ln]
+
+    wait_until(warnings, timeout=20, what="a refused member's warning")
+    time.sleep(2)  # it keeps retrying; the warning is not repeated
+    found = warnings()
+    assert 1 <= len(found) <= 2 and "E_BAD_SIGNATURE" in found[0], found

@@ -127,6 +127,22 @@ class StaleEpoch(Exception):
     pass
 
 
+class NotAMember(Exception):
+    """The leader refused this node's credential (401/403): another secret, a clock more
+    than 30 s off, or a registration the leader does not see yet."""
+
+
+def _check_answer(status: int, raw: Any) -> None:
+    if status == 409:
+        raise StaleEpoch(bytes(raw).decode(errors="replace"))
+    if status in (401, 403):
+        raise NotAMember(f"HTTP {status}: {bytes(raw[:300]).decode(errors='replace')}")
+    if status == 416:
+        raise StaleEpoch("offset beyond the leader's log: truncate again")
+    if status != 200:
+        raise ValueError(f"HTTP {status}: {bytes(raw[:200])!r}")
+
+
 # ------------------------------------------------------------------------------------- gates
 class FollowerGate:
     """Client publishes go to the leader; this replica only copies it.
@@ -328,6 +344,7 @@ class NodeMember:
         # mutual TLS between members (server, client contexts; --cluster-tls-*)
         self.tls_server, self.tls_client = tls if tls is not None else (None, None)
         self._internal_runner: web.AppRunner | None = None
+        self._refused_warned: dict[str, float] = {}  # leader -> when a refusal was last logged
         self.internal_address = ""
         self.etcd = EtcdClient(endpoints)
         self.meta = ClusterMetadata(self.etcd, cluster_id)
@@ -924,6 +941,15 @@ class NodeMember:
             except StaleEpoch:
                 await asyncio.sleep(0.2)  # wait for the metadata to move on
                 truncated = False
+            except NotAMember as e:
+                now = time.monotonic()
+                if now - self._refused_warned.get(pm.leader or "", -60.0) >= 60:
+                    self._refused_warned[pm.leader or ""] = now
+                    log.warning("CLUSTER: TOPIC(%s) PARTITION(%d): leader %s refuses this "
+                                "node's fetches: %s (same --cluster-secret-file everywhere? "
+                                "clocks within 30 s?)", name, p, pm.leader, e)
+                await asyncio.sleep(0.5)
+                truncated = False
             except asyncio.CancelledError:
                 raise
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError) as e:
@@ -940,10 +966,7 @@ class NodeMember:
         async with self._http.get(url, params=params,
                                   timeout=aiohttp.ClientTimeout(total=5)) as resp:
             raw = await resp.read()
-            if resp.status == 409:
-                raise StaleEpoch(raw.decode(errors="replace"))
-            if resp.status != 200:
-                raise ValueError(f"HTTP {resp.status}: {raw[:200]!r}")
+            _check_answer(resp.status, raw)
             return orjson.loads(raw)
 
     async def _fetch_once(self, topic: Any, conn: FetchConnection, name: str, p: int,
@@ -953,12 +976,7 @@ class NodeMember:
                   "node": self.node_id, "wait_ms": str(int(FETCH_WAIT * 1000))}
         status, raw = await conn.get("/nsqx/replica/fetch", params, FETCH_WAIT + 5,
                                      self._sign("GET", "/nsqx/replica/fetch", params))
-        if status == 409:
-            raise StaleEpoch(bytes(raw).decode(errors="replace"))
-        if status == 416:
-            raise StaleEpoch("offset beyond the leader's log: truncate again")
-        if status != 200:
-            raise ValueError(f"HTTP {status}: {bytes(raw[:200])!r}")
+        _check_answer(status, raw)
         nl = _index_nl(raw)
         head = orjson.loads(raw[:nl])
         frames = raw[nl + 1:]  # a view, sliced per commit: the log keeps these bytes
