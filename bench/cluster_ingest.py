@@ -1,6 +1,6 @@
 """Replicated ingest vs a standalone node, side by side in one run; and failover time.
 
-    .venv/bin/python bench/cluster_ingest.py [--seconds 10] [--replicas 3] [--sync-every N]
+    .venv/bin/python bench/cluster_ingest.py [--seconds 10] [--replicas 3] [--sync-every N] [--secret] [--tls]
 
 1. standalone: one nsqd (default durable settings), MPUB 200 B x 200 from two writer
    processes (the same load generator as bench/nsqd_compare.py);
@@ -100,6 +100,25 @@ def _spy(pid: int, seconds: float, out: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def member_tls(d: Path) -> list[str]:
+    """A CA and one member certificate (server and client use, 127.0.0.1): the flags."""
+    d.mkdir()
+
+    def ssl_(*a: str) -> None:
+        subprocess.run(["openssl", *a], cwd=d, check=True, capture_output=True)
+
+    ssl_("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+         "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=bench CA")
+    ssl_("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+         "-keyout", "m.key", "-out", "m.csr", "-subj", "/O=bench member")
+    (d / "m.ext").write_text("extendedKeyUsage=serverAuth,clientAuth\n"
+                             "subjectAltName=IP:127.0.0.1\n")
+    ssl_("x509", "-req", "-in", "m.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-set_serial",
+         "2", "-days", "2", "-extfile", "m.ext", "-out", "m.pem")
+    return [f"--cluster-tls-cert={d / 'm.pem'}", f"--cluster-tls-key={d / 'm.key'}",
+            f"--cluster-tls-ca={d / 'ca.pem'}"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -107,6 +126,10 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=8,
                     help="MPUBs in flight per writer, the same for both runs (default 8)")
     ap.add_argument("--sync-every", type=int, default=0, help="nsqd --sync-every (0: default)")
+    ap.add_argument("--secret", action="store_true", help="give the cluster a "
+                    "--cluster-secret-file (signed replication requests)")
+    ap.add_argument("--tls", action="store_true", help="mutual TLS between the members "
+                    "(--cluster-tls-*, certificates made with the openssl CLI)")
     ap.add_argument("--profile", metavar="DIR", help="py-spy record the standalone node, the leader "
                     "and a follower into DIR (needs py-spy)")
     ap.add_argument("--perf", metavar="FILE", help="perf record -g the three cluster nodes "
@@ -139,6 +162,12 @@ def main() -> None:
         etcd = EtcdServer(tmp / "etcd")
         etcd.start()
         flags = [f"--cluster-leadership-addresses={etcd.endpoint}", "--cluster-id=bench"]
+        if args.secret:
+            from nsqx.cluster.trust import generate_secret_file
+
+            flags.append(f"--cluster-secret-file={generate_secret_file(tmp / 'secret')}")
+        if args.tls:
+            flags += member_tls(tmp / "tls")
         lk_tcp, lk_http = free_port(), free_port()
         lk = Proc([sys.executable, "-m", "nsqx.cli.nsqlookupd", f"--tcp-address=127.0.0.1:{lk_tcp}",
                    f"--http-address=127.0.0.1:{lk_http}", "--broadcast-address=127.0.0.1",

@@ -528,6 +528,19 @@ def cluster_flags(cluster_id: str, leadership_help: str) -> list[Flag]:
     ]
 
 
+def cluster_trust_flags(role: str) -> list[Flag]:
+    """How cluster members know each other (``role``: who uses the credentials): the shared
+    secret that signs node-to-node requests and mutual TLS between members."""
+    return [
+        Flag("cluster-secret-file", "string", "", "[nsqx] file holding the cluster's shared "
+             "secret (the same file on every nsqd and nsqlookupd of the cluster): " + role),
+        Flag("cluster-tls-cert", "string", "", "[nsqx] mutual TLS between cluster members "
+             "(with -key, -ca): this program's certificate"),
+        Flag("cluster-tls-key", "string", "", "[nsqx] key of --cluster-tls-cert"),
+        Flag("cluster-tls-ca", "string", "", "[nsqx] CA every member's certificate chains to"),
+    ]
+
+
 def http_client_flags(connect: float, request: float) -> list[Flag]:
     """Timeouts of the program's own HTTP client (upstream's names)."""
     return [

@@ -83,7 +83,7 @@ class Publisher(threading.Thread):
 
 
 def test_cluster_up_status_and_clean_stop(tmp_path: Path) -> None:
-    base = free_block([0, 1, 2, 100, 101, 102])
+    base = free_block([0, 1, 2, 3, 100, 101, 102, 103])
     lk = free_block([0, 1])
     etcd_port = free_block([0, 1])
     proc = subprocess.Popen(
@@ -110,10 +110,85 @@ def test_cluster_up_status_and_clean_stop(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         out_text = proc.communicate(timeout=60)[0]
     assert proc.returncode == 0, out_text
-    assert f"nsqd        tcp 127.0.0.1:{base}" in out_text
+    assert f"nsqd0       tcp 127.0.0.1:{base}" in out_text
     for port in (base, base + 100, lk, etcd_port):  # everything it started is gone
         with socket.socket() as s, pytest.raises(ConnectionRefusedError):
             s.connect(("127.0.0.1", port))
+
+
+def _up(tmp_path: Path, nodes: int, *extra: str) -> tuple[subprocess.Popen[str], int, Path]:
+    base = free_block([o + 100 * i for i in range(nodes) for o in range(4)])
+    lk = free_block([0, 1])
+    etcd_port = free_block([0, 1])
+    root = tmp_path / "c"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nsqx.cli.nsqx_cmd", "cluster", "up", f"--nodes={nodes}",
+         f"--base-port={base}", f"--lookupd-port={lk}", f"--etcd-port={etcd_port}",
+         f"--data-path={root}", "--cluster-id=up", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, lk + 1, root
+
+
+def _member_pid(root: Path, name: str) -> int | None:
+    return json.loads((root / "cluster-up.json").read_text())["members"][name]["pid"]
+
+
+def test_cluster_up_survives_a_member_death_and_restarts_it(tmp_path: Path) -> None:
+    """kill -9 of the leader: `cluster up` reports it, the others fail over, and
+    `nsqx cluster restart` brings it back into the ISR; the members sign their requests."""
+    proc, lk_http, root = _up(tmp_path, 3)
+    lookupd = f"127.0.0.1:{lk_http}"
+    try:
+        wait_until(lambda: len(http("GET", f"http://{lookupd}/cluster/stats")[1]["nodes"]) == 3,
+                   what="three nodes up")
+        assert (root / "cluster.secret").stat().st_mode & 0o777 == 0o600
+        code, body = http("POST", f"http://{lookupd}/topic/create?topic=t&replicator=3"
+                          "&partition_num=1")
+        assert code == 200, body
+
+        def part() -> dict:
+            return http("GET", f"http://{lookupd}/cluster/stats")[1]["topics"]["t"]["partitions"][0]
+
+        leader_id = wait_until(lambda: part()["leader"], what="a leader")
+        state = json.loads((root / "cluster-up.json").read_text())["members"]
+        name = next(n for n, m in state.items() if m["node_id"] == leader_id)
+        old_pid = state[name]["pid"]
+        os.kill(old_pid, signal.SIGKILL)
+        wait_until(lambda: part()["leader"] not in (None, leader_id), timeout=30,
+                   what="a new leader after the kill")
+        assert proc.poll() is None  # the rest keeps running
+        wait_until(lambda: _member_pid(root, name) is None, what="the death recorded")
+        out = nsqx("cluster", "restart", name, f"--data-path={root}", timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert _member_pid(root, name) not in (None, old_pid)
+        wait_until(lambda: leader_id in part()["isr"], timeout=60, what="back in the ISR")
+        out = nsqx("cluster", "restart", "nsqd9", f"--data-path={root}")
+        assert out.returncode == 1 and "no member nsqd9; members: nsqlookupd0" in out.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        text = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, text
+    assert f"{name} exited with -9 (killed by SIGKILL); the others keep running" in text
+    assert f"restarting {name} on request" in text
+    out = nsqx("cluster", "restart", "nsqd0", f"--data-path={root}")
+    assert out.returncode == 1 and "no `nsqx cluster up` is running" in out.stderr
+
+
+def test_cluster_up_restart_after(tmp_path: Path) -> None:
+    proc, lk_http, root = _up(tmp_path, 1, "--restart-after=500ms")
+    try:
+        wait_until(lambda: _member_pid(root, "nsqd0"), what="nsqd0 started")
+        old = _member_pid(root, "nsqd0")
+        assert old is not None
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: _member_pid(root, "nsqd0") not in (None, old), timeout=30,
+                   what="nsqd0 started again by itself")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        text = proc.communicate(timeout=60)[0]
+    assert "restarting nsqd0 (0.5 s after it died)" in text, text
+    bad = nsqx("cluster", "up", "--restart-after=soon", f"--data-path={tmp_path / 'x'}")
+    assert bad.returncode == 2 and "--restart-after" in bad.stderr
 
 
 def test_cli_errors_are_clear() -> None:

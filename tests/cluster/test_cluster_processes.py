@@ -164,29 +164,31 @@ def test_malformed_and_stale_replication_traffic(cluster: Cluster) -> None:
     for i in range(5):
         assert pub(leader, "guarded", b"g%d" % i)[0] == 200
     epoch = cluster.partitions("guarded")[0]["epoch"]
-    base = f"http://{leader.http_address}/nsqx/replica"
-    ok = f"topic=guarded&partition=0&epoch={epoch}&node=probe"
+    follower = next(n for n in cluster.nodes if n is not leader)
+    fid = cluster.node_id(follower)  # signed as a real follower: a member's credential
+    ok = {"topic": "guarded", "partition": 0, "epoch": epoch, "node": fid}
     for query, code in [
-        ("topic=guarded", 400),                                       # no epoch
-        (f"topic=guarded&partition=x&epoch={epoch}", 400),
-        (f"{ok}&offset=abc", 400),
-        (f"{ok}", 400),                                               # no offset
-        (f"{ok}&offset=99999", 416),                                  # beyond the log
-        (f"{ok}&offset=-5", 416),
-        (f"topic=guarded&partition=0&epoch={epoch - 1}&node=p&offset=0", 409),  # stale epoch
-        (f"topic=guarded&partition=0&epoch={epoch + 7}&node=p&offset=0", 409),  # made up epoch
-        (f"topic=nope&partition=0&epoch={epoch}&node=p&offset=0", 409),
-        (f"topic=guarded&partition=9&epoch={epoch}&node=p&offset=0", 409),
+        ({"topic": "guarded"}, 400),                                  # no epoch
+        ({"topic": "guarded", "partition": "x", "epoch": epoch}, 400),
+        ({**ok, "offset": "abc"}, 400),
+        (ok, 400),                                                    # no offset
+        ({**ok, "offset": 99999}, 416),                               # beyond the log
+        ({**ok, "offset": -5}, 416),
+        ({**ok, "epoch": epoch - 1, "offset": 0}, 409),               # stale epoch
+        ({**ok, "epoch": epoch + 7, "offset": 0}, 409),               # made up epoch
+        ({**ok, "topic": "nope", "offset": 0}, 409),
+        ({**ok, "partition": 9, "offset": 0}, 409),
     ]:
-        got, body = http("GET", f"{base}/fetch?{query}")
+        got, body = cluster.internal(leader, "GET", "/nsqx/replica/fetch", query, as_node=fid)
         assert got == code, (query, got, body)
-    got, body = http("GET", f"{base}/epochs?topic=guarded&partition=0&epoch={epoch - 1}")
+    epochs = "/nsqx/replica/epochs"
+    got, body = cluster.internal(leader, "GET", epochs, {**ok, "epoch": epoch - 1}, as_node=fid)
     assert got == 409 and body["message"] == "E_STALE_EPOCH" and body["leader_epoch"] == epoch
-    got, body = http("GET", f"{base}/epochs?topic=guarded&partition=0&epoch={epoch}")
+    got, body = cluster.internal(leader, "GET", epochs, ok, as_node=fid)
     assert got == 200 and body["end"] == 5 and body["spans"][-1][0] == epoch
     # a follower's node is not a leader: it refuses every fetch
-    follower = next(n for n in cluster.nodes if n is not leader)
-    got, _ = http("GET", f"http://{follower.http_address}/nsqx/replica/fetch?{ok}&offset=0")
+    got, _ = cluster.internal(follower, "GET", "/nsqx/replica/fetch", {**ok, "offset": 0},
+                              as_node=fid)
     assert got == 409
     # nothing above disturbed the partition: still led, same epoch, whole ISR, data intact
     p = cluster.partitions("guarded")[0]
@@ -267,13 +269,24 @@ def test_ordered_topics_cursors_ride_with_every_fetch(cluster: Cluster) -> None:
         assert http("POST", f"http://{leader.http_address}/channel/create?topic={name}"
                             f"&channel=c")[0] == 200
         epoch = cluster.partitions(name)[0]["epoch"]
-        url = (f"http://{leader.http_address}/nsqx/replica/fetch?topic={name}&partition=0"
-               f"&epoch={epoch}&node=probe&offset=0&wait_ms=0")
+        # signed as a real follower (only registered members' fetches are served); its own
+        # fetches share the once-a-second cursor clock, so the first probe waits for cursors
+        fid = cluster.node_id(next(n for n in cluster.nodes if n is not leader))
+        query = {"topic": name, "partition": 0, "epoch": epoch, "node": fid, "offset": 0,
+                 "wait_ms": 0}
+
+        def head(leader=leader, query=query, fid=fid) -> dict:  # type: ignore[no-untyped-def]
+            got, raw = cluster.internal(leader, "GET", "/nsqx/replica/fetch", query, as_node=fid)
+            assert got == 200, raw
+            return raw if isinstance(raw, dict) else json.loads(raw.split("\n", 1)[0])
+
+        def with_cursors(head=head) -> dict | None:  # type: ignore[no-untyped-def]
+            h = head()
+            return h if "channels" in h else None
+
+        heads = [wait_until(with_cursors, timeout=5, what="a fetch answer with cursors")]
         t0 = time.monotonic()
-        heads = []
-        for _ in range(2):
-            with urllib.request.urlopen(url, timeout=10) as r:
-                heads.append(json.loads(r.read().split(b"\n", 1)[0]))
+        heads.append(head())
         took = time.monotonic() - t0
         assert heads[0]["channels"] == {"c": 0}
         if name == "ord":

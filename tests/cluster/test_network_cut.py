@@ -1,9 +1,10 @@
 """A network cut between a partition's leader and the rest of the cluster, under pynsq load.
 
 Every nsqd sits behind fault-injecting TCP proxies (``tests/support/faultproxy.py``): one
-for its TCP port and one for its HTTP port, registered in etcd as its broadcast ports (so
-followers fetch, nodes forward and clients connect through them), and one on its way to
-etcd. A cycle cuts the leader's HTTP proxy (its followers can no longer fetch) and its etcd
+for its TCP port, one for its HTTP port and one for its cluster listener, registered in
+etcd as its broadcast ports (so followers fetch, nodes forward and clients connect through
+them), and one on its way to etcd. A cycle cuts the leader's HTTP and cluster proxies (its
+followers can no longer fetch) and its etcd
 proxy (it can neither keep its lease nor change its ISR) while its TCP proxy stays open,
 so the pynsq producer keeps publishing to it: the case where an isolated leader could
 acknowledge what nobody else has. The cut alternates between dropping bytes (peers learn
@@ -49,21 +50,27 @@ class ProxiedNode:
         self.tcp = FaultProxy(tcp, name="tcp").start()
         self.http = FaultProxy(http, name="http").start()
         self.etcd = FaultProxy(etcd_port, name="etcd").start()
+        internal = free_port()  # the cluster listener (replication) is cut with HTTP
+        self.internal = FaultProxy(internal, name="cluster").start()
         self.proc = cluster.add_node(
-            [f"--broadcast-tcp-port={self.tcp.port}", f"--broadcast-http-port={self.http.port}"],
+            [f"--broadcast-tcp-port={self.tcp.port}", f"--broadcast-http-port={self.http.port}",
+             f"--cluster-address=127.0.0.1:{internal}",
+             f"--broadcast-cluster-port={self.internal.port}"],
             ports=(tcp, http), etcd_endpoint=f"http://{self.etcd.address}")
         self.id = ""
 
     def cut(self, mode: str) -> None:
         self.http.cut(mode)
+        self.internal.cut(mode)
         self.etcd.cut(mode)
 
     def heal(self) -> None:
         self.http.heal()
+        self.internal.heal()
         self.etcd.heal()
 
     def stop(self) -> None:
-        for p in (self.tcp, self.http, self.etcd):
+        for p in (self.tcp, self.http, self.internal, self.etcd):
             p.stop()
 
 

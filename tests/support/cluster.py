@@ -7,20 +7,25 @@ whatever the test did. Helpers talk plain HTTP to the processes (no shared Pytho
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 import urllib.error
 import urllib.request
+import weakref
 from typing import Any
+from urllib.parse import urlencode
 
 from nsqx.cluster.etcd_server import EtcdServer
+from nsqx.cluster.trust import Signer, generate_secret_file
 from tests.client.helpers import free_port
 from tests.support.lookupd_process import LookupdFactory, LookupdProcess
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess
 
 
-def http(method: str, url: str, body: bytes | None = None, timeout: float = 10.0
-         ) -> tuple[int, Any]:
-    req = urllib.request.Request(url, data=body, method=method)
+def http(method: str, url: str, body: bytes | None = None, timeout: float = 10.0,
+         headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw = r.read()
@@ -50,8 +55,15 @@ def wait_until(pred, timeout: float = 30.0, step: float = 0.1, what: str = "cond
 
 class Cluster:
     def __init__(self, etcd: EtcdServer, nsqd_factory: NsqdFactory,
-                 lookupd_factory: LookupdFactory, *, cluster_id: str = "test") -> None:
+                 lookupd_factory: LookupdFactory, *, cluster_id: str = "test",
+                 secret: bool = True) -> None:
+        """``secret``: every process gets a shared ``--cluster-secret-file`` (made here)."""
         self.etcd = etcd
+        self.secret_file: str | None = None
+        if secret:
+            tmp = tempfile.mkdtemp(prefix="nsqx-secret-")
+            weakref.finalize(self, shutil.rmtree, tmp, True)
+            self.secret_file = str(generate_secret_file(f"{tmp}/cluster.secret"))
         self.cluster_id = cluster_id
         self.nsqd_factory = nsqd_factory
         self.lookupd_factory = lookupd_factory
@@ -61,7 +73,11 @@ class Cluster:
     @property
     def flags(self) -> list[str]:
         return [f"--cluster-leadership-addresses={self.etcd.endpoint}",
-                f"--cluster-id={self.cluster_id}"]
+                f"--cluster-id={self.cluster_id}", *self.secret_flags]
+
+    @property
+    def secret_flags(self) -> list[str]:
+        return [f"--cluster-secret-file={self.secret_file}"] if self.secret_file else []
 
     def start(self, nodes: int = 3, lookupds: int = 1, nsqd_args: list[str] | None = None,
               lookupd_args: list[str] | None = None) -> Cluster:
@@ -80,7 +96,8 @@ class Cluster:
         ``etcd_endpoint`` if given: how tests put fault proxies in its way)."""
         tcp, http_ = ports or (free_port(), free_port())
         flags = self.flags if etcd_endpoint is None else [
-            f"--cluster-leadership-addresses={etcd_endpoint}", f"--cluster-id={self.cluster_id}"]
+            f"--cluster-leadership-addresses={etcd_endpoint}", f"--cluster-id={self.cluster_id}",
+            *self.secret_flags]
         proc = self.nsqd_factory.start([
             f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http_}",
             "--broadcast-address=127.0.0.1",
@@ -146,3 +163,17 @@ class Cluster:
                           "&metainfo=true")
         assert code == 200, body
         return body
+
+    def signer(self, node_id: str) -> Signer:
+        """A signer with the cluster's secret, speaking as ``node_id`` (a member's credential)."""
+        assert self.secret_file is not None
+        with open(self.secret_file, "rb") as f:
+            return Signer(f.read().strip(), node_id)
+
+    def internal(self, n: NsqdProcess, method: str, path: str, query: dict[str, Any], *,
+                 as_node: str | None = "probe", timeout: float = 10.0) -> tuple[int, Any]:
+        """A request to ``n``'s cluster listener, signed as ``as_node`` (None: unsigned)."""
+        q = {k: str(v) for k, v in query.items()}
+        headers = self.signer(as_node).headers(method, path, q) if as_node else None
+        return http(method, f"http://{self.state(n)['cluster_address']}{path}?{urlencode(q)}",
+                    headers=headers, timeout=timeout)

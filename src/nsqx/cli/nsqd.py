@@ -27,10 +27,20 @@ def main(argv: list[str] | None = None) -> None:
         node = NSQD(opts)
         if opts.cluster_leadership_addresses:
             from nsqx.cluster.member import NodeMember
+            from nsqx.cluster.trust import load_secret, tls_contexts
 
             endpoints = [u for a in opts.cluster_leadership_addresses for u in a.split(",") if u]
-            node.plugins.append(NodeMember(node, endpoints, opts.cluster_id,
-                                           ttl=opts.cluster_node_ttl))
+            try:  # a bad secret file or etcd endpoint option: a clear error, no start
+                secret = load_secret(opts.cluster_secret_file) if opts.cluster_secret_file else None
+                tls = None
+                if opts.cluster_tls_cert or opts.cluster_tls_key or opts.cluster_tls_ca:
+                    tls = tls_contexts(opts.cluster_tls_cert, opts.cluster_tls_key,
+                                       opts.cluster_tls_ca)
+                node.plugins.append(NodeMember(node, endpoints, opts.cluster_id,
+                                               ttl=opts.cluster_node_ttl, secret=secret,
+                                               cluster_address=opts.cluster_address, tls=tls))
+            except ValueError as e:
+                raise SystemExit(f"FATAL: {e}") from None
         return node
 
     mode = ("cluster mode (etcd " + ",".join(opts.cluster_leadership_addresses) + ")"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections import Counter
 
 from nsqx.cluster.election import Election
@@ -41,6 +42,7 @@ from nsqx.cluster.placement import (
     remove_replica,
 )
 from nsqx.cluster.route_coord import RouteCoordinator
+from nsqx.cluster.trust import Signer
 
 log = logging.getLogger("nsqx.cluster.coordinator")
 
@@ -87,7 +89,8 @@ class Coordinator:
     """Campaigns on start; while elected, reconciles after every change in etcd."""
 
     def __init__(self, etcd: EtcdClient, cluster_id: str, candidate_id: str, *,
-                 ttl: int = 5, rebalance: bool = True) -> None:
+                 ttl: int = 5, rebalance: bool = True, signer: Signer | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.meta = ClusterMetadata(etcd, cluster_id)
         self.candidate_id = candidate_id
         self.rebalance = rebalance
@@ -96,7 +99,7 @@ class Coordinator:
         self._lead_task: asyncio.Task[None] | None = None
         self.passes = 0  # reconciling passes made while leading (for /cluster/stats and tests)
         self.rebalance_moves = 0  # replica moves this coordinator started to spread the load
-        self.routes = RouteCoordinator(self.meta)  # route-managed ordered topics' changes
+        self.routes = RouteCoordinator(self.meta, signer, tls)  # route-managed ordered topics' changes
         self._roll_task: asyncio.Task[None] | None = None
 
     @property

@@ -8,6 +8,15 @@ What the cluster needs and nothing more: KV (get, prefix range, put, delete), tr
 for compare-and-swap, leases (grant, keep-alive, revoke) for liveness, and watches (a
 streamed POST to ``/v3/watch``) so that nobody polls. Every call goes to the first endpoint
 that answers; :class:`EtcdUnavailable` says clearly when none does.
+
+A secured etcd is reached through options in the endpoint URL itself (so every program that
+takes ``--cluster-leadership-addresses`` takes them, without more flags):
+``https://host:2379?ca=CA.pem&cert=CLIENT.pem&key=CLIENT.key&user=NAME&password_file=FILE``.
+``ca`` verifies the server (default: the system's CAs), ``cert``/``key`` are the client
+certificate of etcd's ``--client-cert-auth``, ``user``/``password_file`` log in to etcd's
+auth (the token goes in each request's ``Authorization`` header and is renewed when etcd
+says it is invalid). With etcd's auth on, the client certificate must have no CommonName:
+the JSON gateway refuses one (it could not act as that user).
 """
 
 from __future__ import annotations
@@ -15,9 +24,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import aiohttp
 import orjson
@@ -142,10 +154,35 @@ class EtcdClient:
     def __init__(self, endpoints: Sequence[str], *, timeout: float = 5.0) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
-        self.endpoints = [e.rstrip("/") for e in endpoints]
+        parsed = [parse_endpoint(e) for e in endpoints]
+        self.endpoints = [p[0] for p in parsed]
+        self._ssl: list[ssl.SSLContext | None] = [p[1] for p in parsed]
+        self._login = next((p[2] for p in parsed if p[2] is not None), None)
+        self._token: str | None = None
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
         self._preferred = 0
+
+    def _headers(self) -> dict[str, str] | None:
+        return {"Authorization": self._token} if self._token else None
+
+    async def _authenticate(self, idx: int) -> None:
+        """Log in to etcd's auth with the endpoint's user and password: a token."""
+        assert self._login is not None
+        name, password = self._login
+        url = self.endpoints[idx] + "/v3/auth/authenticate"
+        async with self._http().post(url, data=orjson.dumps({"name": name, "password": password}),
+                                     ssl=self._ssl[idx] or True,
+                                     timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+            raw = await resp.read()
+        try:
+            data = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            data = {"message": raw[:200].decode(errors="replace")}
+        if resp.status != 200 or not data.get("token"):
+            raise EtcdError(f"etcd {url}: login as {name} refused: "
+                            f"{data.get('message') or data.get('error') or resp.status}")
+        self._token = str(data["token"])
 
     async def __aenter__(self) -> EtcdClient:
         return self
@@ -170,22 +207,30 @@ class EtcdClient:
         for i in range(n):
             idx = (self._preferred + i) % n
             url = self.endpoints[idx] + path
-            try:
-                async with self._http().post(
-                        url, data=orjson.dumps(body),
-                        timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
-                    raw = await resp.read()
-            except (TimeoutError, aiohttp.ClientError, OSError) as e:
-                last = e
-                continue
-            self._preferred = idx
-            try:
-                data = orjson.loads(raw) if raw else {}
-            except orjson.JSONDecodeError as e:
-                raise EtcdError(f"etcd {url}: not JSON: {raw[:200]!r}") from e
-            if resp.status != 200 or "error" in data or "code" in data and "message" in data:
-                raise EtcdError(f"etcd {url}: {data.get('message') or data.get('error') or resp.status}")
-            return data
+            for attempt in range(2):  # a second time after renewing an expired auth token
+                try:
+                    if self._login is not None and self._token is None:
+                        await self._authenticate(idx)
+                    async with self._http().post(
+                            url, data=orjson.dumps(body), headers=self._headers(),
+                            ssl=self._ssl[idx] or True,
+                            timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+                        raw = await resp.read()
+                except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                    last = e
+                    break
+                self._preferred = idx
+                try:
+                    data = orjson.loads(raw) if raw else {}
+                except orjson.JSONDecodeError as e:
+                    raise EtcdError(f"etcd {url}: not JSON: {raw[:200]!r}") from e
+                if resp.status != 200 or "error" in data or "code" in data and "message" in data:
+                    why = str(data.get("message") or data.get("error") or resp.status)
+                    if self._login is not None and attempt == 0 and "token" in why:
+                        self._token = None  # expired or revoked: log in again
+                        continue
+                    raise EtcdError(f"etcd {url}: {why}")
+                return data
         raise EtcdUnavailable(f"etcd unreachable at {', '.join(self.endpoints)}: {last}")
 
     # -- KV ------------------------------------------------------------------------------------
@@ -267,8 +312,11 @@ class EtcdClient:
             for i in range(len(self.endpoints)):
                 idx = (self._preferred + i) % len(self.endpoints)
                 try:
+                    if self._login is not None and self._token is None:
+                        await self._authenticate(idx)
                     stream = await self._http().post(
-                        self.endpoints[idx] + "/v3/watch", data=body,
+                        self.endpoints[idx] + "/v3/watch", data=body, headers=self._headers(),
+                        ssl=self._ssl[idx] or True,
                         timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout))
                     self._preferred = idx
                     break
@@ -285,6 +333,9 @@ class EtcdClient:
                             # the gateway lost its etcd (restart): re-create the watch
                             log.info("etcd watch on %r: %s; re-creating from revision %d",
                                      prefix, err.get("message"), next_rev)
+                            break
+                        if self._login is not None and "token" in str(err):
+                            self._token = None  # log in again and re-create the watch
                             break
                         raise EtcdError(f"watch: {err}")
                     if result.get("compact_revision") and not result.get("events"):
@@ -307,6 +358,39 @@ class EtcdClient:
             finally:
                 stream.release()
             await asyncio.sleep(0.2)
+
+
+def parse_endpoint(url: str) -> tuple[str, ssl.SSLContext | None, tuple[str, str] | None]:
+    """(base URL, TLS context for https, (user, password)) of one endpoint with options."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"etcd endpoint {url!r}: expected http(s)://host:port[?options]")
+    opts = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = set(opts) - {"ca", "cert", "key", "user", "password_file"}
+    if unknown:
+        raise ValueError(f"etcd endpoint {url!r}: unknown options {', '.join(sorted(unknown))} "
+                         f"(ca, cert, key, user, password_file)")
+    base = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+    ctx = None
+    if parts.scheme == "https":
+        try:
+            ctx = ssl.create_default_context(cafile=opts.get("ca") or None)
+            if opts.get("cert"):
+                ctx.load_cert_chain(opts["cert"], opts.get("key") or None)
+        except (OSError, ssl.SSLError) as e:
+            raise ValueError(f"etcd endpoint {base}: TLS files: {e}") from None
+    elif {"ca", "cert", "key"} & set(opts):
+        raise ValueError(f"etcd endpoint {base}: TLS options need an https:// URL")
+    login = None
+    if "user" in opts:
+        if not opts.get("password_file"):
+            raise ValueError(f"etcd endpoint {base}: user needs password_file")
+        try:
+            password = Path(opts["password_file"]).read_text().strip()
+        except OSError as e:
+            raise ValueError(f"etcd endpoint {base}: password_file: {e.strerror}") from None
+        login = (opts["user"], password)
+    return base, ctx, login
 
 
 async def _json_lines(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -46,11 +48,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class EtcdTLS:
+    """Client-port TLS of an etcd: its certificate and key, the CA its clients' certificates
+    must chain to (``--client-cert-auth``), and a client certificate for the health probe."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    client_cert: Path
+    client_key: Path
+
+
 class EtcdServer:
     """One etcd member; ``restart()`` keeps its ports and data (an etcd restart test)."""
 
     def __init__(self, data_dir: Path, *, client_port: int = 0, peer_port: int = 0,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, tls: EtcdTLS | None = None) -> None:
+        self.tls = tls
         self.data_dir = Path(data_dir)
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
@@ -59,7 +74,8 @@ class EtcdServer:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.client_port}"
 
     def start(self, timeout: float = 20.0) -> None:
         peer = f"http://127.0.0.1:{self.peer_port}"
@@ -67,6 +83,13 @@ class EtcdServer:
                 "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", f"nsqx={peer}", "--log-level", "warn"]
+        ctx = None
+        if self.tls is not None:
+            t = self.tls
+            args += ["--cert-file", str(t.cert), "--key-file", str(t.key),
+                     "--trusted-ca-file", str(t.ca), "--client-cert-auth"]
+            ctx = ssl.create_default_context(cafile=str(t.ca))
+            ctx.load_cert_chain(str(t.client_cert), str(t.client_key))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
@@ -76,7 +99,8 @@ class EtcdServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self.log_path}")
             try:
-                with urllib.request.urlopen(self.endpoint + "/health", timeout=1) as r:
+                with urllib.request.urlopen(self.endpoint + "/health", timeout=1,
+                                            context=ctx) as r:
                     if b'"true"' in r.read():
                         return
             except OSError:

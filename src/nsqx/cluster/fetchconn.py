@@ -11,6 +11,7 @@ the next request opens a new one.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from urllib.parse import urlencode
 
 __all__ = ["FetchConnection"]
@@ -64,33 +65,39 @@ class _Proto(asyncio.Protocol):
 class FetchConnection:
     """GET requests to one ``host:port``, answered as (status, body)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, ssl: ssl.SSLContext | None = None) -> None:
         self.address = address
+        self.ssl = ssl  # TLS between members (--cluster-tls-*)
         host, _, port = address.rpartition(":")
         self.host, self.port = host.strip("[]"), int(port)
         self._proto: _Proto | None = None
 
-    async def get(self, path: str, params: dict[str, str], timeout: float
-                  ) -> tuple[int, memoryview]:
-        """(status, body): the body a view of the received bytes (never copied again)."""
+    async def get(self, path: str, params: dict[str, str], timeout: float,
+                  headers: dict[str, str] | None = None) -> tuple[int, memoryview]:
+        """(status, body): the body a view of the received bytes (never copied again);
+        ``headers`` (the cluster signature) go with the request."""
         try:
             async with asyncio.timeout(timeout):
-                return await self._get(path, params)
+                return await self._get(path, params, headers)
         except BaseException:
             self.close()  # unknown state: never reuse it
             raise
 
-    async def _get(self, path: str, params: dict[str, str]) -> tuple[int, memoryview]:
+    async def _get(self, path: str, params: dict[str, str], headers: dict[str, str] | None
+                   ) -> tuple[int, memoryview]:
         proto = self._proto
         if proto is None or proto.lost is not None or proto.transport is None \
                 or proto.transport.is_closing():
             loop = asyncio.get_running_loop()
-            _, proto = await loop.create_connection(_Proto, self.host, self.port)
+            _, proto = await loop.create_connection(
+                _Proto, self.host, self.port, ssl=self.ssl,
+                server_hostname=self.host if self.ssl is not None else None)
             self._proto = proto
         assert proto.transport is not None
         proto.take()  # nothing may be left from an earlier answer
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()) if headers else ""
         proto.transport.write(f"GET {path}?{urlencode(params)} HTTP/1.1\r\n"
-                              f"Host: {self.address}\r\n\r\n".encode())
+                              f"Host: {self.address}\r\n{extra}\r\n".encode())
         # the head: status line and headers
         await proto.wait_for(1)
         while True:

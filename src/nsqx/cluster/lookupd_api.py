@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from typing import Any
 
 import aiohttp
@@ -55,6 +56,7 @@ from nsqx.cluster.coordinator import Coordinator
 from nsqx.cluster.etcd import EtcdClient, EtcdError
 from nsqx.cluster.model import MetaError, NodeInfo, TopicMeta
 from nsqx.cluster.placement import plan_move
+from nsqx.cluster.trust import Signer
 from nsqx.protocol.routes import DEFAULT_LOGICAL, MAX_LOGICAL, RouteError
 
 log = logging.getLogger("nsqx.cluster.lookupd")
@@ -97,9 +99,12 @@ class ClusterLookupd:
     """The cluster side of one nsqlookupd (plugin + routes)."""
 
     def __init__(self, lookupd: Any, endpoints: list[str], cluster_id: str, *,
-                 rebalance: bool = True) -> None:
+                 rebalance: bool = True, secret: bytes | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.lookupd = lookupd
         self.rebalance = rebalance
+        self.secret = secret  # signs the coordinator's calls to nodes (seal, reset)
+        self.tls = tls  # client context of mutual TLS to the nodes' cluster listeners
         self.etcd = EtcdClient(endpoints)
         self.cluster_id = cluster_id
         self.coordinator: Coordinator | None = None
@@ -124,7 +129,9 @@ class ClusterLookupd:
 
     async def start(self) -> None:
         me = f"{self.lookupd.opts.broadcast_address}:{self.lookupd.http_port}"
-        self.coordinator = Coordinator(self.etcd, self.cluster_id, me, rebalance=self.rebalance)
+        self.coordinator = Coordinator(self.etcd, self.cluster_id, me, rebalance=self.rebalance,
+                                       signer=Signer(self.secret, f"nsqlookupd:{me}")
+                                       if self.secret else None, tls=self.tls)
         self.coordinator.start()
         log.info("CLUSTER: nsqlookupd %s campaigning to coordinate cluster %s at %s", me,
                  self.cluster_id, ", ".join(self.etcd.endpoints))

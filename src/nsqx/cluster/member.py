@@ -36,6 +36,7 @@ import base64
 import contextlib
 import logging
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Callable
@@ -64,6 +65,8 @@ from nsqx.cluster.route_store import (
     resets_prefix,
     routes_prefix,
 )
+from nsqx.cluster.trust import RefusalLog, Refused, SignedSession, Signer, Verifier
+from nsqx.netutil import bind_listener
 from nsqx.nsqd.config_api import apply_settings, export_settings
 from nsqx.nsqd.routing import TopicRoutes
 from nsqx.nsqd.topic import PublishRefused, settle
@@ -123,6 +126,22 @@ def frame_runs(data: bytes, offset: int, spans: list[tuple[int, ...]]
 
 class StaleEpoch(Exception):
     pass
+
+
+class NotAMember(Exception):
+    """The leader refused this node's credential (401/403): another secret, a clock more
+    than 30 s off, or a registration the leader does not see yet."""
+
+
+def _check_answer(status: int, raw: Any) -> None:
+    if status == 409:
+        raise StaleEpoch(bytes(raw).decode(errors="replace"))
+    if status in (401, 403):
+        raise NotAMember(f"HTTP {status}: {bytes(raw[:300]).decode(errors='replace')}")
+    if status == 416:
+        raise StaleEpoch("offset beyond the leader's log: truncate again")
+    if status != 200:
+        raise ValueError(f"HTTP {status}: {bytes(raw[:200])!r}")
 
 
 # ------------------------------------------------------------------------------------- gates
@@ -312,8 +331,22 @@ class NodeMember:
     """The cluster side of one nsqd (a plugin: ``start``/``stop``)."""
 
     def __init__(self, nsqd: Any, endpoints: list[str], cluster_id: str, *,
-                 ttl: float = 3.0, lag_timeout: float = LAG_TIMEOUT) -> None:
+                 ttl: float = 3.0, lag_timeout: float = LAG_TIMEOUT,
+                 secret: bytes | None = None, cluster_address: str = "",
+                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> None:
         self.nsqd = nsqd
+        # trust: requests between members are signed with the cluster secret (none: the
+        # compatible, unauthenticated mode, warned about at start)
+        self.secret = secret
+        self.cluster_address = cluster_address  # the internal listener; "": HTTP host, any port
+        self.signer: Signer | None = None
+        self.verifier = Verifier(secret) if secret else None
+        self.refusals = RefusalLog()
+        # mutual TLS between members (server, client contexts; --cluster-tls-*)
+        self.tls_server, self.tls_client = tls if tls is not None else (None, None)
+        self._internal_runner: web.AppRunner | None = None
+        self._refused_warned: dict[str, float] = {}  # leader -> when a refusal was last logged
+        self.internal_address = ""
         self.etcd = EtcdClient(endpoints)
         self.meta = ClusterMetadata(self.etcd, cluster_id)
         self.ttl = max(2, round(ttl))
@@ -328,7 +361,7 @@ class NodeMember:
         self._following: dict[tuple[str, int], tuple[str | None, int]] = {}
         self.nodes: dict[str, NodeInfo] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._http: aiohttp.ClientSession | None = None
+        self._http: SignedSession | None = None
         self._producers: dict[str, Any] = {}  # leader tcp address -> nsqx.client Producer
         self.forwarded = 0
         self.etcd_ok = True
@@ -369,13 +402,47 @@ class NodeMember:
 
         return NodeInfo(self.node_id, o.broadcast_address or "127.0.0.1",
                         o.broadcast_tcp_port or self.nsqd.tcp_port,
-                        o.broadcast_http_port or self.nsqd.http_port, NSQ_VERSION)
+                        o.broadcast_http_port or self.nsqd.http_port, NSQ_VERSION,
+                        self.internal_address)
+
+    async def _listen_internal(self) -> None:
+        """The cluster listener: replication, route and state endpoints for other members,
+        on ``--cluster-address`` (default: the HTTP listener's host, a port the OS picks;
+        the address goes into this node's etcd record, where the others find it)."""
+        addr = self.cluster_address
+        if not addr:
+            host = self.nsqd.opts.http_address.rpartition(":")[0] or "127.0.0.1"
+            addr = f"{host}:0"
+        sock = bind_listener(addr)
+        app = web.Application()
+        self._add_internal(app)
+        app.router.add_get("/nsqx/cluster/state", self.h_state)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.SockSite(runner, sock, ssl_context=self.tls_server).start()
+        self._internal_runner = runner
+        host, port = sock.getsockname()[:2]
+        if host in ("0.0.0.0", "::", ""):
+            host = self.nsqd.opts.broadcast_address or "127.0.0.1"
+        port = getattr(self.nsqd.opts, "broadcast_cluster_port", 0) or port
+        self.internal_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        log.info("CLUSTER: internal endpoints on %s (%s%s)", self.internal_address,
+                 "signed requests only" if self.verifier else "NOT authenticated",
+                 ", mutual TLS" if self.tls_server else "")
 
     # -- plugin ---------------------------------------------------------------------------
     async def start(self) -> None:
         self.node_id = self._identity()
+        if self.secret:
+            self.signer = Signer(self.secret, self.node_id)
+        else:
+            log.warning("CLUSTER: no --cluster-secret-file: requests between cluster members "
+                        "are not authenticated, so any client that reaches this node's ports "
+                        "can speak as a member (fetch as a follower, seal, reset); set a "
+                        "shared secret on every nsqd and nsqlookupd of the cluster")
+        await self._listen_internal()
         self.info = self._node_info()
-        self._http = aiohttp.ClientSession()
+        self._http = SignedSession(self.signer, ssl=self.tls_client)
         for topic in list(self.nsqd.topics.values()):  # until the metadata says otherwise
             if not topic.ephemeral:
                 for part in topic.partitions:
@@ -404,6 +471,8 @@ class NodeMember:
                 await producer.close(timeout=1)
         if self._http is not None:
             await self._http.close()
+        if self._internal_runner is not None:
+            await self._internal_runner.cleanup()
         await self.etcd.close()
 
     # -- liveness -------------------------------------------------------------------------
@@ -604,6 +673,9 @@ class NodeMember:
         the command message of route version V to P, which this node leads, and answer once
         the ISR has it. The history is read from etcd first, so the seal never runs ahead of
         the pending change it belongs to."""
+        caller = await self._caller(request)
+        if isinstance(caller, web.Response):
+            return caller
         q = request.query
         try:
             name, p, version = q["topic"], int(q["partition"]), int(q["version"])
@@ -649,7 +721,11 @@ class NodeMember:
         return _answer(200, {"offset": off})
 
     # -- cluster reset of a channel (the coordinator's steps on this node) -------------------
-    def _reset_target(self, request: web.Request) -> tuple[str, str, Any] | web.Response:
+    async def _reset_target(self, request: web.Request
+                            ) -> tuple[str, str, Any] | web.Response:
+        caller = await self._caller(request)
+        if isinstance(caller, web.Response):
+            return caller
         q = request.query
         name, channel = q.get("topic", ""), q.get("channel", "")
         try:
@@ -667,7 +743,7 @@ class NodeMember:
         from nsqx.protocol.errors import ProtocolError
         from nsqx.protocol.v2 import parse_start_position
 
-        found = self._reset_target(request)
+        found = await self._reset_target(request)
         if isinstance(found, web.Response):
             return found
         name, channel, routes = found
@@ -695,7 +771,7 @@ class NodeMember:
         """``POST /nsqx/route/reset/apply?topic=T&channel=C&gen=N``: apply the reset record
         N the coordinator committed (read from etcd with the channel's pass keys, so this
         never acts on an older watch view), then deliver again."""
-        found = self._reset_target(request)
+        found = await self._reset_target(request)
         if isinstance(found, web.Response):
             return found
         name, channel, routes = found
@@ -727,7 +803,7 @@ class NodeMember:
     async def h_reset_release(self, request: web.Request) -> web.Response:
         """``POST /nsqx/route/reset/release?topic=T&channel=C``: the coordinator gave the
         reset up before its transaction: deliver again, nothing changed."""
-        found = self._reset_target(request)
+        found = await self._reset_target(request)
         if isinstance(found, web.Response):
             return found
         name, channel, routes = found
@@ -849,11 +925,11 @@ class NodeMember:
                 if leader is None:
                     await asyncio.sleep(0.2)
                     continue
-                if not conns or conns[0].address != leader.http_address:
+                if not conns or conns[0].address != leader.internal_address:
                     for old in conns:
                         old.close()
-                    conns[:] = [FetchConnection(leader.http_address)]
-                base = f"http://{leader.http_address}/nsqx/replica"
+                    conns[:] = [FetchConnection(leader.internal_address, self.tls_client)]
+                base = f"http://{leader.internal_address}/nsqx/replica"
                 if not truncated:
                     info = await self._get_json(f"{base}/epochs", topic=name, partition=p,
                                                 epoch=epoch, node=self.node_id)
@@ -872,6 +948,15 @@ class NodeMember:
             except StaleEpoch:
                 await asyncio.sleep(0.2)  # wait for the metadata to move on
                 truncated = False
+            except NotAMember as e:
+                now = time.monotonic()
+                if now - self._refused_warned.get(pm.leader or "", -60.0) >= 60:
+                    self._refused_warned[pm.leader or ""] = now
+                    log.warning("CLUSTER: TOPIC(%s) PARTITION(%d): leader %s refuses this "
+                                "node's fetches: %s (same --cluster-secret-file everywhere? "
+                                "clocks within 30 s?)", name, p, pm.leader, e)
+                await asyncio.sleep(0.5)
+                truncated = False
             except asyncio.CancelledError:
                 raise
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError) as e:
@@ -880,15 +965,15 @@ class NodeMember:
                 await asyncio.sleep(0.3)
                 truncated = False
 
+    def _sign(self, method: str, path: str, params: dict[str, str]) -> dict[str, str] | None:
+        return self.signer.headers(method, path, params) if self.signer else None
+
     async def _get_json(self, url: str, **params: Any) -> dict:
         assert self._http is not None
-        async with self._http.get(url, params={k: str(v) for k, v in params.items()},
+        async with self._http.get(url, params=params,
                                   timeout=aiohttp.ClientTimeout(total=5)) as resp:
             raw = await resp.read()
-            if resp.status == 409:
-                raise StaleEpoch(raw.decode(errors="replace"))
-            if resp.status != 200:
-                raise ValueError(f"HTTP {resp.status}: {raw[:200]!r}")
+            _check_answer(resp.status, raw)
             return orjson.loads(raw)
 
     async def _fetch_once(self, topic: Any, conn: FetchConnection, name: str, p: int,
@@ -896,13 +981,9 @@ class NodeMember:
         offset = topic.log.flushed_offset
         params = {"topic": name, "partition": str(p), "offset": str(offset), "epoch": str(epoch),
                   "node": self.node_id, "wait_ms": str(int(FETCH_WAIT * 1000))}
-        status, raw = await conn.get("/nsqx/replica/fetch", params, FETCH_WAIT + 5)
-        if status == 409:
-            raise StaleEpoch(bytes(raw).decode(errors="replace"))
-        if status == 416:
-            raise StaleEpoch("offset beyond the leader's log: truncate again")
-        if status != 200:
-            raise ValueError(f"HTTP {status}: {bytes(raw[:200])!r}")
+        status, raw = await conn.get("/nsqx/replica/fetch", params, FETCH_WAIT + 5,
+                                     self._sign("GET", "/nsqx/replica/fetch", params))
+        _check_answer(status, raw)
         nl = _index_nl(raw)
         head = orjson.loads(raw[:nl])
         frames = raw[nl + 1:]  # a view, sliced per commit: the log keeps these bytes
@@ -1008,18 +1089,66 @@ class NodeMember:
         done(traced_offset(answer), None)
 
     # -- leader side: the replication API ---------------------------------------------------
-    def add_routes(self, app: web.Application) -> None:
-        app.router.add_get("/nsqx/replica/epochs", self.h_epochs)
-        app.router.add_get("/nsqx/replica/fetch", self.h_fetch)
-        app.router.add_get("/nsqx/cluster/state", self.h_state)
-        app.router.add_post("/nsqx/route/seal", self.h_route_seal)
-        app.router.add_post("/nsqx/route/reset/prepare", self.h_reset_prepare)
-        app.router.add_post("/nsqx/route/reset/apply", self.h_reset_apply)
-        app.router.add_post("/nsqx/route/reset/release", self.h_reset_release)
+    _INTERNAL_GET = ("/nsqx/replica/epochs", "/nsqx/replica/fetch")
+    _INTERNAL_POST = ("/nsqx/route/seal", "/nsqx/route/reset/prepare", "/nsqx/route/reset/apply",
+                      "/nsqx/route/reset/release")
 
-    def _leader_gate(self, request: web.Request
-                     ) -> tuple[LeaderGate, Any, dict[str, str]] | web.Response:
-        """The gate of the partition a replica asks for, or the answer refusing it."""
+    def _add_internal(self, app: web.Application) -> None:
+        handlers = (self.h_epochs, self.h_fetch, self.h_route_seal, self.h_reset_prepare,
+                    self.h_reset_apply, self.h_reset_release)
+        for path, h in zip(self._INTERNAL_GET + self._INTERNAL_POST, handlers, strict=True):
+            (app.router.add_get if path in self._INTERNAL_GET else app.router.add_post)(path, h)
+
+    def add_routes(self, app: web.Application) -> None:
+        """nsqd's public HTTP listener: the read-only ``/nsqx/cluster/state`` (the spark
+        source and lookupd read it), the refusal counters in ``/metrics``, and the internal
+        endpoints only in the unauthenticated mode (without a secret: what older members
+        call); with a secret they answer 403 there and live on the cluster listener."""
+        app.router.add_get("/nsqx/cluster/state", self.h_state)
+        app.middlewares.append(self._metrics_middleware)
+        if self.verifier is None:
+            self._add_internal(app)
+            return
+        for path in self._INTERNAL_GET:
+            app.router.add_get(path, self.h_public_refused)
+        for path in self._INTERNAL_POST:
+            app.router.add_post(path, self.h_public_refused)
+
+    @web.middleware
+    async def _metrics_middleware(self, request: web.Request, handler: Callable) -> Any:
+        resp = await handler(request)
+        if request.path == "/metrics" and isinstance(resp, web.Response) and resp.body:
+            resp.body = bytes(resp.body) + self.refusals.prometheus().encode()
+        return resp
+
+    async def h_public_refused(self, request: web.Request) -> web.Response:
+        return self._refuse(request, Refused(
+            403, "E_CLUSTER_PORT", f"internal endpoint: served to cluster members on "
+            f"{self.internal_address or 'the cluster address'}, not on the public port"))
+
+    def _refuse(self, request: web.Request, e: Refused) -> web.Response:
+        self.refusals.record(e, request.remote or "?", request.path)
+        return _answer(e.status, {"message": e.code, "detail": e.detail})
+
+    async def _caller(self, request: web.Request) -> str | web.Response:
+        """The member that signed the request, or the refusal; without a secret the node id
+        the request claims (the unauthenticated, compatible mode)."""
+        if self.verifier is None:
+            return request.query.get("node", "")
+        body = await request.read() if request.can_read_body else b""
+        try:
+            return self.verifier.verify(request.method, request.path, request.query.items(),
+                                        body, request.headers)
+        except Refused as e:
+            return self._refuse(request, e)
+
+    async def _leader_gate(self, request: web.Request
+                           ) -> tuple[LeaderGate, Any, dict[str, str]] | web.Response:
+        """The gate of the partition a replica (a signed member) asks for, or the answer
+        refusing it."""
+        caller = await self._caller(request)
+        if isinstance(caller, web.Response):
+            return caller
         q = request.query
         try:
             name = q["topic"]
@@ -1031,18 +1160,25 @@ class NodeMember:
         gate = self.gates.get((name, p))
         if not isinstance(gate, LeaderGate) or not gate.active or gate.meta.epoch != epoch:
             mine = gate.meta.epoch if isinstance(gate, LeaderGate) and gate.active else None
+            self.refusals.record(Refused(409, "E_STALE_EPOCH", f"epoch {epoch} of {name}/{p} "
+                                         f"(this node: {mine})"), request.remote or "?",
+                                 request.path)
             return _answer(409, {"message": "E_STALE_EPOCH", "leader_epoch": mine})
+        node = q.get("node")
+        if node is not None and self.verifier is not None and node != caller:
+            return self._refuse(request, Refused(
+                403, "E_NODE_MISMATCH", f"signed by {caller}, asks as {node}"))
         return gate, gate.topic, dict(q)
 
     async def h_epochs(self, request: web.Request) -> web.Response:
-        found = self._leader_gate(request)
+        found = await self._leader_gate(request)
         if isinstance(found, web.Response):
             return found
         gate, topic, _q = found
         return _answer(200, {"spans": gate.spans, "end": topic.log.flushed_offset})
 
     async def h_fetch(self, request: web.Request) -> web.StreamResponse:
-        found = self._leader_gate(request)
+        found = await self._leader_gate(request)
         if isinstance(found, web.Response):
             return found
         gate, topic, q = found
@@ -1054,6 +1190,11 @@ class NodeMember:
         except (KeyError, ValueError):
             return _answer(400, {"message": "E_INVALID",
                                  "detail": "offset and node are required, offset an integer"})
+        if node not in self.nodes:
+            # a fetch is an ack: only from a member whose etcd registration (lease) is alive,
+            # so a node whose lease ended rejoins the ISR only after it registers again
+            return self._refuse(request, Refused(
+                403, "E_NOT_REGISTERED", f"node {node} has no live registration in etcd"))
         plog = topic.log
         if offset > plog.flushed_offset or offset < plog.start_offset:
             return _answer(416, {"message": "OFFSET_OUT_OF_RANGE",
@@ -1137,7 +1278,10 @@ class NodeMember:
                 entry["followers"] = {n: fp.end for n, fp in gate.progress.followers.items()}
             out.append(entry)
         return web.json_response({"node": self.node_id, "etcd_ok": self.etcd_ok,
-                                  "forwarded": self.forwarded, "partitions": out})
+                                  "forwarded": self.forwarded, "partitions": out,
+                                  "cluster_address": self.internal_address,
+                                  "authenticated": self.verifier is not None,
+                                  "refused": dict(self.refusals.counts)})
 
     # -- leader side: ISR upkeep -----------------------------------------------------------
     async def _isr_loop(self) -> None:
@@ -1163,7 +1307,8 @@ class NodeMember:
         now = time.monotonic()
         gate.progress.isr = set(gate.meta.isr)
         drop = gate.progress.laggards(end, now, self.node_id)
-        join = [n for n in gate.meta.catchup if gate.progress.ready_to_join(n, end)]
+        join = [n for n in gate.meta.catchup
+                if n in self.nodes and gate.progress.ready_to_join(n, end)]
         if not drop and not join:
             return
         current = (await self.meta.partitions(k[0])).get(k[1])

@@ -38,10 +38,16 @@ class NodeInfo:
     tcp_port: int
     http_port: int
     version: str = ""
+    cluster_address: str = ""  # the internal listener (``--cluster-address``); "": the HTTP port
 
     @property
     def http_address(self) -> str:
         return f"{self.broadcast_address}:{self.http_port}"
+
+    @property
+    def internal_address(self) -> str:
+        """Where other members send replication and route calls to this node."""
+        return self.cluster_address or self.http_address
 
     @property
     def tcp_address(self) -> str:
@@ -54,7 +60,8 @@ class NodeInfo:
     def from_json(cls, raw: bytes) -> NodeInfo:
         d = orjson.loads(raw)
         return cls(str(d["id"]), str(d["broadcast_address"]), int(d["tcp_port"]),
-                   int(d["http_port"]), str(d.get("version", "")))
+                   int(d["http_port"]), str(d.get("version", "")),
+                   str(d.get("cluster_address", "")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +45,7 @@ from nsqx.cluster.route_store import (
     reset_key,
     routes_prefix,
 )
+from nsqx.cluster.trust import SignedSession, Signer
 from nsqx.protocol.routes import RouteError, RouteHistory, routes_key
 from nsqx.protocol.v2 import StartPosition
 
@@ -114,20 +116,18 @@ def relabel_dead_nodes(old: RouteHistory, new: RouteHistory, live: list[str],
 class RouteCoordinator:
     """The coordinator's route operations (lookupd's HTTP handlers call them)."""
 
-    def __init__(self, meta: ClusterMetadata) -> None:
+    def __init__(self, meta: ClusterMetadata, signer: Signer | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.meta = meta
-        self._session: aiohttp.ClientSession | None = None
+        self._session = SignedSession(signer, ssl=tls)  # calls to nodes' internal endpoints
         self._rolling: set[str] = set()
         self._resetting: set[str] = set()  # topics with a channel reset under way
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+    def _http(self) -> SignedSession:
         return self._session
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._session.close()
 
     def store(self, topic: str) -> EtcdRouteStore:
         return EtcdRouteStore(self.meta.etcd, self.meta.keys.root, topic)
@@ -270,7 +270,7 @@ class RouteCoordinator:
                     continue
                 try:
                     async with self._http().get(
-                            f"http://{node.http_address}/nsqx/cluster/state") as r:
+                            f"http://{node.internal_address}/nsqx/cluster/state") as r:
                         state = orjson.loads(await r.read()) if r.status == 200 else {}
                 except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
                     continue
@@ -293,7 +293,7 @@ class RouteCoordinator:
             if node is not None:
                 try:
                     async with self._http().post(
-                            f"http://{node.http_address}/nsqx/route/seal",
+                            f"http://{node.internal_address}/nsqx/route/seal",
                             params={"topic": topic, "partition": str(p),
                                     "version": str(version)},
                             timeout=aiohttp.ClientTimeout(total=STEP_TIMEOUT)) as r:
@@ -446,7 +446,7 @@ class RouteCoordinator:
 
     async def _reset_post(self, node: NodeInfo, step: str, params: dict[str, str]
                           ) -> tuple[int, dict]:
-        async with self._http().post(f"http://{node.http_address}/nsqx/route/reset/{step}",
+        async with self._http().post(f"http://{node.internal_address}/nsqx/route/reset/{step}",
                                      params=params,
                                      timeout=aiohttp.ClientTimeout(total=10)) as r:
             body = await r.read()

@@ -15,6 +15,7 @@ from nsqx.flags import (
     Program,
     basic_flags,
     cluster_flags,
+    cluster_trust_flags,
     listen_flag,
 )
 
@@ -39,6 +40,10 @@ class Options:
     cluster_id: str = "nsqx"
     cluster_leadership_addresses: list[str] = field(default_factory=list)
     cluster_rebalance: bool = True
+    cluster_secret_file: str = ""  # shared secret signing the coordinator's calls to nsqd
+    cluster_tls_cert: str = ""  # mutual TLS to the nodes' cluster listeners: certificate,
+    cluster_tls_key: str = ""  # key,
+    cluster_tls_ca: str = ""  # and the members' CA
 
     def validate(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -65,6 +70,7 @@ def _flags() -> list[Flag]:
         Flag("cluster-rebalance", "bool", d.cluster_rebalance, "[nsqx] while coordinating: "
              "give leadership back to preferred replicas and move replicas onto a node that "
              "holds clearly fewer than the average (one that joined), one partition at a time"),
+        *cluster_trust_flags("the coordinator signs its calls to nodes with it"),
     ]
 
 

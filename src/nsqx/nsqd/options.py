@@ -24,6 +24,7 @@ from nsqx.flags import (
     Program,
     basic_flags,
     cluster_flags,
+    cluster_trust_flags,
     http_client_flags,
     listen_flag,
     parse_go_bool,
@@ -94,6 +95,12 @@ class Options:
     cluster_id: str = "nsqx"
     cluster_leadership_addresses: list[str] = field(default_factory=list)
     cluster_node_ttl: float = 3.0  # seconds an nsqd stays a live member without refreshing
+    cluster_secret_file: str = ""  # shared secret signing requests between members
+    cluster_address: str = ""  # internal listener for other members ("": HTTP host, OS port)
+    broadcast_cluster_port: int = 0  # the cluster listener's port as registered in etcd
+    cluster_tls_cert: str = ""  # mutual TLS between members: this node's certificate,
+    cluster_tls_key: str = ""  # its key,
+    cluster_tls_ca: str = ""  # and the CA every member's certificate chains to
 
     # storage (upstream "diskqueue options", same names and meanings)
     data_path: str = field(default_factory=os.getcwd)
@@ -311,6 +318,13 @@ def _flags() -> list[Flag]:
                        "cluster mode is on exactly when set"),
         Flag("cluster-node-ttl", DUR, d.cluster_node_ttl, "[nsqx] lease of this node's "
              "membership in etcd: a node silent this long is considered dead"),
+        *cluster_trust_flags("requests between members are signed with it and internal "
+                             "endpoints refuse unsigned ones"),
+        listen_flag("cluster-address", "", "[nsqx] <addr>:<port> of the listener serving other "
+                    "members (replication, route calls); default: the HTTP host, a port the "
+                    "OS picks, published in etcd"),
+        Flag("broadcast-cluster-port", INT, 0, "[nsqx] port of the cluster listener that will be "
+             "registered in etcd (defaults to the port it listens on)"),
         Flag("topology-region", STR, "", "A region represents a larger domain, made up of one or "
              "more zones for preferring closer consumer"),
         Flag("topology-zone", STR, "", "A zone represents a logical failure domain for preferring "
