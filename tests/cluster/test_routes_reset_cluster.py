@@ -367,7 +367,7 @@ def test_a_node_restarted_between_hold_and_apply_applies_the_reset_at_start(  # 
 
     async def reset_killing() -> dict:
         async with EtcdClient([etcd_server.endpoint]) as etcd:
-            coord = KillBeforeApply(ClusterMetadata(etcd, "test"))
+            coord = KillBeforeApply(ClusterMetadata(etcd, "test"), cluster.signer("coordinator"))
             try:
                 return await coord.reset_channel("t", "a", parse_start_position(b"earliest"))
             finally:
