@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.node import NSQD
+    from nsqx.nsqd.interfaces import NodeContext
 
 
 @dataclass
@@ -67,7 +67,7 @@ def parse_auth_response(secret: str, data: Any) -> AuthState:
                      time.monotonic() + float(ttl), auths)
 
 
-async def query_auth(nsqd: NSQD, secret: str, remote_ip: str, tls: bool, common_name: str) -> AuthState:
+async def query_auth(nsqd: NodeContext, secret: str, remote_ip: str, tls: bool, common_name: str) -> AuthState:
     """Ask the auth servers (random order, first answer wins), as upstream does."""
     opts = nsqd.opts
     params = {"remote_ip": remote_ip, "tls": "true" if tls else "false", "secret": secret,

@@ -56,7 +56,7 @@ from nsqx.storage.message_id import MAX_OFFSET, parse_id
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
-    from nsqx.nsqd.node import NSQD
+    from nsqx.nsqd.interfaces import NodeAPI
     from nsqx.protocol.v2 import StartPosition
 
 log = logging.getLogger("nsqx.nsqd.client")
@@ -81,7 +81,7 @@ class ClientV2(asyncio.Protocol):
 
     _next_id = 0
 
-    def __init__(self, nsqd: NSQD, *, tls_listener: bool = False) -> None:
+    def __init__(self, nsqd: NodeAPI, *, tls_listener: bool = False) -> None:
         ClientV2._next_id += 1
         self.id = ClientV2._next_id
         self.nsqd = nsqd

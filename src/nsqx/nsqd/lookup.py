@@ -21,7 +21,7 @@ from nsqx import NSQ_VERSION
 from nsqx.protocol.names import valid_channel_name
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.node import NSQD
+    from nsqx.nsqd.interfaces import NodeContext
 
 log = logging.getLogger("nsqx.nsqd.lookup")
 
@@ -32,7 +32,7 @@ IO_TIMEOUT = 1.0  # upstream's dial/read/write deadline
 class LookupPeer:
     """One lookupd: a task that keeps a registered connection alive."""
 
-    def __init__(self, nsqd: NSQD, addr: str) -> None:
+    def __init__(self, nsqd: NodeContext, addr: str) -> None:
         self.nsqd = nsqd
         self.addr = addr
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -141,7 +141,7 @@ class LookupPeer:
 class LookupPeers:
     """All lookupd peers of a node."""
 
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: NodeContext) -> None:
         self.nsqd = nsqd
         self.peers: dict[str, LookupPeer] = {}
         self._started = False

@@ -1,5 +1,5 @@
 """Route-managed ordered topics on one nsqd: the pure core (:mod:`nsqx.cluster.routes`,
-:mod:`nsqx.cluster.barrier`) wired into topics, publishes and channels.
+:mod:`nsqx.nsqd.barrier`) wired into topics, publishes and channels.
 
 * A route-managed topic is an ordered topic whose physical partitions are the topic's
   ``Topic`` partition objects: physical id ``k`` is ``topic.partitions[k]`` (ids are never
@@ -19,9 +19,9 @@
   Delivery never reads it: a channel's fresh reads in a sealed partition stop before it; when
   everything before it is finished the channel moves its cursor past it itself (the server's
   FIN) and tells the barrier.
-* Per channel a :class:`~nsqx.cluster.barrier.ChannelRoute` lives in
+* Per channel a :class:`~nsqx.nsqd.barrier.ChannelRoute` lives in
   ``channels/c-<name>.route`` beside the cursor files; a partition delivers to the channel
-  only while it is in :func:`~nsqx.cluster.barrier.readable_partitions`.
+  only while it is in :func:`~nsqx.nsqd.barrier.readable_partitions`.
 * In a cluster (:meth:`TopicRoutes.mirror`) the history is the cluster member's copy of
   etcd (:class:`MirroredRouteStore`: no local changes); the member asks for seals, says
   which partitions this node leads and feeds in the barrier passes other nodes recorded.
@@ -38,7 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from nsqx.cluster.barrier import (
+from nsqx.cluster.routes import RouteError, RouteHistory, command_body, parse_command
+from nsqx.nsqd.barrier import (
     ChannelRoute,
     StaleRoute,
     advance,
@@ -48,12 +49,10 @@ from nsqx.cluster.barrier import (
     readable_partitions,
     start,
 )
-from nsqx.cluster.routes import RouteError, RouteHistory, command_body, parse_command
 from nsqx.nsqd.topic import BadPartition
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.channel import Channel
-    from nsqx.nsqd.node import NSQD
+    from nsqx.nsqd.interfaces import ChannelView, NodeContext
     from nsqx.nsqd.topic import Topic
     from nsqx.protocol.v2 import StartPosition
 
@@ -148,7 +147,7 @@ class SealedPartition(BadPartition):
 class TopicRoutes:
     """The route history of one topic on this node and every channel's place in it."""
 
-    def __init__(self, nsqd: NSQD, topic: Topic, store: RouteStore, history: RouteHistory) -> None:
+    def __init__(self, nsqd: NodeContext, topic: Topic, store: RouteStore, history: RouteHistory) -> None:
         self.nsqd = nsqd
         self.topic = topic  # partition 0: holds the shared `partitions` list
         self.store = store
@@ -178,7 +177,7 @@ class TopicRoutes:
 
     # -- creation / load -------------------------------------------------------------------
     @classmethod
-    async def create(cls, nsqd: NSQD, name: str, partitions: int, logical: int,
+    async def create(cls, nsqd: NodeContext, name: str, partitions: int, logical: int,
                      node: str) -> TopicRoutes:
         """A new route-managed topic of ``partitions`` physical partitions (RouteError if the
         arguments break a rule; ValueError if the topic exists with another shape)."""
@@ -199,7 +198,7 @@ class TopicRoutes:
         return routes
 
     @classmethod
-    def load(cls, nsqd: NSQD, topic: Topic) -> TopicRoutes:
+    def load(cls, nsqd: NodeContext, topic: Topic) -> TopicRoutes:
         """Attach the stored history to a topic loaded from nsqd.dat (rolls forward a pending
         change's command messages; the commit itself happens in :meth:`recover`)."""
         store = FileRouteStore(topic.dir)
@@ -224,7 +223,7 @@ class TopicRoutes:
 
     # -- cluster mode (driven by nsqx.cluster.member; nsqd itself knows no etcd) -----------
     @classmethod
-    def mirror(cls, nsqd: NSQD, topic: Topic, history: RouteHistory,
+    def mirror(cls, nsqd: NodeContext, topic: Topic, history: RouteHistory,
                leads: Callable[[int], bool], on_pass: Callable[[str, int], None]) -> TopicRoutes:
         """Attach a cluster topic's history (read from etcd by the member). The route is
         changed by the coordinator only; this node seals the partitions it leads when asked
@@ -680,7 +679,7 @@ class TopicRoutes:
                 if ch is not None:
                     ch.wake()
 
-    def gate(self, channel: Channel, end: int) -> int:
+    def gate(self, channel: ChannelView, end: int) -> int:
         """Called by the channel's pump: the end offset it may read to (-1: nothing now).
 
         A partition outside the channel's readable set delivers nothing. In a sealed partition

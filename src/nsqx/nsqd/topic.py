@@ -20,9 +20,7 @@ from nsqx.storage.cursor import ChannelCursor
 from nsqx.storage.log import LogConfig, MemoryLog, PartitionLog
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.node import NSQD
-    from nsqx.nsqd.routing import TopicRoutes
-    from nsqx.nsqd.trace import TraceRecorder
+    from nsqx.nsqd.interfaces import NodeContext, TopicRouting, Tracer
 
 log = logging.getLogger("nsqx.nsqd.topic")
 
@@ -35,7 +33,7 @@ def topic_dir(data_path: Path, name: str) -> Path:
 class Topic:
     """One topic of a node; owns its log, committer and channels."""
 
-    def __init__(self, nsqd: NSQD, name: str, *, partition: int = 0, paused: bool = False,
+    def __init__(self, nsqd: NodeContext, name: str, *, partition: int = 0, paused: bool = False,
                  pending_from: int | None = None,
                  pending_deferred: list[list[int]] | None = None) -> None:
         self.nsqd = nsqd
@@ -48,7 +46,7 @@ class Topic:
         self.ordered = False  # SUB_ORDERED only; PUBs name their partition
         # route-managed ordered topics (nsqx.nsqd.routing): one object shared by every
         # partition; physical partition k of the route history is partitions[k]
-        self.routes: TopicRoutes | None = None
+        self.routes: TopicRouting | None = None
         self._rr = 0  # round-robin over partitions for PUBs that name none
         # Cluster mode (set by nsqx.cluster, None standalone): who may publish here and when
         # an append counts as acknowledged; `epoch` is the leader epoch stamped on commits.
@@ -71,7 +69,7 @@ class Topic:
         self.ext = True
         # the node's TraceRecorder while this topic is traced, else None (the hooks'
         # only cost when tracing is off is this None check)
-        self.tracer: TraceRecorder | None = None
+        self.tracer: Tracer | None = None
         self.paused = paused
         self.channels: dict[str, Channel] = {}
         self.exiting = False

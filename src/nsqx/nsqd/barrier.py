@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from .routes import RouteError, RouteHistory
+from nsqx.cluster.routes import RouteError, RouteHistory
 
 __all__ = [
     "ChannelRoute",

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from nsqx.cluster.barrier import (
+from nsqx.cluster.routes import RouteError, RouteHistory, logical_partition
+from nsqx.nsqd.barrier import (
     ChannelRoute,
     StaleRoute,
     advance,
@@ -30,7 +31,6 @@ from nsqx.cluster.barrier import (
     readable_partitions,
     start,
 )
-from nsqx.cluster.routes import RouteError, RouteHistory, logical_partition
 
 
 def hist() -> RouteHistory:
