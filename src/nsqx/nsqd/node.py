@@ -456,13 +456,15 @@ class NSQD:
             if topic.routes is not None:
                 await topic.routes.recover()  # commit a change a stop interrupted
         o = self.opts
+        # TCP is bound first (its port goes into /info and the route endpoints) but serves
+        # only once HTTP does: a node never answers a PUB while its HTTP API (the route
+        # refresh of keyed producers, /ping of health checks) is still down (issue 21).
         host, port = split_hostport(o.tcp_address)
         server = await self.loop.create_server(
-            lambda: ClientV2(self), host, port, reuse_address=True, backlog=1024
-        )
+            lambda: ClientV2(self), host, port, reuse_address=True, backlog=1024,
+            start_serving=False)
         self._servers.append(server)
         self.tcp_port = server.sockets[0].getsockname()[1]
-        log.info("TCP: listening on %s", _fmt_addr(server.sockets[0]))
         from aiohttp import web
 
         if o.http_address:
@@ -498,6 +500,8 @@ class NSQD:
             sock = site._server.sockets[0]  # type: ignore[union-attr]
             self.https_port = sock.getsockname()[1]
             log.info("HTTPS: listening on %s", _fmt_addr(sock))
+        await server.start_serving()
+        log.info("TCP: listening on %s", _fmt_addr(server.sockets[0]))
         self._tasks.append(self.loop.create_task(self._scan_loop(), name="queue-scan"))
         self._tasks.append(self.loop.create_task(self._persist_loop(), name="persist"))
         self.lookup.start()
