@@ -9,4 +9,5 @@ if [ -f scripts/install-test-deps.sh ]; then
   bash scripts/install-test-deps.sh
 fi
 .venv/bin/ruff check src tests bench
+.venv/bin/lint-imports
 exec .venv/bin/python -m pytest "$@"
