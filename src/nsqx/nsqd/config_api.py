@@ -21,7 +21,7 @@ refuse bad input the way the rest of the API does: 400 ``MISSING_ARG_*`` /
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -30,6 +30,9 @@ from nsqx.cli.flags import parse_go_duration
 from nsqx.httpapi import HTTPError, topic_channel_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
 
 log = logging.getLogger("nsqx.nsqd.http")
 
@@ -103,7 +106,7 @@ def _sync_every(raw: str) -> int:
 
 
 class _ConfigAPI:
-    def __init__(self, nsqd: Any) -> None:
+    def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
 
     def _topic(self, name: str) -> Any:
@@ -168,7 +171,7 @@ class _ConfigAPI:
         return _json({"topic": tname, "channel": cname, "max_attempts": n})
 
 
-def add_routes(app: web.Application, nsqd: Any) -> None:
+def add_routes(app: web.Application, nsqd: NodeAPI) -> None:
     api = _ConfigAPI(nsqd)
     app.router.add_post("/topic/config", api.topic_config)
     app.router.add_post("/channel/config", api.channel_config)

@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -52,6 +52,9 @@ from nsqx.nsqd.metrics import memory_stats, prometheus_text
 from nsqx.nsqd.options import LOG_LEVELS, TLS_REQUIRED
 from nsqx.nsqd.stats_text import format_stats
 from nsqx.protocol.names import valid_topic_name
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
 
 __all__ = ["HTTPError", "make_app", "parse_go_query", "parse_mpub_binary"]
 
@@ -93,7 +96,7 @@ def _empty() -> web.Response:
 # ---------------------------------------------------------------- the app
 
 class _Handlers:
-    def __init__(self, nsqd: Any) -> None:
+    def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
 
     @property
@@ -415,7 +418,7 @@ async def _v1_errors(request: web.Request,
                       request.remote, (time.perf_counter() - start) * 1000)
 
 
-def _tls_required_middleware(nsqd: Any) -> Any:
+def _tls_required_middleware(nsqd: NodeAPI) -> Any:
     @web.middleware
     async def tls_required(request: web.Request, handler: Any) -> web.StreamResponse:
         port = getattr(nsqd, "https_port", None) or 0
@@ -429,7 +432,7 @@ async def _add_v1_header(request: web.Request, response: web.StreamResponse) -> 
     response.headers[V1_HEADER] = V1_VALUE
 
 
-def make_app(nsqd: Any, *, tls_listener: bool = False) -> web.Application:
+def make_app(nsqd: NodeAPI, *, tls_listener: bool = False) -> web.Application:
     """The HTTP API of one node.
 
     ``tls_listener`` says whether this app serves the HTTPS listener; the plain

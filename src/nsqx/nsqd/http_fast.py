@@ -19,12 +19,15 @@ import asyncio
 import email.utils
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nsqx.httpapi import V1_HEADER, V1_VALUE, HTTPError
 from nsqx.nsqd.http_publish import parse_mpub_binary, split_text_mpub
 from nsqx.nsqd.topic import BadPartition, PublishRefused
 from nsqx.protocol.names import valid_topic_name
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
 
 __all__ = ["NEED_MORE", "FastPubProtocol", "parse_fast_request"]
 
@@ -139,7 +142,7 @@ def _response(status: bytes, content_type: bytes, body: bytes) -> bytes:
 class FastPubProtocol(asyncio.Protocol):
     """Answers plain ``/pub`` requests itself; delegates the connection to aiohttp else."""
 
-    def __init__(self, nsqd: Any, inner: asyncio.Protocol) -> None:
+    def __init__(self, nsqd: NodeAPI, inner: asyncio.Protocol) -> None:
         self.nsqd = nsqd
         self.inner = inner  # aiohttp's RequestHandler for this connection
         self.transport: asyncio.Transport | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -20,6 +20,9 @@ from nsqx.httpapi import first as _first
 from nsqx.nsqd.routing import SealedPartition
 from nsqx.nsqd.topic import BadPartition, PublishRefused
 from nsqx.protocol.names import valid_topic_name
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
 
 __all__ = ["parse_mpub_binary", "partition_arg", "publish", "read_capped", "route_version_arg",
            "split_text_mpub", "topic_for_publish"]
@@ -128,7 +131,7 @@ def topic_for_publish(params: dict[str, list[str]]) -> str:
     return name
 
 
-async def publish(nsqd: Any, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
+async def publish(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
                   partition: int | None = None, *,
                   headers: list[dict[str, bytes] | None] | None = None,
                   producer: str = "", route_version: int | None = None) -> tuple[int, int]:

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -79,6 +79,9 @@ from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_topic_name
 from nsqx.protocol.v2 import StartPosition, parse_start_position
 from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION, make_id
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
 
 __all__ = ["add_routes", "message_json", "split_position_arg"]
 
@@ -165,7 +168,7 @@ def _parse_id(pos: str) -> tuple[int, int]:
 
 
 class _ReplayAPI:
-    def __init__(self, nsqd: Any, authorize: Any = None) -> None:
+    def __init__(self, nsqd: NodeAPI, authorize: Any = None) -> None:
         self.nsqd = nsqd
         self._authorize = authorize
 
@@ -266,7 +269,7 @@ class _ReplayAPI:
         return _json(message_json(part.partition, offset, frame, plog.headers(offset)))
 
 
-def add_routes(app: web.Application, nsqd: Any, authorize: Any = None) -> None:
+def add_routes(app: web.Application, nsqd: NodeAPI, authorize: Any = None) -> None:
     """Register /channel/setoffset and /message/get; ``authorize(request, topic, perm)``
     is the fetch API's check (``--auth-http-address``)."""
     api = _ReplayAPI(nsqd, authorize)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -41,6 +41,9 @@ from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.routing import TopicRoutes
 from nsqx.protocol.names import valid_topic_name
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
 
 log = logging.getLogger("nsqx.nsqd.http")
 
@@ -63,11 +66,11 @@ def parse_int(params: dict[str, list[str]], name: str, *, default: int | None = 
     return int(raw)
 
 
-def node_label(nsqd: Any) -> str:
+def node_label(nsqd: NodeAPI) -> str:
     return f"{nsqd.opts.broadcast_address}:{nsqd.tcp_port or 0}"
 
 
-async def create_routed(nsqd: Any, name: str, params: dict[str, list[str]]) -> TopicRoutes:
+async def create_routed(nsqd: NodeAPI, name: str, params: dict[str, list[str]]) -> TopicRoutes:
     """Create (or find, same shape) the route-managed topic ``name``; HTTPError if not."""
     if name.endswith("#ephemeral"):
         raise HTTPError(400, "INVALID_PARTITION_NUM")
@@ -90,7 +93,7 @@ async def create_routed(nsqd: Any, name: str, params: dict[str, list[str]]) -> T
 
 
 class _RoutesAPI:
-    def __init__(self, nsqd: Any) -> None:
+    def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
 
     def _routes(self, request: web.Request) -> tuple[dict[str, list[str]], TopicRoutes]:
@@ -170,7 +173,7 @@ def parse_change(kind: str, params: dict[str, list[str]],
     raise HTTPError(400, f"unknown route change {kind!r}")
 
 
-def add_routes(app: web.Application, nsqd: Any) -> None:
+def add_routes(app: web.Application, nsqd: NodeAPI) -> None:
     api = _RoutesAPI(nsqd)
     app.router.add_get("/topic/route", api.route_get, allow_head=False)
     app.router.add_post("/topic/route", api.route_post)
