@@ -166,13 +166,21 @@ async def add_v1_header(request: web.Request, response: web.StreamResponse) -> N
     response.headers[V1_HEADER] = V1_VALUE
 
 
-def topic_channel_args(params: dict[str, list[str]]) -> tuple[str, str]:
-    """Upstream ``http_api.GetTopicChannelArgs``."""
+def topic_arg(params: dict[str, list[str]], invalid: str | None = "INVALID_TOPIC") -> str:
+    """The ``topic`` parameter: 400 MISSING_ARG_TOPIC when absent, 400 ``invalid`` when not a
+    valid name (upstream's nsqd answers INVALID_TOPIC, its ``GetTopicChannelArgs``
+    INVALID_ARG_TOPIC; None: not checked, for calls that only look a name up)."""
     topic = first(params, "topic")
     if topic is None:
         raise HTTPError(400, "MISSING_ARG_TOPIC")
-    if not valid_topic_name(topic):
-        raise HTTPError(400, "INVALID_ARG_TOPIC")
+    if invalid is not None and not valid_topic_name(topic):
+        raise HTTPError(400, invalid)
+    return topic
+
+
+def topic_channel_args(params: dict[str, list[str]]) -> tuple[str, str]:
+    """Upstream ``http_api.GetTopicChannelArgs``."""
+    topic = topic_arg(params, "INVALID_ARG_TOPIC")
     channel = first(params, "channel")
     if channel is None:
         raise HTTPError(400, "MISSING_ARG_CHANNEL")

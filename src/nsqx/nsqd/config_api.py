@@ -30,6 +30,7 @@ from nsqx.cli.flags import parse_go_duration
 from nsqx.httpapi import HTTPError, topic_channel_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
+from nsqx.nsqd.http_publish import existing_topic
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
@@ -110,10 +111,7 @@ class _ConfigAPI:
         self.nsqd = nsqd
 
     def _topic(self, name: str) -> Any:
-        topic = self.nsqd.topics.get(name)
-        if topic is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
-        return topic
+        return existing_topic(self.nsqd, name)
 
     async def topic_config(self, request: web.Request) -> web.Response:
         params = _query(request)

@@ -76,7 +76,12 @@ from nsqx.httpapi import HTTPError
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.auth import AuthState, query_auth
-from nsqx.nsqd.http_publish import parse_mpub_binary, read_capped, topic_for_publish
+from nsqx.nsqd.http_publish import (
+    existing_topic,
+    parse_mpub_binary,
+    read_capped,
+    topic_for_publish,
+)
 from nsqx.protocol.names import valid_channel_name
 
 if TYPE_CHECKING:
@@ -266,10 +271,7 @@ class _FetchAPI:
         return topic_for_publish(params)
 
     def _topic(self, name: str) -> Any:
-        topic = self.nsqd.get_topic(name, create=False)
-        if topic is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
-        return topic
+        return existing_topic(self.nsqd, name)
 
     @staticmethod
     def _channel(params: dict[str, list[str]]) -> str | None:

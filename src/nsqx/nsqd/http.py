@@ -34,11 +34,13 @@ from nsqx.httpapi import (
     HTTPError,
     parse_go_query,
     task_dump,
+    topic_arg,
     topic_channel_args,
 )
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.http_publish import (
+    existing_topic,
     parse_mpub_binary,
     partition_arg,
     publish,
@@ -51,7 +53,6 @@ from nsqx.nsqd.http_publish import (
 from nsqx.nsqd.metrics import memory_stats, prometheus_text
 from nsqx.nsqd.options import LOG_LEVELS, TLS_REQUIRED
 from nsqx.nsqd.stats_text import format_stats
-from nsqx.protocol.names import valid_topic_name
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
@@ -169,19 +170,10 @@ class _Handlers:
 
     # -- topics ------------------------------------------------------------------------
     def _topic_arg(self, request: web.Request, *, validate: bool) -> str:
-        params = _query(request)
-        name = _first(params, "topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if validate and not valid_topic_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        return name
+        return topic_arg(_query(request), "INVALID_TOPIC" if validate else None)
 
     def _existing_topic(self, name: str) -> Any:
-        topic = self.nsqd.get_topic(name, create=False)
-        if topic is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
-        return topic
+        return existing_topic(self.nsqd, name)
 
     async def topic_create(self, request: web.Request) -> web.Response:
         """Upstream's create, plus Youzan's ``partition_num=P`` and ``orderedmulti=true``."""

@@ -70,13 +70,12 @@ import orjson
 from aiohttp import web
 
 from nsqx.cluster.routes import RouteError
-from nsqx.httpapi import HTTPError, topic_channel_args
+from nsqx.httpapi import HTTPError, topic_arg, topic_channel_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.channel import NotLeader, SeekError
-from nsqx.nsqd.http_publish import read_capped
+from nsqx.nsqd.http_publish import existing_topic, read_capped
 from nsqx.protocol.errors import ProtocolError
-from nsqx.protocol.names import valid_topic_name
 from nsqx.protocol.v2 import StartPosition, parse_start_position
 from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION, make_id
 
@@ -173,10 +172,7 @@ class _ReplayAPI:
         self._authorize = authorize
 
     def _topic(self, name: str) -> Any:
-        topic = self.nsqd.get_topic(name, create=False)
-        if topic is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
-        return topic
+        return existing_topic(self.nsqd, name)
 
     # -- POST /channel/setoffset ---------------------------------------------------------
     async def set_offset(self, request: web.Request) -> web.Response:
@@ -226,11 +222,7 @@ class _ReplayAPI:
     # -- GET /message/get ----------------------------------------------------------------
     async def message_get(self, request: web.Request) -> web.Response:
         params = _query(request)
-        tname = _first(params, "topic")
-        if tname is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_topic_name(tname):
-            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        tname = topic_arg(params, "INVALID_ARG_TOPIC")
         mode = _first(params, "search_mode") or "id"
         if mode not in SEARCH_MODES:
             raise HTTPError(400, "E_INVALID")

@@ -36,11 +36,11 @@ import orjson
 from aiohttp import web
 
 from nsqx.cluster.routes import DEFAULT_LOGICAL, RouteError, RouteHistory
-from nsqx.httpapi import HTTPError
+from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
+from nsqx.nsqd.http_publish import existing_topic
 from nsqx.nsqd.routing import TopicRoutes
-from nsqx.protocol.names import valid_topic_name
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
@@ -98,14 +98,7 @@ class _RoutesAPI:
 
     def _routes(self, request: web.Request) -> tuple[dict[str, list[str]], TopicRoutes]:
         params = _query(request)
-        name = _first(params, "topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_topic_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        topic = self.nsqd.topics.get(name)
-        if topic is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        topic = existing_topic(self.nsqd, topic_arg(params))
         if topic.routes is None:
             raise HTTPError(400, "TOPIC_NOT_ROUTE_MANAGED")
         return params, topic.routes
@@ -116,12 +109,7 @@ class _RoutesAPI:
 
     async def route_post(self, request: web.Request) -> web.Response:
         params = _query(request)
-        name = _first(params, "topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_topic_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        routes = await create_routed(self.nsqd, name, params)
+        routes = await create_routed(self.nsqd, topic_arg(params), params)
         return _json(routes.to_dict())
 
     async def _change(self, routes: TopicRoutes, op: Any, what: str,
