@@ -23,8 +23,7 @@ import orjson
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
 from nsqx.nsqd.channel import NotLeader, SeekError, now_ms, resolve_position
-from nsqx.nsqd.routing import SealedPartition
-from nsqx.nsqd.topic import BadPartition
+from nsqx.nsqd.topic import BadPartition, SealedPartition
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from nsqx.protocol.errors import ProtocolError

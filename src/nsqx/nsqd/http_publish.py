@@ -17,8 +17,7 @@ from aiohttp import web
 
 from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
-from nsqx.nsqd.routing import SealedPartition
-from nsqx.nsqd.topic import BadPartition, PublishRefused
+from nsqx.nsqd.topic import BadPartition, PublishRefused, SealedPartition
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI

@@ -22,8 +22,7 @@ from nsqx.nsqd.channel import Channel, now_ms
 from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
-from nsqx.nsqd.routing import TopicRoutes, has_routes
-from nsqx.nsqd.topic import Topic
+from nsqx.nsqd.topic import Topic, has_routes
 from nsqx.nsqd.trace import TRACE_TOPIC, TraceRecorder
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.storage.commit import CommitScheduler, FileSystemSyncer
@@ -378,6 +377,8 @@ class NSQD:
                     part.msg_ttl_ns, part.msg_ttl_set = topic.msg_ttl_ns, topic.msg_ttl_set
                     part.set_sync_every(topic.sync_every)
             if has_routes(topic.dir):
+                from nsqx.nsqd.routing import TopicRoutes  # only when a topic is routed
+
                 TopicRoutes.load(self, topic)
         self.share_memory()
         log.info("loaded %d topics from %s", len(self.topics), path)

@@ -40,10 +40,10 @@ from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.http_publish import existing_topic
-from nsqx.nsqd.routing import TopicRoutes
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
+    from nsqx.nsqd.routing import TopicRoutes
 
 log = logging.getLogger("nsqx.nsqd.http")
 
@@ -87,6 +87,8 @@ async def create_routed(nsqd: NodeAPI, name: str, params: dict[str, list[str]]) 
             raise HTTPError(400, "TOPIC_EXISTS")
         return r
     try:
+        from nsqx.nsqd.routing import TopicRoutes  # loaded by the first routed topic
+
         return await TopicRoutes.create(nsqd, name, count, logical, node_label(nsqd))
     except RouteError as exc:
         raise HTTPError(400, str(exc)) from None

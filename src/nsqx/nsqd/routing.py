@@ -49,7 +49,7 @@ from nsqx.nsqd.barrier import (
     readable_partitions,
     start,
 )
-from nsqx.nsqd.topic import BadPartition
+from nsqx.nsqd.topic import ROUTES_FILE, SealedPartition
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import ChannelView, NodeContext
@@ -57,8 +57,6 @@ if TYPE_CHECKING:
     from nsqx.protocol.v2 import StartPosition
 
 log = logging.getLogger("nsqx.nsqd.routing")
-
-ROUTES_FILE = "routes.json"
 
 
 class RouteConflict(RouteError):
@@ -126,22 +124,6 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def has_routes(topic_dir: Path) -> bool:
-    return (topic_dir / ROUTES_FILE).exists()
-
-
-class SealedPartition(BadPartition):
-    """A publish to a partition the route no longer (or not yet) sends keys to: the producer
-    refreshes its route to at least ``version`` and retries (``E_BAD_PARTITION route version
-    N``)."""
-
-    def __init__(self, stale: StaleRoute, topic: str) -> None:
-        self.partition = stale.partition
-        self.version = stale.version
-        super().__init__(f"route version {stale.version} (partition {stale.partition} of "
-                         f"topic {topic} takes no publishes)")
 
 
 class TopicRoutes:

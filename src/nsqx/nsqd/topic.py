@@ -20,6 +20,7 @@ from nsqx.storage.cursor import ChannelCursor
 from nsqx.storage.log import LogConfig, MemoryLog, PartitionLog
 
 if TYPE_CHECKING:
+    from nsqx.nsqd.barrier import StaleRoute
     from nsqx.nsqd.interfaces import NodeContext, TopicRouting, Tracer
 
 log = logging.getLogger("nsqx.nsqd.topic")
@@ -458,6 +459,27 @@ DELIVER_AT_KEY = "##deliver_at_ms"  # cluster mode: a DPUB's due time (ms), kept
 
 class BadPartition(ValueError):
     """A partition that does not exist, or a partitionless PUB to an ordered topic."""
+
+
+class SealedPartition(BadPartition):
+    """A publish to a partition the route no longer (or not yet) sends keys to: the producer
+    refreshes its route to at least ``version`` and retries (``E_BAD_PARTITION route version
+    N``). Raised by ``routing.TopicRoutes``; defined here so that the publish paths catch it
+    without loading the routing code a node without routed topics never needs."""
+
+    def __init__(self, stale: StaleRoute, topic: str) -> None:
+        self.partition = stale.partition
+        self.version = stale.version
+        super().__init__(f"route version {stale.version} (partition {stale.partition} of "
+                         f"topic {topic} takes no publishes)")
+
+
+ROUTES_FILE = "routes.json"  # a route-managed topic's history, in its topic directory
+
+
+def has_routes(topic_dir: Path) -> bool:
+    """Whether the topic stored in ``topic_dir`` is route-managed (``routing.TopicRoutes``)."""
+    return (topic_dir / ROUTES_FILE).exists()
 
 
 class PublishRefused(Exception):
