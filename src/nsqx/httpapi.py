@@ -15,13 +15,15 @@ nothing get the same V1 answer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from aiohttp import web
 
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.storage.message_id import parse_id
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = [
     "JSON_TYPE",
@@ -144,20 +146,28 @@ def go_json(data: Any, *, sort_keys: bool = False) -> bytes:
 
 
 def v1_json(data: Any, *, sort_keys: bool = False) -> web.Response:
+    from aiohttp import web  # aiohttp loads with the first response, not with this module
+
     return web.Response(body=go_json(data, sort_keys=sort_keys), content_type=JSON_TYPE,
                         charset="utf-8")
 
 
 def v1_error(status: int, code: str) -> web.Response:
+    from aiohttp import web
+
     return web.Response(status=status, body=go_json({"message": code}), content_type=JSON_TYPE,
                         charset="utf-8")
 
 
 def text(body: str = "OK", status: int = 200) -> web.Response:
+    from aiohttp import web
+
     return web.Response(status=status, text=body, content_type="text/plain", charset="utf-8")
 
 
 def empty() -> web.Response:
+    from aiohttp import web
+
     return web.Response(body=b"")
 
 

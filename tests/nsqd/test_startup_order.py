@@ -1,11 +1,13 @@
-"""A starting node answers no PUB before its HTTP API is up (issue 21): a keyed producer
-refreshes its route over HTTP, so TCP that answers while HTTP is down turns a restart into
-failed publishes. The node binds TCP first (its port is in /info) but serves it only once HTTP
-listens; here HTTP's start is held back and a PUB sent meanwhile must wait for it."""
+"""A starting node answers no PUB while its HTTP API is down (issue 21): a keyed producer
+refreshes its route over HTTP, so TCP that answers while HTTP refuses turns a restart into
+failed publishes. The node opens its HTTP listener before TCP serves; aiohttp and the rest of
+the API load after that (issue 24: it is most of a start), and a request for them waits until
+they are there instead of being refused, while /ping and /pub are answered at once."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from pathlib import Path
 
@@ -24,9 +26,18 @@ async def _pub(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return reader, writer
 
 
+async def _get(port: int, path: str) -> tuple[asyncio.Future[bytes], asyncio.StreamWriter]:
+    """Send GET ``path``; the future is the whole answer (the server closes after it)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+                 .encode())
+    await writer.drain()
+    return asyncio.ensure_future(reader.read()), writer
+
+
 @pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])
-def test_tcp_answers_only_once_http_listens(tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]
-                                            loop_factory: str) -> None:
+def test_http_listens_before_tcp_answers(tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]
+                                         caplog, loop_factory: str) -> None:
     release = asyncio.Event()
     setup = web.AppRunner.setup
 
@@ -35,43 +46,38 @@ def test_tcp_answers_only_once_http_listens(tmp_path: Path, monkeypatch,  # type
         await setup(self)
 
     monkeypatch.setattr(web.AppRunner, "setup", held_setup)
+    caplog.set_level(logging.INFO, logger="nsqx.nsqd")
 
     async def main() -> None:
         nsqd = NSQD(parse_args(["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                                 f"--data-path={tmp_path}"]))
-        starting = asyncio.create_task(nsqd.start())
-        writer = None
+        writers: list[asyncio.StreamWriter] = []
         try:
-            for _ in range(500):
-                if nsqd.tcp_port or starting.done():
-                    break
-                await asyncio.sleep(0.01)
-            assert nsqd.tcp_port, "TCP was never bound"
-            # HTTP is held: a PUB now is refused (the socket does not listen yet) or waits
-            # unanswered in the backlog; it is never answered while HTTP is down
-            early = None
-            try:
-                reader, writer = await _pub(nsqd.tcp_port)
-                early = asyncio.ensure_future(reader.readexactly(4))
-                done, _ = await asyncio.wait({early}, timeout=0.5)
-                assert not done, "the node answered a PUB while its HTTP API was down"
-            except ConnectionRefusedError:
-                pass
-            assert nsqd.http_port == 0
+            await nsqd.start()  # does not wait for aiohttp
+            order = [r.getMessage().split(":")[0] for r in caplog.records
+                     if "listening on" in r.getMessage()]
+            assert order == ["HTTP", "TCP"], order
+            # aiohttp is held: a request for it is accepted and waits, never refused
+            stats, w = await _get(nsqd.http_port, "/stats?format=json")
+            writers.append(w)
+            ping, w = await _get(nsqd.http_port, "/ping")
+            writers.append(w)
+            answer = await asyncio.wait_for(ping, 10)
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"\r\n\r\nOK")
+            reader, w = await _pub(nsqd.tcp_port)
+            writers.append(w)
+            size = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), 10))[0]
+            assert await asyncio.wait_for(reader.readexactly(size), 10) == \
+                struct.pack(">I", 0) + b"OK"
+            done, _ = await asyncio.wait({stats}, timeout=0.3)
+            assert not done, "a request for aiohttp was answered before aiohttp was there"
             release.set()
-            await starting
-            assert nsqd.http_port
-            if early is None:
-                reader, writer = await _pub(nsqd.tcp_port)
-                early = asyncio.ensure_future(reader.readexactly(4))
-            size = struct.unpack(">I", await asyncio.wait_for(early, 10))[0]
-            frame = await asyncio.wait_for(reader.readexactly(size), 10)
-            assert frame == struct.pack(">I", 0) + b"OK"
+            answer = await asyncio.wait_for(stats, 10)
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and b'"topic_name":"t"' in answer
         finally:
-            if writer is not None:
-                writer.close()
+            for w in writers:
+                w.close()
             release.set()
-            await asyncio.gather(starting, return_exceptions=True)
             await nsqd.stop()
 
     factory = uvloop.new_event_loop if loop_factory == "uvloop" else asyncio.new_event_loop

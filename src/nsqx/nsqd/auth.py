@@ -8,8 +8,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeContext
 
@@ -74,6 +72,8 @@ async def query_auth(nsqd: NodeContext, secret: str, remote_ip: str, tls: bool, 
               "common_name": common_name}
     addrs = list(opts.auth_http_addresses)
     random.shuffle(addrs)
+    import aiohttp  # the HTTP client loads when auth is first asked, not at start
+
     timeout = aiohttp.ClientTimeout(total=opts.http_client_request_timeout,
                                     connect=opts.http_client_connect_timeout)
     last: Exception | None = None

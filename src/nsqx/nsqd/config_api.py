@@ -31,6 +31,7 @@ from nsqx.httpapi import HTTPError, topic_channel_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.http_publish import existing_topic
+from nsqx.protocol.v2 import TRACE_TOPIC
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
@@ -79,11 +80,11 @@ def apply_settings(part: Any, settings: Any) -> bool:
             part.msg_ttl_ns, part.msg_ttl_set = want
             changed = True
         trace = settings.get("trace") is True
-        tracer = getattr(nsqd, "tracer", None)
-        if tracer is not None and (part.tracer is not None) != trace and \
-                part.name != "__trace":
-            part.tracer = tracer if trace else None
-            changed = True
+        if (part.tracer is not None) != trace and part.name != TRACE_TOPIC:
+            tracer = getattr(nsqd, "tracer", None)  # (the node makes its recorder when asked)
+            if tracer is not None:
+                part.tracer = tracer if trace else None
+                changed = True
         for name, n in (settings.get("channels") or {}).items():
             ch = part.channels.get(name)
             if ch is None:

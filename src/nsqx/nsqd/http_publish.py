@@ -13,13 +13,13 @@ import logging
 import struct
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-
 from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
 from nsqx.nsqd.topic import BadPartition, PublishRefused, SealedPartition
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from nsqx.nsqd.interfaces import NodeAPI
 
 __all__ = ["parse_mpub_binary", "partition_arg", "publish", "read_capped", "route_version_arg",

@@ -14,7 +14,6 @@ import socket
 import struct
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 
 from nsqx import NSQ_VERSION
@@ -184,6 +183,8 @@ class LookupPeers:
         A new topic keeps everything from its first offset until its first channel
         exists, so creating them a moment later loses nothing.
         """
+        import aiohttp  # the HTTP client loads with the first lookupd query, not at start
+
         names: set[str] = set()
         timeout = aiohttp.ClientTimeout(total=self.nsqd.opts.http_client_request_timeout)
         async with aiohttp.ClientSession(timeout=timeout) as session:

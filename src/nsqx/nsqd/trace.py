@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from nsqx.httpapi import TRACE_SCAN_DEFAULT, TRACE_SCAN_MAX
-from nsqx.protocol.v2 import TRACE_ID_KEY
+from nsqx.protocol.v2 import TRACE_ID_KEY, TRACE_TOPIC
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import ChannelView, NodeContext, TopicView
@@ -43,7 +43,6 @@ log = logging.getLogger("nsqx.nsqd.trace")
 
 __all__ = ["TRACE_TOPIC", "TraceRecorder", "search_trace"]
 
-TRACE_TOPIC = "__trace"
 DEFAULT_SCAN = TRACE_SCAN_DEFAULT  # events /trace/search reads (the newest), unless told
 MAX_SCAN = TRACE_SCAN_MAX
 MAX_MESSAGES = 100  # messages a header search collects
