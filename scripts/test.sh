@@ -9,5 +9,5 @@ if [ -f scripts/install-test-deps.sh ]; then
   bash scripts/install-test-deps.sh
 fi
 .venv/bin/ruff check src tests bench
-.venv/bin/lint-imports
+.venv/bin/lint-imports  # the layers of docs/architecture.md (contracts in pyproject.toml)
 exec .venv/bin/python -m pytest "$@"

@@ -257,13 +257,13 @@ def test_while_aiohttp_loads_ping_is_answered_and_the_rest_waits() -> None:
         p.data_received(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
         assert t.out.startswith(b"HTTP/1.1 200 OK\r\n") and t.out.endswith(b"\r\n\r\nOK")
         node.error, t.out = "disk full", b""
-        p.data_received(b"GET /ping HTTP/1.1\r\n\r\n")
+        p.data_received(b"GET /ping HTTP/1.1\r\nhost: x\r\nConnection: keep-alive\r\n\r\n")
         assert t.out.startswith(b"HTTP/1.1 500 ") and t.out.endswith(b"NOK - disk full")
         t.out = b""
         stats = b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n"
         p.data_received(stats[:10])
         p.data_received(stats[10:])
-        p.data_received(b"GET /ping HTTP/1.1\r\n\r\n")  # after a delegated request: aiohttp's
+        p.data_received(b"GET /ping HTTP/1.1\r\n\r\n")  # no Host, and after a delegated one
         assert p.eof_received() is True  # held open: aiohttp answers what came
         assert t.out == b"" and not t.closed
         app.set(lambda: _Inner(log))
@@ -278,6 +278,12 @@ def test_while_aiohttp_loads_ping_is_answered_and_the_rest_waits() -> None:
         q.connection_made(t2)  # type: ignore[arg-type]
         q.data_received(b"GET /ping HTTP/1.1\r\n\r\n")
         assert t2.out == b"" and log == [("made", t2), ("data", b"GET /ping HTTP/1.1\r\n\r\n")]
+        # a /ping without Host is aiohttp's to answer (a 400), so it waits too
+        later = DeferredApp(loop)
+        h, t4 = FastPubProtocol(node, later), _Transport()  # type: ignore[arg-type]
+        h.connection_made(t4)  # type: ignore[arg-type]
+        h.data_received(b"GET /ping HTTP/1.1\r\n\r\n")
+        assert t4.out == b"" and h.delegated
         # the API failed to load: a held request's connection is closed, not left hanging
         failed = DeferredApp(loop)
         r, t3 = FastPubProtocol(node, failed), _Transport()  # type: ignore[arg-type]

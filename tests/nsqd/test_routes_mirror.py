@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from nsqx.cluster.barrier import ChannelRoute
 from nsqx.cluster.routes import RouteError, RouteHistory
-from nsqx.nsqd.barrier import ChannelRoute
 from nsqx.nsqd.routing import TopicRoutes
 from tests.nsqd.inprocess import running_node
 

@@ -13,7 +13,7 @@ each rule exists:
   node). Physical ids are never reused and a physical partition's range and node never
   change, so each one lives for one contiguous run of versions and its log holds its keys'
   messages of exactly that run, ended by one command message. That keeps the consumer
-  barrier (:mod:`nsqx.nsqd.barrier`) one uniform rule: read version v+1's new partitions
+  barrier (:mod:`nsqx.cluster.barrier`) one uniform rule: read version v+1's new partitions
   after the command message of every partition v+1 retires.
 * One change at a time: a change is first *pending* (stored so a coordinator that fails over
   finds it and rolls it forward), the retired partitions get their command messages, then

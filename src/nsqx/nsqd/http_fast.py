@@ -272,16 +272,20 @@ class FastPubProtocol(asyncio.Protocol):
         if end < 0 or end + 4 != len(data) or t is None:
             return False
         head = data[len(_PING):end]
-        close = False
+        close = host = False  # HTTP/1.1 without Host: aiohttp's answer (a 400), when loaded
         for line in head.split(b"\r\n") if head else ():
             name, colon, value = line.partition(b":")
             name, value = name.lower(), value.strip().lower()
             if not colon or name != name.strip() or name == b"content-length":
                 return False
-            if name == b"connection" and value in (b"close", b"keep-alive"):
+            if name == b"host":
+                host = True
+            elif name == b"connection" and value in (b"close", b"keep-alive"):
                 close = value == b"close"
             elif name in _REFUSED:
                 return False
+        if not host:
+            return False
         health = self.nsqd.health()
         status = b"200 OK" if self.nsqd.is_healthy() else b"500 Internal Server Error"
         t.write(_response(status, b"text/plain; charset=utf-8", health.encode()))

@@ -1,5 +1,5 @@
 """Route-managed ordered topics on one nsqd: the pure core (:mod:`nsqx.cluster.routes`,
-:mod:`nsqx.nsqd.barrier`) wired into topics, publishes and channels.
+:mod:`nsqx.cluster.barrier`) wired into topics, publishes and channels.
 
 * A route-managed topic is an ordered topic whose physical partitions are the topic's
   ``Topic`` partition objects: physical id ``k`` is ``topic.partitions[k]`` (ids are never
@@ -19,9 +19,9 @@
   Delivery never reads it: a channel's fresh reads in a sealed partition stop before it; when
   everything before it is finished the channel moves its cursor past it itself (the server's
   FIN) and tells the barrier.
-* Per channel a :class:`~nsqx.nsqd.barrier.ChannelRoute` lives in
+* Per channel a :class:`~nsqx.cluster.barrier.ChannelRoute` lives in
   ``channels/c-<name>.route`` beside the cursor files; a partition delivers to the channel
-  only while it is in :func:`~nsqx.nsqd.barrier.readable_partitions`.
+  only while it is in :func:`~nsqx.cluster.barrier.readable_partitions`.
 * In a cluster (:meth:`TopicRoutes.mirror`) the history is the cluster member's copy of
   etcd (:class:`MirroredRouteStore`: no local changes); the member asks for seals, says
   which partitions this node leads and feeds in the barrier passes other nodes recorded.
@@ -38,8 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from nsqx.cluster.routes import RouteError, RouteHistory, command_body, parse_command
-from nsqx.nsqd.barrier import (
+from nsqx.cluster.barrier import (
     ChannelRoute,
     StaleRoute,
     advance,
@@ -49,6 +48,7 @@ from nsqx.nsqd.barrier import (
     readable_partitions,
     start,
 )
+from nsqx.cluster.routes import RouteError, RouteHistory, command_body, parse_command
 from nsqx.nsqd.topic import ROUTES_FILE, SealedPartition
 
 if TYPE_CHECKING:

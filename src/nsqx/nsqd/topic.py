@@ -12,7 +12,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nsqx.nsqd.channel import Channel, now_ms
 from nsqx.storage.commit import GroupCommitter
@@ -20,7 +20,6 @@ from nsqx.storage.cursor import ChannelCursor
 from nsqx.storage.log import LogConfig, MemoryLog, PartitionLog
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.barrier import StaleRoute
     from nsqx.nsqd.interfaces import NodeContext, TopicRouting, Tracer
 
 log = logging.getLogger("nsqx.nsqd.topic")
@@ -467,7 +466,7 @@ class SealedPartition(BadPartition):
     N``). Raised by ``routing.TopicRoutes``; defined here so that the publish paths catch it
     without loading the routing code a node without routed topics never needs."""
 
-    def __init__(self, stale: StaleRoute, topic: str) -> None:
+    def __init__(self, stale: Any, topic: str) -> None:  # the barrier's StaleRoute
         self.partition = stale.partition
         self.version = stale.version
         super().__init__(f"route version {stale.version} (partition {stale.partition} of "

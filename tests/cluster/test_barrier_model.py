@@ -19,8 +19,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from nsqx.cluster.routes import RouteError, RouteHistory, logical_partition
-from nsqx.nsqd.barrier import (
+from nsqx.cluster.barrier import (
     ChannelRoute,
     StaleRoute,
     advance,
@@ -31,6 +30,7 @@ from nsqx.nsqd.barrier import (
     readable_partitions,
     start,
 )
+from nsqx.cluster.routes import RouteError, RouteHistory, logical_partition
 
 
 def hist() -> RouteHistory:

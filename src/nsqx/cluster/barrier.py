@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from nsqx.cluster.routes import RouteError, RouteHistory
+from .routes import RouteError, RouteHistory
 
 __all__ = [
     "ChannelRoute",
