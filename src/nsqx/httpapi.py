@@ -15,15 +15,23 @@ nothing get the same V1 answer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
+from aiohttp import web
 
+from nsqx.httpbase import (
+    JSON_TYPE,
+    TRACE_SCAN_DEFAULT,
+    TRACE_SCAN_MAX,
+    V1_HEADER,
+    V1_VALUE,
+    HTTPError,
+    first,
+    topic_arg,
+)
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.storage.message_id import parse_id
-
-if TYPE_CHECKING:
-    from aiohttp import web
 
 __all__ = [
     "JSON_TYPE",
@@ -48,20 +56,6 @@ __all__ = [
     "v1_error",
     "v1_json",
 ]
-
-V1_HEADER = "X-NSQ-Content-Type"
-V1_VALUE = "nsq; version=1.0"
-JSON_TYPE = "application/json"
-
-
-class HTTPError(Exception):
-    """An upstream ``http_api.Err``: answered as ``{"message": code}`` with ``status``."""
-
-    def __init__(self, status: int, code: str) -> None:
-        super().__init__(code)
-        self.status = status
-        self.code = code
-
 
 class QueryError(ValueError):
     pass
@@ -125,12 +119,6 @@ def query(request: web.Request) -> dict[str, list[str]]:
         raise HTTPError(400, "INVALID_REQUEST") from None
 
 
-def first(params: dict[str, list[str]], key: str) -> str | None:
-    """``ReqParams.Get``: the first value, or None when the key is absent ("" if empty)."""
-    v = params.get(key)
-    return v[0] if v else None
-
-
 _GO_ESCAPES = ((b"<", b"\\u003c"), (b">", b"\\u003e"), (b"&", b"\\u0026"),
                ("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))
 
@@ -146,46 +134,26 @@ def go_json(data: Any, *, sort_keys: bool = False) -> bytes:
 
 
 def v1_json(data: Any, *, sort_keys: bool = False) -> web.Response:
-    from aiohttp import web  # aiohttp loads with the first response, not with this module
-
     return web.Response(body=go_json(data, sort_keys=sort_keys), content_type=JSON_TYPE,
                         charset="utf-8")
 
 
 def v1_error(status: int, code: str) -> web.Response:
-    from aiohttp import web
-
     return web.Response(status=status, body=go_json({"message": code}), content_type=JSON_TYPE,
                         charset="utf-8")
 
 
 def text(body: str = "OK", status: int = 200) -> web.Response:
-    from aiohttp import web
-
     return web.Response(status=status, text=body, content_type="text/plain", charset="utf-8")
 
 
 def empty() -> web.Response:
-    from aiohttp import web
-
     return web.Response(body=b"")
 
 
 async def add_v1_header(request: web.Request, response: web.StreamResponse) -> None:
     """``on_response_prepare`` hook: the V1 marker on every response."""
     response.headers[V1_HEADER] = V1_VALUE
-
-
-def topic_arg(params: dict[str, list[str]], invalid: str | None = "INVALID_TOPIC") -> str:
-    """The ``topic`` parameter: 400 MISSING_ARG_TOPIC when absent, 400 ``invalid`` when not a
-    valid name (upstream's nsqd answers INVALID_TOPIC, its ``GetTopicChannelArgs``
-    INVALID_ARG_TOPIC; None: not checked, for calls that only look a name up)."""
-    topic = first(params, "topic")
-    if topic is None:
-        raise HTTPError(400, "MISSING_ARG_TOPIC")
-    if invalid is not None and not valid_topic_name(topic):
-        raise HTTPError(400, invalid)
-    return topic
 
 
 def topic_channel_args(params: dict[str, list[str]]) -> tuple[str, str]:
@@ -197,10 +165,6 @@ def topic_channel_args(params: dict[str, list[str]]) -> tuple[str, str]:
     if not valid_channel_name(channel):
         raise HTTPError(400, "INVALID_ARG_CHANNEL")
     return topic, channel
-
-
-TRACE_SCAN_DEFAULT = 200_000  # trace events /trace/search reads (the newest), unless told
-TRACE_SCAN_MAX = 2_000_000
 
 
 def trace_id_arg(raw: str | None) -> int:

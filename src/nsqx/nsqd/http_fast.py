@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from nsqx.httpapi import V1_HEADER, V1_VALUE, HTTPError
+from nsqx.httpbase import V1_HEADER, V1_VALUE, HTTPError
 from nsqx.nsqd.http_publish import parse_mpub_binary, split_text_mpub
 from nsqx.nsqd.topic import BadPartition, PublishRefused
 from nsqx.protocol.names import valid_topic_name

@@ -13,8 +13,8 @@ import logging
 import struct
 from typing import TYPE_CHECKING, Any
 
-from nsqx.httpapi import HTTPError, topic_arg
-from nsqx.httpapi import first as _first
+from nsqx.httpbase import HTTPError, topic_arg
+from nsqx.httpbase import first as _first
 from nsqx.nsqd.topic import BadPartition, PublishRefused, SealedPartition
 
 if TYPE_CHECKING:

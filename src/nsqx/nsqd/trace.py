@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from nsqx.httpapi import TRACE_SCAN_DEFAULT, TRACE_SCAN_MAX
+from nsqx.httpbase import TRACE_SCAN_DEFAULT, TRACE_SCAN_MAX
 from nsqx.protocol.v2 import TRACE_ID_KEY, TRACE_TOPIC
 
 if TYPE_CHECKING:
