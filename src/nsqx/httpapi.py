@@ -25,6 +25,16 @@ from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
+from nsqx.httpbase import (
+    JSON_TYPE,
+    TRACE_SCAN_DEFAULT,
+    TRACE_SCAN_MAX,
+    V1_HEADER,
+    V1_VALUE,
+    HTTPError,
+    first,
+    topic_arg,
+)
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.storage.message_id import parse_id
 
@@ -54,20 +64,6 @@ __all__ = [
     "v1_error",
     "v1_json",
 ]
-
-V1_HEADER = "X-NSQ-Content-Type"
-V1_VALUE = "nsq; version=1.0"
-JSON_TYPE = "application/json"
-
-
-class HTTPError(Exception):
-    """An upstream ``http_api.Err``: answered as ``{"message": code}`` with ``status``."""
-
-    def __init__(self, status: int, code: str) -> None:
-        super().__init__(code)
-        self.status = status
-        self.code = code
-
 
 class QueryError(ValueError):
     pass
@@ -131,12 +127,6 @@ def query(request: web.Request) -> dict[str, list[str]]:
         raise HTTPError(400, "INVALID_REQUEST") from None
 
 
-def first(params: dict[str, list[str]], key: str) -> str | None:
-    """``ReqParams.Get``: the first value, or None when the key is absent ("" if empty)."""
-    v = params.get(key)
-    return v[0] if v else None
-
-
 _GO_ESCAPES = ((b"<", b"\\u003c"), (b">", b"\\u003e"), (b"&", b"\\u0026"),
                ("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))
 
@@ -176,21 +166,13 @@ async def add_v1_header(request: web.Request, response: web.StreamResponse) -> N
 
 def topic_channel_args(params: dict[str, list[str]]) -> tuple[str, str]:
     """Upstream ``http_api.GetTopicChannelArgs``."""
-    topic = first(params, "topic")
-    if topic is None:
-        raise HTTPError(400, "MISSING_ARG_TOPIC")
-    if not valid_topic_name(topic):
-        raise HTTPError(400, "INVALID_ARG_TOPIC")
+    topic = topic_arg(params, "INVALID_ARG_TOPIC")
     channel = first(params, "channel")
     if channel is None:
         raise HTTPError(400, "MISSING_ARG_CHANNEL")
     if not valid_channel_name(channel):
         raise HTTPError(400, "INVALID_ARG_CHANNEL")
     return topic, channel
-
-
-TRACE_SCAN_DEFAULT = 200_000  # trace events /trace/search reads (the newest), unless told
-TRACE_SCAN_MAX = 2_000_000
 
 
 def trace_id_arg(raw: str | None) -> int:

@@ -6,6 +6,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -189,3 +190,111 @@ def test_mpub_and_pipelining_on_the_fast_path(node: NsqdProcess) -> None:
     expected = [b"t1", b"t2", b"b1", b"b2", b"p1", b"p2", b"p3", b"p4", b"p5"]
     with consumer(node.tcp_address, topic.decode(), "c", rdy=100) as c:
         assert [m.body for m in c.drain_messages(quiet=0.5)] == expected
+
+
+class _Transport:
+    """What FastPubProtocol writes, and whether it closed the connection."""
+
+    def __init__(self) -> None:
+        self.out = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+
+class _Inner:
+    """aiohttp's RequestHandler as the fast path drives it: what it was handed, in order."""
+
+    def __init__(self, log: list[tuple[str, object]]) -> None:
+        self.log = log
+
+    def connection_made(self, transport: object) -> None:
+        self.log.append(("made", transport))
+
+    def data_received(self, data: bytes) -> None:
+        self.log.append(("data", data))
+
+    def eof_received(self) -> bool:
+        self.log.append(("eof", None))
+        return True
+
+    def connection_lost(self, exc: object) -> None:
+        self.log.append(("lost", exc))
+
+
+class _Node:
+    exiting = False
+    opts = SimpleNamespace(max_msg_size=MAX, max_body_size=MAX)
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+
+    def health(self) -> str:
+        return "OK" if self.error is None else f"NOK - {self.error}"
+
+    def is_healthy(self) -> bool:
+        return self.error is None
+
+
+def test_while_aiohttp_loads_ping_is_answered_and_the_rest_waits() -> None:
+    """The plain listener opens before aiohttp is loaded (issue 24): /ping answers with the
+    node's health, any other request is held, in order, and handed over once it is there."""
+    import asyncio
+
+    from nsqx.nsqd.http_fast import DeferredApp, FastPubProtocol
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        app, node, log = DeferredApp(loop), _Node(), []
+        p, t = FastPubProtocol(node, app), _Transport()  # type: ignore[arg-type]
+        p.connection_made(t)  # type: ignore[arg-type]
+        p.data_received(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert t.out.startswith(b"HTTP/1.1 200 OK\r\n") and t.out.endswith(b"\r\n\r\nOK")
+        node.error, t.out = "disk full", b""
+        p.data_received(b"GET /ping HTTP/1.1\r\nhost: x\r\nConnection: keep-alive\r\n\r\n")
+        assert t.out.startswith(b"HTTP/1.1 500 ") and t.out.endswith(b"NOK - disk full")
+        t.out = b""
+        stats = b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n"
+        p.data_received(stats[:10])
+        p.data_received(stats[10:])
+        p.data_received(b"GET /ping HTTP/1.1\r\n\r\n")  # no Host, and after a delegated one
+        assert p.eof_received() is True  # held open: aiohttp answers what came
+        assert t.out == b"" and not t.closed
+        app.set(lambda: _Inner(log))
+        await asyncio.sleep(0)
+        assert log == [("made", t), ("data", stats + b"GET /ping HTTP/1.1\r\n\r\n"),
+                       ("eof", None)]
+        p.data_received(b"more")
+        assert log[-1] == ("data", b"more")
+        # a connection made once aiohttp is there goes to aiohttp from the start, /ping too
+        log.clear()
+        q, t2 = FastPubProtocol(node, app), _Transport()  # type: ignore[arg-type]
+        q.connection_made(t2)  # type: ignore[arg-type]
+        q.data_received(b"GET /ping HTTP/1.1\r\n\r\n")
+        assert t2.out == b"" and log == [("made", t2), ("data", b"GET /ping HTTP/1.1\r\n\r\n")]
+        # a /ping without Host is aiohttp's to answer (a 400), so it waits too
+        later = DeferredApp(loop)
+        h, t4 = FastPubProtocol(node, later), _Transport()  # type: ignore[arg-type]
+        h.connection_made(t4)  # type: ignore[arg-type]
+        h.data_received(b"GET /ping HTTP/1.1\r\n\r\n")
+        assert t4.out == b"" and h.delegated
+        # the API failed to load: a held request's connection is closed, not left hanging
+        failed = DeferredApp(loop)
+        r, t3 = FastPubProtocol(node, failed), _Transport()  # type: ignore[arg-type]
+        r.connection_made(t3)  # type: ignore[arg-type]
+        r.data_received(stats)
+        failed.fail(RuntimeError("no aiohttp"))
+        await asyncio.sleep(0)
+        assert t3.closed and t3.out == b""
+
+    asyncio.run(main())

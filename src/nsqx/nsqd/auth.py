@@ -8,10 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
 if TYPE_CHECKING:
-    from nsqx.nsqd.node import NSQD
+    from nsqx.nsqd.interfaces import NodeContext
 
 
 @dataclass
@@ -67,13 +65,15 @@ def parse_auth_response(secret: str, data: Any) -> AuthState:
                      time.monotonic() + float(ttl), auths)
 
 
-async def query_auth(nsqd: NSQD, secret: str, remote_ip: str, tls: bool, common_name: str) -> AuthState:
+async def query_auth(nsqd: NodeContext, secret: str, remote_ip: str, tls: bool, common_name: str) -> AuthState:
     """Ask the auth servers (random order, first answer wins), as upstream does."""
     opts = nsqd.opts
     params = {"remote_ip": remote_ip, "tls": "true" if tls else "false", "secret": secret,
               "common_name": common_name}
     addrs = list(opts.auth_http_addresses)
     random.shuffle(addrs)
+    import aiohttp  # the HTTP client loads when auth is first asked, not at start
+
     timeout = aiohttp.ClientTimeout(total=opts.http_client_request_timeout,
                                     connect=opts.http_client_connect_timeout)
     last: Exception | None = None

@@ -22,8 +22,7 @@ from nsqx.storage.cursor import ChannelCursor, Delivery
 from nsqx.storage.message_id import parse_id
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.client_v2 import ClientV2
-    from nsqx.nsqd.topic import Topic
+    from nsqx.nsqd.interfaces import Session, TopicView
 
 log = logging.getLogger("nsqx.nsqd.channel")
 
@@ -53,7 +52,7 @@ class SeekResult:
     persisted: bool  # the cursor was written (tmp+fsync+rename) before the answer
 
 
-def resolve_position(topic: Topic, pos: StartPosition) -> tuple[int, bool]:
+def resolve_position(topic: TopicView, pos: StartPosition) -> tuple[int, bool]:
     """The offset of ``topic``'s log (one partition) a position names, and whether it was
     clamped up to the oldest kept message; raises SeekError / NotLeader.
 
@@ -90,12 +89,12 @@ def now_ms() -> int:
 class Channel:
     """Delivery state of one channel; owned by its Topic."""
 
-    def __init__(self, topic: Topic, name: str, cursor: ChannelCursor, *, ephemeral: bool) -> None:
+    def __init__(self, topic: TopicView, name: str, cursor: ChannelCursor, *, ephemeral: bool) -> None:
         self.topic = topic
         self.name = name
         self.ephemeral = ephemeral
         self.cursor = cursor
-        self.clients: dict[int, ClientV2] = {}
+        self.clients: dict[int, Session] = {}
         self.exiting = False
         self._pump_scheduled = False
         self._rr = 0
@@ -231,14 +230,14 @@ class Channel:
         self.dirty = True
         self.topic.nsqd.metadata_changed()
 
-    def add_client(self, client: ClientV2) -> None:
+    def add_client(self, client: Session) -> None:
         self.clients[client.id] = client
         if len(self.clients) == 1:
             self.topic.nsqd.readers_changed()  # the topic may now deserve a memory tail
         if client.desired_tag or self.tags is not None:
             retag(self)
 
-    def remove_client(self, client: ClientV2) -> None:
+    def remove_client(self, client: Session) -> None:
         """Forget a client; its in-flight messages time out and go to others (upstream)."""
         if self.clients.pop(client.id, None) is None:
             return
@@ -264,7 +263,7 @@ class Channel:
             self._pump_scheduled = True
             self.topic.nsqd.loop.call_soon(self._pump)
 
-    def pump_now(self, client: ClientV2) -> None:
+    def pump_now(self, client: Session) -> None:
         """After ``client``'s FIN: deliver now, in this callback, when it alone reads the
         channel and no pump is scheduled; else schedule one as ``wake`` does.
 
@@ -339,7 +338,7 @@ class Channel:
         if more:
             self.wake()
 
-    def _send(self, client: ClientV2, deliveries: list[Delivery]) -> None:
+    def _send(self, client: Session, deliveries: list[Delivery]) -> None:
         if self.max_attempts or self.topic.msg_ttl_ns:
             deliveries = screen(self, client, deliveries)
             if not deliveries:
@@ -370,7 +369,7 @@ class Channel:
             chunks = ext_frames(log_, deliveries, chunks)
         client.send_messages(chunks, total)
 
-    def _sample(self, client: ClientV2, chunks: list[bytes]) -> list[bytes]:
+    def _sample(self, client: Session, chunks: list[bytes]) -> list[bytes]:
         """Drop (consume) the messages the client's sample_rate skips, as upstream does."""
         kept: list[bytes] = []
         for frame in split_frames(b"".join(chunks)):

@@ -23,8 +23,7 @@ import orjson
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
 from nsqx.nsqd.channel import NotLeader, SeekError, now_ms, resolve_position
-from nsqx.nsqd.routing import SealedPartition
-from nsqx.nsqd.topic import BadPartition
+from nsqx.nsqd.topic import BadPartition, SealedPartition
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from nsqx.protocol.errors import ProtocolError
@@ -56,7 +55,7 @@ from nsqx.storage.message_id import MAX_OFFSET, parse_id
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
-    from nsqx.nsqd.node import NSQD
+    from nsqx.nsqd.interfaces import NodeAPI
     from nsqx.protocol.v2 import StartPosition
 
 log = logging.getLogger("nsqx.nsqd.client")
@@ -81,7 +80,7 @@ class ClientV2(asyncio.Protocol):
 
     _next_id = 0
 
-    def __init__(self, nsqd: NSQD, *, tls_listener: bool = False) -> None:
+    def __init__(self, nsqd: NodeAPI, *, tls_listener: bool = False) -> None:
         ClientV2._next_id += 1
         self.id = ClientV2._next_id
         self.nsqd = nsqd

@@ -21,7 +21,7 @@ refuse bad input the way the rest of the API does: 400 ``MISSING_ARG_*`` /
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -30,6 +30,11 @@ from nsqx.flags import parse_go_duration
 from nsqx.httpapi import HTTPError, topic_channel_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
+from nsqx.nsqd.http_publish import existing_topic
+from nsqx.protocol.v2 import TRACE_TOPIC
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
 
 log = logging.getLogger("nsqx.nsqd.http")
 
@@ -75,11 +80,11 @@ def apply_settings(part: Any, settings: Any) -> bool:
             part.msg_ttl_ns, part.msg_ttl_set = want
             changed = True
         trace = settings.get("trace") is True
-        tracer = getattr(nsqd, "tracer", None)
-        if tracer is not None and (part.tracer is not None) != trace and \
-                part.name != "__trace":
-            part.tracer = tracer if trace else None
-            changed = True
+        if (part.tracer is not None) != trace and part.name != TRACE_TOPIC:
+            tracer = getattr(nsqd, "tracer", None)  # (the node makes its recorder when asked)
+            if tracer is not None:
+                part.tracer = tracer if trace else None
+                changed = True
         for name, n in (settings.get("channels") or {}).items():
             ch = part.channels.get(name)
             if ch is None:
@@ -103,14 +108,11 @@ def _sync_every(raw: str) -> int:
 
 
 class _ConfigAPI:
-    def __init__(self, nsqd: Any) -> None:
+    def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
 
     def _topic(self, name: str) -> Any:
-        topic = self.nsqd.topics.get(name)
-        if topic is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
-        return topic
+        return existing_topic(self.nsqd, name)
 
     async def topic_config(self, request: web.Request) -> web.Response:
         params = _query(request)
@@ -168,7 +170,7 @@ class _ConfigAPI:
         return _json({"topic": tname, "channel": cname, "max_attempts": n})
 
 
-def add_routes(app: web.Application, nsqd: Any) -> None:
+def add_routes(app: web.Application, nsqd: NodeAPI) -> None:
     api = _ConfigAPI(nsqd)
     app.router.add_post("/topic/config", api.topic_config)
     app.router.add_post("/channel/config", api.channel_config)

@@ -25,7 +25,7 @@ from nsqx.storage.cursor import Delivery, NotInFlight, NotOwner
 from nsqx.storage.message_id import make_id
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.channel import Channel
+    from nsqx.nsqd.interfaces import ChannelView
 
 log = logging.getLogger("nsqx.nsqd.channel")
 
@@ -45,7 +45,7 @@ def _ts(frame: bytes) -> int:
     return int.from_bytes(frame[8:16], "big")
 
 
-def screen(channel: Channel, client: Any, deliveries: list[Delivery]) -> list[Delivery]:
+def screen(channel: ChannelView, client: Any, deliveries: list[Delivery]) -> list[Delivery]:
     """The deliveries to send; the rest are dead-lettered or expired here."""
     topic = channel.topic
     log_ = topic.log
@@ -93,7 +93,7 @@ def screen(channel: Channel, client: Any, deliveries: list[Delivery]) -> list[De
     return keep
 
 
-def _finish(channel: Channel, client_id: int, offsets: list[int]) -> None:
+def _finish(channel: ChannelView, client_id: int, offsets: list[int]) -> None:
     cursor = channel.cursor
     for off in offsets:
         try:
@@ -102,7 +102,7 @@ def _finish(channel: Channel, client_id: int, offsets: list[int]) -> None:
             pass  # reset or emptied meanwhile
 
 
-def _dead_letter(channel: Channel, client_id: int,
+def _dead_letter(channel: ChannelView, client_id: int,
                  dead: list[tuple[int, int, str, bytes]]) -> None:
     topic = channel.topic
     name = dlq_topic_name(topic.name)

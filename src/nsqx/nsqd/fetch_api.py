@@ -67,7 +67,7 @@ import sqlite3
 import struct
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -76,8 +76,16 @@ from nsqx.httpapi import HTTPError
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.auth import AuthState, query_auth
-from nsqx.nsqd.http_publish import parse_mpub_binary, read_capped, topic_for_publish
+from nsqx.nsqd.http_publish import (
+    existing_topic,
+    parse_mpub_binary,
+    read_capped,
+    topic_for_publish,
+)
 from nsqx.protocol.names import valid_channel_name
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
 
 __all__ = ["add_routes", "FETCH_HEADER", "FETCH_MAGIC", "PUB_KEY_HEADER", "encode_fetch_headers"]
 
@@ -229,7 +237,7 @@ class PubKeyIndex:
 # ---------------------------------------------------------------- handlers
 
 class _FetchAPI:
-    def __init__(self, nsqd: Any) -> None:
+    def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
         self._auth: dict[tuple[str, str, bool], AuthState] = {}
         self._indexes: dict[tuple[int, int], PubKeyIndex] = {}
@@ -263,10 +271,7 @@ class _FetchAPI:
         return topic_for_publish(params)
 
     def _topic(self, name: str) -> Any:
-        topic = self.nsqd.get_topic(name, create=False)
-        if topic is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
-        return topic
+        return existing_topic(self.nsqd, name)
 
     @staticmethod
     def _channel(params: dict[str, list[str]]) -> str | None:
@@ -478,7 +483,7 @@ class _FetchAPI:
         self._indexes.clear()
 
 
-def add_routes(app: web.Application, nsqd: Any) -> _FetchAPI:
+def add_routes(app: web.Application, nsqd: NodeAPI) -> _FetchAPI:
     """Register /nsqx/offsets, /nsqx/fetch and /nsqx/pub on nsqd's HTTP app.
 
     Returns the node's API object (its ``_authorize`` serves the replay API too)."""

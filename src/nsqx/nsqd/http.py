@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -36,11 +36,13 @@ from nsqx.httpapi import (
     client_fault,
     parse_go_query,
     task_dump,
+    topic_arg,
     topic_channel_args,
 )
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.http_publish import (
+    existing_topic,
     parse_mpub_binary,
     partition_arg,
     publish,
@@ -53,7 +55,9 @@ from nsqx.nsqd.http_publish import (
 from nsqx.nsqd.metrics import memory_stats, prometheus_text
 from nsqx.nsqd.options import LOG_LEVELS, TLS_REQUIRED
 from nsqx.nsqd.stats_text import format_stats
-from nsqx.protocol.names import valid_topic_name
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
 
 __all__ = ["HTTPError", "make_app", "parse_go_query", "parse_mpub_binary"]
 
@@ -95,7 +99,7 @@ def _empty() -> web.Response:
 # ---------------------------------------------------------------- the app
 
 class _Handlers:
-    def __init__(self, nsqd: Any) -> None:
+    def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
 
     @property
@@ -168,19 +172,10 @@ class _Handlers:
 
     # -- topics ------------------------------------------------------------------------
     def _topic_arg(self, request: web.Request, *, validate: bool) -> str:
-        params = _query(request)
-        name = _first(params, "topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if validate and not valid_topic_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        return name
+        return topic_arg(_query(request), "INVALID_TOPIC" if validate else None)
 
     def _existing_topic(self, name: str) -> Any:
-        topic = self.nsqd.get_topic(name, create=False)
-        if topic is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
-        return topic
+        return existing_topic(self.nsqd, name)
 
     async def topic_create(self, request: web.Request) -> web.Response:
         """Upstream's create, plus Youzan's ``partition_num=P`` and ``orderedmulti=true``."""
@@ -421,7 +416,7 @@ async def _v1_errors(request: web.Request,
                       request.remote, (time.perf_counter() - start) * 1000)
 
 
-def _tls_required_middleware(nsqd: Any) -> Any:
+def _tls_required_middleware(nsqd: NodeAPI) -> Any:
     @web.middleware
     async def tls_required(request: web.Request, handler: Any) -> web.StreamResponse:
         port = getattr(nsqd, "https_port", None) or 0
@@ -435,7 +430,7 @@ async def _add_v1_header(request: web.Request, response: web.StreamResponse) -> 
     response.headers[V1_HEADER] = V1_VALUE
 
 
-def make_app(nsqd: Any, *, tls_listener: bool = False) -> web.Application:
+def make_app(nsqd: NodeAPI, *, tls_listener: bool = False) -> web.Application:
     """The HTTP API of one node.
 
     ``tls_listener`` says whether this app serves the HTTPS listener; the plain

@@ -11,6 +11,11 @@ path, method or query, chunked bodies, ``Expect``, ``Connection`` other than kee
 a body upstream refuses, requests cut short, auth) hands the connection to aiohttp for
 good, from the first request not answered here on, so every rule and error of the HTTP
 API stays in one place (``nsqd.http``).
+
+aiohttp and the rest of the API load after the listener opens (``DeferredApp``): importing
+them is most of a node's start. Until they are ready this path also answers a plain
+``GET /ping`` (the node takes publishes already), and a connection handed to aiohttp waits
+with what it sent until aiohttp can take it, instead of being refused.
 """
 
 from __future__ import annotations
@@ -19,14 +24,18 @@ import asyncio
 import email.utils
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from nsqx.httpapi import V1_HEADER, V1_VALUE, HTTPError
+from nsqx.httpbase import V1_HEADER, V1_VALUE, HTTPError
 from nsqx.nsqd.http_publish import parse_mpub_binary, split_text_mpub
 from nsqx.nsqd.topic import BadPartition, PublishRefused
 from nsqx.protocol.names import valid_topic_name
 
-__all__ = ["NEED_MORE", "FastPubProtocol", "parse_fast_request"]
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
+
+__all__ = ["NEED_MORE", "DeferredApp", "FastPubProtocol", "parse_fast_request"]
 
 log = logging.getLogger("nsqx.nsqd.http")
 
@@ -139,44 +148,88 @@ def _response(status: bytes, content_type: bytes, body: bytes) -> bytes:
                      str(len(body)).encode(), b"\r\n\r\n", body))
 
 
+class DeferredApp:
+    """The aiohttp side of the plain listener, set once the node has built it: ``factory``
+    makes one aiohttp RequestHandler per connection (None until then), ``ready`` is done
+    when it is set or failed."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.factory: Callable[[], asyncio.Protocol] | None = None
+        self.ready: asyncio.Future[None] = loop.create_future()
+
+    def set(self, factory: Callable[[], asyncio.Protocol]) -> None:
+        self.factory = factory
+        if not self.ready.done():
+            self.ready.set_result(None)
+
+    def fail(self, exc: BaseException) -> None:
+        if self.ready.done():
+            return
+        if isinstance(exc, asyncio.CancelledError):  # the node stopped first
+            self.ready.cancel()
+        else:
+            self.ready.set_exception(exc)
+            self.ready.exception()  # retrieved: the node logs it
+
+
+_PING = b"GET /ping HTTP/1.1\r\n"
+
+
 class FastPubProtocol(asyncio.Protocol):
     """Answers plain ``/pub`` requests itself; delegates the connection to aiohttp else."""
 
-    def __init__(self, nsqd: Any, inner: asyncio.Protocol) -> None:
+    def __init__(self, nsqd: NodeAPI, app: DeferredApp) -> None:
         self.nsqd = nsqd
-        self.inner = inner  # aiohttp's RequestHandler for this connection
+        self.app = app
+        self.inner: asyncio.Protocol | None = None  # aiohttp's RequestHandler, once there is one
         self.transport: asyncio.Transport | None = None
         self.delegated = False
         self._busy = False  # a fast publish waits for its commit
         self._held: list[bytes] = []  # what came meanwhile (answered in order after it)
         self._partial = b""  # the start of a plain request
+        self._waiting: list[bytes] | None = None  # delegated before aiohttp was ready
+        self._eof = False  # ...and the peer's EOF came meanwhile
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.inner.connection_made(transport)
+        if self.app.factory is not None:
+            self.inner = self.app.factory()
+            self.inner.connection_made(transport)
+        else:  # aiohttp gets the connection once it is there, as every other one
+            self.app.ready.add_done_callback(self._app_ready)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        self.inner.connection_lost(exc)
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self.inner.pause_writing()
+        if self.inner is not None:
+            self.inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self.inner.resume_writing()
+        if self.inner is not None:
+            self.inner.resume_writing()
 
     def eof_received(self) -> bool | None:
         if self._busy:
             return True  # keep the transport open until the pending answer is out
         if self._partial:  # a request cut short: aiohttp answers it as it would
-            self.delegated = True
             data, self._partial = self._partial, b""
-            self.inner.data_received(data)
+            self._delegate(data)
+        if self._waiting is not None:
+            self._eof = True
+            return True  # aiohttp answers what came once it is ready
+        if self.inner is None:
+            return None  # nothing was handed on: close
         return self.inner.eof_received()
 
     def data_received(self, data: bytes) -> None:
         if self.delegated:
-            self.inner.data_received(data)
+            if self._waiting is not None:
+                self._waiting.append(data)
+            else:
+                self.inner.data_received(data)  # type: ignore[union-attr]
             return
         if self._busy:
             self._held.append(data)
@@ -185,13 +238,70 @@ class FastPubProtocol(asyncio.Protocol):
             data = self._partial + data
             self._partial = b""
         if not self._try_fast(data):
-            self.delegated = True
-            self.inner.data_received(data)
+            self._delegate(data)
+
+    def _delegate(self, data: bytes) -> None:
+        """Hand the connection to aiohttp for good, from ``data`` on."""
+        self.delegated = True
+        if self.inner is None:
+            if self.app.factory is None:  # still loading: keep what came until it is there
+                self._waiting = [data]  # (_app_ready is called then)
+                return
+            self.inner = self.app.factory()
+            self.inner.connection_made(self.transport)  # type: ignore[arg-type]
+        self.inner.data_received(data)
+
+    def _app_ready(self, ready: asyncio.Future[None]) -> None:
+        waiting, self._waiting = self._waiting, None
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if ready.cancelled() or ready.exception() is not None or self.app.factory is None:
+            if waiting is not None:
+                t.close()  # the node is stopping or its API failed to load
+            return
+        self.inner = inner = self.app.factory()
+        inner.connection_made(t)
+        if waiting is not None:
+            inner.data_received(b"".join(waiting))
+            if self._eof and not inner.eof_received():
+                t.close()
+
+    def _ping(self, data: bytes) -> bool:
+        """``GET /ping`` while aiohttp loads: the node's health, as ``nsqd.http`` answers it.
+        Only a whole plain request with nothing after it; anything else waits for aiohttp."""
+        end = data.find(b"\r\n\r\n", 0, MAX_HEAD)
+        t = self.transport
+        if end < 0 or end + 4 != len(data) or t is None:
+            return False
+        head = data[len(_PING):end]
+        close = host = False  # HTTP/1.1 without Host: aiohttp's answer (a 400), when loaded
+        for line in head.split(b"\r\n") if head else ():
+            name, colon, value = line.partition(b":")
+            name, value = name.lower(), value.strip().lower()
+            if not colon or name != name.strip() or name == b"content-length":
+                return False
+            if name == b"host":
+                host = True
+            elif name == b"connection" and value in (b"close", b"keep-alive"):
+                close = value == b"close"
+            elif name in _REFUSED:
+                return False
+        if not host:
+            return False
+        health = self.nsqd.health()
+        status = b"200 OK" if self.nsqd.is_healthy() else b"500 Internal Server Error"
+        t.write(_response(status, b"text/plain; charset=utf-8", health.encode()))
+        if close:
+            t.close()
+        return True
 
     def _try_fast(self, data: bytes) -> bool:
         nsqd = self.nsqd
         if nsqd.exiting:
             return False
+        if self.app.factory is None and data.startswith(_PING) and self._ping(data):
+            return True
         o = nsqd.opts
         req = parse_fast_request(data, o.max_msg_size, o.max_body_size)
         if req is None:

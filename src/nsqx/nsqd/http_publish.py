@@ -11,15 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+from nsqx.httpbase import HTTPError, topic_arg
+from nsqx.httpbase import first as _first
+from nsqx.nsqd.topic import BadPartition, PublishRefused, SealedPartition
 
-from nsqx.httpapi import HTTPError
-from nsqx.httpapi import first as _first
-from nsqx.nsqd.routing import SealedPartition
-from nsqx.nsqd.topic import BadPartition, PublishRefused
-from nsqx.protocol.names import valid_topic_name
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from nsqx.nsqd.interfaces import NodeAPI
 
 __all__ = ["parse_mpub_binary", "partition_arg", "publish", "read_capped", "route_version_arg",
            "split_text_mpub", "topic_for_publish"]
@@ -120,15 +121,19 @@ def route_version_arg(params: dict[str, list[str]]) -> int | None:
 
 def topic_for_publish(params: dict[str, list[str]]) -> str:
     """The ``topic`` parameter: 400 MISSING_ARG_TOPIC / INVALID_TOPIC as upstream."""
-    name = _first(params, "topic")
-    if name is None:
-        raise HTTPError(400, "MISSING_ARG_TOPIC")
-    if not valid_topic_name(name):
-        raise HTTPError(400, "INVALID_TOPIC")
-    return name
+    return topic_arg(params)
 
 
-async def publish(nsqd: Any, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
+def existing_topic(nsqd: NodeAPI, name: str) -> Any:
+    """The topic ``name`` of this node, or 404 TOPIC_NOT_FOUND: reads and admin calls never
+    create a topic (only a publish or /topic/create does)."""
+    topic = nsqd.topics.get(name)
+    if topic is None:
+        raise HTTPError(404, "TOPIC_NOT_FOUND")
+    return topic
+
+
+async def publish(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defer_ms: int = 0,
                   partition: int | None = None, *,
                   headers: list[dict[str, bytes] | None] | None = None,
                   producer: str = "", route_version: int | None = None) -> tuple[int, int]:

@@ -14,14 +14,13 @@ import socket
 import struct
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 
 from nsqx import NSQ_VERSION
 from nsqx.protocol.names import valid_channel_name
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.node import NSQD
+    from nsqx.nsqd.interfaces import NodeContext
 
 log = logging.getLogger("nsqx.nsqd.lookup")
 
@@ -32,7 +31,7 @@ IO_TIMEOUT = 1.0  # upstream's dial/read/write deadline
 class LookupPeer:
     """One lookupd: a task that keeps a registered connection alive."""
 
-    def __init__(self, nsqd: NSQD, addr: str) -> None:
+    def __init__(self, nsqd: NodeContext, addr: str) -> None:
         self.nsqd = nsqd
         self.addr = addr
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -141,7 +140,7 @@ class LookupPeer:
 class LookupPeers:
     """All lookupd peers of a node."""
 
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: NodeContext) -> None:
         self.nsqd = nsqd
         self.peers: dict[str, LookupPeer] = {}
         self._started = False
@@ -184,6 +183,8 @@ class LookupPeers:
         A new topic keeps everything from its first offset until its first channel
         exists, so creating them a moment later loses nothing.
         """
+        import aiohttp  # the HTTP client loads with the first lookupd query, not at start
+
         names: set[str] = set()
         timeout = aiohttp.ClientTimeout(total=self.nsqd.opts.http_client_request_timeout)
         async with aiohttp.ClientSession(timeout=timeout) as session:

@@ -22,10 +22,9 @@ from nsqx.nsqd.channel import Channel, now_ms
 from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
-from nsqx.nsqd.routing import TopicRoutes, has_routes
-from nsqx.nsqd.topic import Topic
-from nsqx.nsqd.trace import TRACE_TOPIC, TraceRecorder
+from nsqx.nsqd.topic import Topic, has_routes
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
+from nsqx.protocol.v2 import TRACE_TOPIC
 from nsqx.storage.commit import CommitScheduler, FileSystemSyncer
 from nsqx.storage.log import PartitionLog
 from nsqx.storage.segment import open_segments
@@ -123,7 +122,18 @@ class NSQD:
         self.plugins: list[Any] = []
         self.http_route_hooks: list[Callable[[Any], None]] = []
         self.topic_hooks: list[Callable[[Topic], None]] = []  # called with each new Topic
-        self.tracer = TraceRecorder(self)  # events of traced topics -> __trace
+        self._tracer: Any = None  # see tracer
+        self._http_app: Any = None  # http_fast.DeferredApp of the plain listener, see start()
+
+    @property
+    def tracer(self) -> Any:
+        """The recorder of traced topics' events (``trace.TraceRecorder``, into ``__trace``),
+        made when first needed: a node that traces nothing never loads the tracing code."""
+        if self._tracer is None:
+            from nsqx.nsqd.trace import TraceRecorder
+
+            self._tracer = TraceRecorder(self)
+        return self._tracer
 
     # -- facade used by the TCP and HTTP front ends --------------------------------------
     @property
@@ -361,7 +371,7 @@ class NSQD:
             if t.get("sync_every"):
                 topic.set_sync_every(int(t["sync_every"]))
             topic.ext = bool(t.get("ext", True))
-            if t.get("trace") and name != "__trace":
+            if t.get("trace") and name != TRACE_TOPIC:
                 topic.tracer = self.tracer
             count = int(t.get("partitions", 1))
             if count > 1 or t.get("ordered"):
@@ -378,6 +388,8 @@ class NSQD:
                     part.msg_ttl_ns, part.msg_ttl_set = topic.msg_ttl_ns, topic.msg_ttl_set
                     part.set_sync_every(topic.sync_every)
             if has_routes(topic.dir):
+                from nsqx.nsqd.routing import TopicRoutes  # only when a topic is routed
+
                 TopicRoutes.load(self, topic)
         self.share_memory()
         log.info("loaded %d topics from %s", len(self.topics), path)
@@ -446,7 +458,6 @@ class NSQD:
 
     async def start(self) -> None:
         from nsqx.nsqd.client_v2 import ClientV2
-        from nsqx.nsqd.http import make_app
 
         self._lock_data_path()
         self._load_metadata()
@@ -456,49 +467,51 @@ class NSQD:
             if topic.routes is not None:
                 await topic.routes.recover()  # commit a change a stop interrupted
         o = self.opts
+        # TCP is bound first (its port goes into /info and the route endpoints) but serves
+        # only once HTTP does: a node never answers a PUB while its HTTP API (the route
+        # refresh of keyed producers, /ping of health checks) is still down (issue 21).
         host, port = split_hostport(o.tcp_address)
         server = await self.loop.create_server(
-            lambda: ClientV2(self), host, port, reuse_address=True, backlog=1024
-        )
+            lambda: ClientV2(self), host, port, reuse_address=True, backlog=1024,
+            start_serving=False)
         self._servers.append(server)
         self.tcp_port = server.sockets[0].getsockname()[1]
-        log.info("TCP: listening on %s", _fmt_addr(server.sockets[0]))
-        from aiohttp import web
-
-        from nsqx.httpapi import make_runner
-
-        http_log = logging.getLogger("nsqx.nsqd.http")
         if o.http_address:
-            runner = make_runner(make_app(self, tls_listener=False), http_log)
-            await runner.setup()
             host, port = split_hostport(o.http_address)
-            self._runners.append(runner)
             if o.tls_required == TLS_REQUIRED:  # every plain request gets 403: no fast path
+                from aiohttp import web
+
+                runner = await self._http_runner(tls_listener=False)
                 site = web.TCPSite(runner, host, port, reuse_address=True)
                 await site.start()
                 sock = site._server.sockets[0]  # type: ignore[union-attr]
             else:
-                from nsqx.nsqd.http_fast import FastPubProtocol
+                # The listener opens now and answers /pub, /mpub and /ping itself; aiohttp
+                # and the rest of the API load meanwhile (most of a start's time), and a
+                # request for them waits until they are ready instead of being refused.
+                from nsqx.nsqd.http_fast import DeferredApp, FastPubProtocol
 
-                handlers = runner.server
-                assert handlers is not None
+                app = self._http_app = DeferredApp(self.loop)
                 http_server = await self.loop.create_server(
-                    lambda: FastPubProtocol(self, handlers()), host, port, reuse_address=True,
+                    lambda: FastPubProtocol(self, app), host, port, reuse_address=True,
                     backlog=1024)
                 self._servers.append(http_server)
                 sock = http_server.sockets[0]
+                self._tasks.append(self.loop.create_task(self._build_http(app), name="http-app"))
             self.http_port = sock.getsockname()[1]
             log.info("HTTP: listening on %s", _fmt_addr(sock))
         if self.tls_context is not None and o.https_address:
-            runner = make_runner(make_app(self, tls_listener=True), http_log)
-            await runner.setup()
+            from aiohttp import web
+
+            runner = await self._http_runner(tls_listener=True)
             host, port = split_hostport(o.https_address)
             site = web.TCPSite(runner, host, port, ssl_context=self.tls_context, reuse_address=True)
             await site.start()
-            self._runners.append(runner)
             sock = site._server.sockets[0]  # type: ignore[union-attr]
             self.https_port = sock.getsockname()[1]
             log.info("HTTPS: listening on %s", _fmt_addr(sock))
+        await server.start_serving()
+        log.info("TCP: listening on %s", _fmt_addr(server.sockets[0]))
         self._tasks.append(self.loop.create_task(self._scan_loop(), name="queue-scan"))
         self._tasks.append(self.loop.create_task(self._persist_loop(), name="persist"))
         self.lookup.start()
@@ -513,6 +526,38 @@ class NSQD:
                 self.lookup_register(topic.name, ch)
         for plugin in self.plugins:
             await plugin.start()
+
+    async def http_loaded(self) -> None:
+        """Wait until the whole HTTP API is loaded (start() returns once its listener is
+        open); for callers that want no loading in the background, such as tests."""
+        if self._http_app is not None:
+            await asyncio.shield(self._http_app.ready)
+
+    async def _http_runner(self, *, tls_listener: bool) -> Any:
+        """The HTTP API's aiohttp runner, set up (cleaned up by stop())."""
+        from nsqx.httpapi import make_runner
+        from nsqx.nsqd.http import make_app
+
+        runner = make_runner(make_app(self, tls_listener=tls_listener),
+                             logging.getLogger("nsqx.nsqd.http"))
+        await runner.setup()
+        self._runners.append(runner)
+        return runner
+
+    async def _build_http(self, app: Any) -> None:
+        """Load aiohttp and the HTTP API for the plain listener (``http_fast.DeferredApp``):
+        the modules are imported in a worker thread, so the loop keeps serving while they
+        load; a failure is the node's health and closes the requests that waited."""
+        try:
+            await self.loop.run_in_executor(None, _import_http_api)
+            runner = await self._http_runner(tls_listener=False)
+        except BaseException as exc:
+            app.fail(exc)
+            if not isinstance(exc, asyncio.CancelledError):
+                log.exception("HTTP: the API failed to load")
+                self.set_health(f"HTTP API failed to load - {exc}")
+            raise
+        app.set(runner.server)
 
     async def _scan_loop(self) -> None:
         """Timeouts and due deferrals of the channels whose cursors have timers (they put
@@ -770,6 +815,18 @@ def _fmt_addr(sock: socket.socket) -> str:
     if sock.family == socket.AF_INET6:
         return f"[{name[0]}]:{name[1]}"
     return f"{name[0]}:{name[1]}"
+
+
+def _import_http_api() -> None:
+    """Worker thread: import what the HTTP API's app needs (aiohttp, the sub-APIs)."""
+    from nsqx.nsqd import (  # noqa: F401
+        config_api,
+        fetch_api,
+        http,
+        replay_api,
+        routes_api,
+        trace_api,
+    )
 
 
 def _fsync_dir(path: Path) -> None:

@@ -64,21 +64,23 @@ from __future__ import annotations
 
 import base64
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 
-from nsqx.httpapi import HTTPError, topic_channel_args
+from nsqx.httpapi import HTTPError, topic_arg, topic_channel_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.channel import NotLeader, SeekError
-from nsqx.nsqd.http_publish import read_capped
+from nsqx.nsqd.http_publish import existing_topic, read_capped
 from nsqx.protocol.errors import ProtocolError
-from nsqx.protocol.names import valid_topic_name
 from nsqx.protocol.routes import RouteError
 from nsqx.protocol.v2 import StartPosition, parse_start_position
 from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION, make_id
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
 
 __all__ = ["add_routes", "message_json", "split_position_arg"]
 
@@ -165,15 +167,12 @@ def _parse_id(pos: str) -> tuple[int, int]:
 
 
 class _ReplayAPI:
-    def __init__(self, nsqd: Any, authorize: Any = None) -> None:
+    def __init__(self, nsqd: NodeAPI, authorize: Any = None) -> None:
         self.nsqd = nsqd
         self._authorize = authorize
 
     def _topic(self, name: str) -> Any:
-        topic = self.nsqd.get_topic(name, create=False)
-        if topic is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
-        return topic
+        return existing_topic(self.nsqd, name)
 
     # -- POST /channel/setoffset ---------------------------------------------------------
     async def set_offset(self, request: web.Request) -> web.Response:
@@ -223,11 +222,7 @@ class _ReplayAPI:
     # -- GET /message/get ----------------------------------------------------------------
     async def message_get(self, request: web.Request) -> web.Response:
         params = _query(request)
-        tname = _first(params, "topic")
-        if tname is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_topic_name(tname):
-            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        tname = topic_arg(params, "INVALID_ARG_TOPIC")
         mode = _first(params, "search_mode") or "id"
         if mode not in SEARCH_MODES:
             raise HTTPError(400, "E_INVALID")
@@ -266,7 +261,7 @@ class _ReplayAPI:
         return _json(message_json(part.partition, offset, frame, plog.headers(offset)))
 
 
-def add_routes(app: web.Application, nsqd: Any, authorize: Any = None) -> None:
+def add_routes(app: web.Application, nsqd: NodeAPI, authorize: Any = None) -> None:
     """Register /channel/setoffset and /message/get; ``authorize(request, topic, perm)``
     is the fetch API's check (``--auth-http-address``)."""
     api = _ReplayAPI(nsqd, authorize)

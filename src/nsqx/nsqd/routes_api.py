@@ -30,17 +30,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 
-from nsqx.httpapi import HTTPError
+from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
-from nsqx.nsqd.routing import TopicRoutes
-from nsqx.protocol.names import valid_topic_name
+from nsqx.nsqd.http_publish import existing_topic
 from nsqx.protocol.routes import DEFAULT_LOGICAL, RouteError, RouteHistory
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
+    from nsqx.nsqd.routing import TopicRoutes
 
 log = logging.getLogger("nsqx.nsqd.http")
 
@@ -63,11 +66,11 @@ def parse_int(params: dict[str, list[str]], name: str, *, default: int | None = 
     return int(raw)
 
 
-def node_label(nsqd: Any) -> str:
+def node_label(nsqd: NodeAPI) -> str:
     return f"{nsqd.opts.broadcast_address}:{nsqd.tcp_port or 0}"
 
 
-async def create_routed(nsqd: Any, name: str, params: dict[str, list[str]]) -> TopicRoutes:
+async def create_routed(nsqd: NodeAPI, name: str, params: dict[str, list[str]]) -> TopicRoutes:
     """Create (or find, same shape) the route-managed topic ``name``; HTTPError if not."""
     if name.endswith("#ephemeral"):
         raise HTTPError(400, "INVALID_PARTITION_NUM")
@@ -84,25 +87,20 @@ async def create_routed(nsqd: Any, name: str, params: dict[str, list[str]]) -> T
             raise HTTPError(400, "TOPIC_EXISTS")
         return r
     try:
+        from nsqx.nsqd.routing import TopicRoutes  # loaded by the first routed topic
+
         return await TopicRoutes.create(nsqd, name, count, logical, node_label(nsqd))
     except RouteError as exc:
         raise HTTPError(400, str(exc)) from None
 
 
 class _RoutesAPI:
-    def __init__(self, nsqd: Any) -> None:
+    def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
 
     def _routes(self, request: web.Request) -> tuple[dict[str, list[str]], TopicRoutes]:
         params = _query(request)
-        name = _first(params, "topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_topic_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        topic = self.nsqd.topics.get(name)
-        if topic is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        topic = existing_topic(self.nsqd, topic_arg(params))
         if topic.routes is None:
             raise HTTPError(400, "TOPIC_NOT_ROUTE_MANAGED")
         return params, topic.routes
@@ -113,12 +111,7 @@ class _RoutesAPI:
 
     async def route_post(self, request: web.Request) -> web.Response:
         params = _query(request)
-        name = _first(params, "topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not valid_topic_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        routes = await create_routed(self.nsqd, name, params)
+        routes = await create_routed(self.nsqd, topic_arg(params), params)
         return _json(routes.to_dict())
 
     async def _change(self, routes: TopicRoutes, op: Any, what: str,
@@ -170,7 +163,7 @@ def parse_change(kind: str, params: dict[str, list[str]],
     raise HTTPError(400, f"unknown route change {kind!r}")
 
 
-def add_routes(app: web.Application, nsqd: Any) -> None:
+def add_routes(app: web.Application, nsqd: NodeAPI) -> None:
     api = _RoutesAPI(nsqd)
     app.router.add_get("/topic/route", api.route_get, allow_head=False)
     app.router.add_post("/topic/route", api.route_post)

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from nsqx.nsqd.topic import BadPartition
+from nsqx.nsqd.topic import ROUTES_FILE, SealedPartition
 from nsqx.protocol.barrier import (
     ChannelRoute,
     StaleRoute,
@@ -52,14 +52,11 @@ from nsqx.protocol.barrier import (
 from nsqx.protocol.routes import RouteError, RouteHistory, command_body, parse_command
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.channel import Channel
-    from nsqx.nsqd.node import NSQD
+    from nsqx.nsqd.interfaces import ChannelView, NodeContext
     from nsqx.nsqd.topic import Topic
     from nsqx.protocol.v2 import StartPosition
 
 log = logging.getLogger("nsqx.nsqd.routing")
-
-ROUTES_FILE = "routes.json"
 
 
 class RouteConflict(RouteError):
@@ -129,26 +126,10 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def has_routes(topic_dir: Path) -> bool:
-    return (topic_dir / ROUTES_FILE).exists()
-
-
-class SealedPartition(BadPartition):
-    """A publish to a partition the route no longer (or not yet) sends keys to: the producer
-    refreshes its route to at least ``version`` and retries (``E_BAD_PARTITION route version
-    N``)."""
-
-    def __init__(self, stale: StaleRoute, topic: str) -> None:
-        self.partition = stale.partition
-        self.version = stale.version
-        super().__init__(f"route version {stale.version} (partition {stale.partition} of "
-                         f"topic {topic} takes no publishes)")
-
-
 class TopicRoutes:
     """The route history of one topic on this node and every channel's place in it."""
 
-    def __init__(self, nsqd: NSQD, topic: Topic, store: RouteStore, history: RouteHistory) -> None:
+    def __init__(self, nsqd: NodeContext, topic: Topic, store: RouteStore, history: RouteHistory) -> None:
         self.nsqd = nsqd
         self.topic = topic  # partition 0: holds the shared `partitions` list
         self.store = store
@@ -178,7 +159,7 @@ class TopicRoutes:
 
     # -- creation / load -------------------------------------------------------------------
     @classmethod
-    async def create(cls, nsqd: NSQD, name: str, partitions: int, logical: int,
+    async def create(cls, nsqd: NodeContext, name: str, partitions: int, logical: int,
                      node: str) -> TopicRoutes:
         """A new route-managed topic of ``partitions`` physical partitions (RouteError if the
         arguments break a rule; ValueError if the topic exists with another shape)."""
@@ -199,7 +180,7 @@ class TopicRoutes:
         return routes
 
     @classmethod
-    def load(cls, nsqd: NSQD, topic: Topic) -> TopicRoutes:
+    def load(cls, nsqd: NodeContext, topic: Topic) -> TopicRoutes:
         """Attach the stored history to a topic loaded from nsqd.dat (rolls forward a pending
         change's command messages; the commit itself happens in :meth:`recover`)."""
         store = FileRouteStore(topic.dir)
@@ -224,7 +205,7 @@ class TopicRoutes:
 
     # -- cluster mode (driven by nsqx.cluster.member; nsqd itself knows no etcd) -----------
     @classmethod
-    def mirror(cls, nsqd: NSQD, topic: Topic, history: RouteHistory,
+    def mirror(cls, nsqd: NodeContext, topic: Topic, history: RouteHistory,
                leads: Callable[[int], bool], on_pass: Callable[[str, int], None]) -> TopicRoutes:
         """Attach a cluster topic's history (read from etcd by the member). The route is
         changed by the coordinator only; this node seals the partitions it leads when asked
@@ -680,7 +661,7 @@ class TopicRoutes:
                 if ch is not None:
                     ch.wake()
 
-    def gate(self, channel: Channel, end: int) -> int:
+    def gate(self, channel: ChannelView, end: int) -> int:
         """Called by the channel's pump: the end offset it may read to (-1: nothing now).
 
         A partition outside the channel's readable set delivers nothing. In a sealed partition

@@ -13,9 +13,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nsqx.nsqd.metrics import memory_stats
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
 
 __all__ = ["StatsdEmitter", "expand_prefix", "host_key", "pack_lines"]
 
@@ -66,7 +69,7 @@ def _split_addr(addr: str) -> tuple[str, int]:
 class StatsdEmitter:
     """Owns the statsd push task: ``start()`` in the node's loop, ``await close()``."""
 
-    def __init__(self, nsqd: Any) -> None:
+    def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
         self._task: asyncio.Task[None] | None = None
         self._last: dict[str, tuple[int, int, dict[str, tuple[int, int, int]]]] = {}

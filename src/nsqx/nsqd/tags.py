@@ -31,8 +31,7 @@ from nsqx.protocol.v2 import DISPATCH_TAG_KEY
 from nsqx.storage.cursor import Delivery, NotInFlight, NotOwner
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.channel import Channel
-    from nsqx.nsqd.client_v2 import ClientV2
+    from nsqx.nsqd.interfaces import ChannelView, Session
 
 __all__ = ["DISPATCH", "HOLD_MAX", "TagDispatch"]
 
@@ -50,11 +49,11 @@ class TagDispatch:
         self.held: deque[tuple[int, int, str, str]] = deque()
         self._rr = 0
 
-    def pump(self, ch: Channel, now: int, max_batch: int) -> bool:
+    def pump(self, ch: ChannelView, now: int, max_batch: int) -> bool:
         """One turn: take what the open RDY windows allow, hand messages to their group.
         Returns True when another turn should follow at once."""
         clients = list(ch.clients.values())
-        groups: dict[str, list[ClientV2]] = {}
+        groups: dict[str, list[Session]] = {}
         room: dict[int, int] = {}
         for c in clients:
             groups.setdefault(c.desired_tag, []).append(c)
@@ -107,7 +106,7 @@ class TagDispatch:
         return took > 0 and len(self.held) < HOLD_MAX and any(room.values())
 
 
-def retag(ch: Channel) -> None:
+def retag(ch: ChannelView) -> None:
     """After a client came or went: tag dispatch on while a tagged consumer is connected
     or messages are held (and never for ordered channels)."""
     tagged = not ch.ordered and any(c.desired_tag for c in ch.clients.values())

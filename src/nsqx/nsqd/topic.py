@@ -12,7 +12,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nsqx.nsqd.channel import Channel, now_ms
 from nsqx.storage.commit import GroupCommitter
@@ -20,9 +20,7 @@ from nsqx.storage.cursor import ChannelCursor
 from nsqx.storage.log import LogConfig, MemoryLog, PartitionLog
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.node import NSQD
-    from nsqx.nsqd.routing import TopicRoutes
-    from nsqx.nsqd.trace import TraceRecorder
+    from nsqx.nsqd.interfaces import NodeContext, TopicRouting, Tracer
 
 log = logging.getLogger("nsqx.nsqd.topic")
 
@@ -35,7 +33,7 @@ def topic_dir(data_path: Path, name: str) -> Path:
 class Topic:
     """One topic of a node; owns its log, committer and channels."""
 
-    def __init__(self, nsqd: NSQD, name: str, *, partition: int = 0, paused: bool = False,
+    def __init__(self, nsqd: NodeContext, name: str, *, partition: int = 0, paused: bool = False,
                  pending_from: int | None = None,
                  pending_deferred: list[list[int]] | None = None) -> None:
         self.nsqd = nsqd
@@ -48,7 +46,7 @@ class Topic:
         self.ordered = False  # SUB_ORDERED only; PUBs name their partition
         # route-managed ordered topics (nsqx.nsqd.routing): one object shared by every
         # partition; physical partition k of the route history is partitions[k]
-        self.routes: TopicRoutes | None = None
+        self.routes: TopicRouting | None = None
         self._rr = 0  # round-robin over partitions for PUBs that name none
         # Cluster mode (set by nsqx.cluster, None standalone): who may publish here and when
         # an append counts as acknowledged; `epoch` is the leader epoch stamped on commits.
@@ -71,7 +69,7 @@ class Topic:
         self.ext = True
         # the node's TraceRecorder while this topic is traced, else None (the hooks'
         # only cost when tracing is off is this None check)
-        self.tracer: TraceRecorder | None = None
+        self.tracer: Tracer | None = None
         self.paused = paused
         self.channels: dict[str, Channel] = {}
         self.exiting = False
@@ -460,6 +458,27 @@ DELIVER_AT_KEY = "##deliver_at_ms"  # cluster mode: a DPUB's due time (ms), kept
 
 class BadPartition(ValueError):
     """A partition that does not exist, or a partitionless PUB to an ordered topic."""
+
+
+class SealedPartition(BadPartition):
+    """A publish to a partition the route no longer (or not yet) sends keys to: the producer
+    refreshes its route to at least ``version`` and retries (``E_BAD_PARTITION route version
+    N``). Raised by ``routing.TopicRoutes``; defined here so that the publish paths catch it
+    without loading the routing code a node without routed topics never needs."""
+
+    def __init__(self, stale: Any, topic: str) -> None:  # the barrier's StaleRoute
+        self.partition = stale.partition
+        self.version = stale.version
+        super().__init__(f"route version {stale.version} (partition {stale.partition} of "
+                         f"topic {topic} takes no publishes)")
+
+
+ROUTES_FILE = "routes.json"  # a route-managed topic's history, in its topic directory
+
+
+def has_routes(topic_dir: Path) -> bool:
+    """Whether the topic stored in ``topic_dir`` is route-managed (``routing.TopicRoutes``)."""
+    return (topic_dir / ROUTES_FILE).exists()
 
 
 class PublishRefused(Exception):

@@ -32,20 +32,17 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from nsqx.httpapi import TRACE_SCAN_DEFAULT, TRACE_SCAN_MAX
-from nsqx.protocol.v2 import TRACE_ID_KEY
+from nsqx.httpbase import TRACE_SCAN_DEFAULT, TRACE_SCAN_MAX
+from nsqx.protocol.v2 import TRACE_ID_KEY, TRACE_TOPIC
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.channel import Channel
-    from nsqx.nsqd.node import NSQD
-    from nsqx.nsqd.topic import Topic
+    from nsqx.nsqd.interfaces import ChannelView, NodeContext, TopicView
     from nsqx.storage.cursor import Delivery
 
 log = logging.getLogger("nsqx.nsqd.trace")
 
 __all__ = ["TRACE_TOPIC", "TraceRecorder", "search_trace"]
 
-TRACE_TOPIC = "__trace"
 DEFAULT_SCAN = TRACE_SCAN_DEFAULT  # events /trace/search reads (the newest), unless told
 MAX_SCAN = TRACE_SCAN_MAX
 MAX_MESSAGES = 100  # messages a header search collects
@@ -80,18 +77,18 @@ def runs(offsets: Sequence[int]) -> list[tuple[int, int]]:
 class TraceRecorder:
     """The node's trace buffer: events in, one ``__trace`` publish per loop turn out."""
 
-    def __init__(self, nsqd: NSQD) -> None:
+    def __init__(self, nsqd: NodeContext) -> None:
         self.nsqd = nsqd
         self._buf: list[bytes] = []
         # FINs of this turn per (channel, client): merged into runs when flushed
-        self._fins: dict[tuple[int, int], tuple[Channel, Any, list[int]]] = {}
+        self._fins: dict[tuple[int, int], tuple[ChannelView, Any, list[int]]] = {}
         self._scheduled = False
         self._node = b""
         self.recorded = 0  # events handed to __trace
         self.failed = 0  # events whose publish failed (disk error, exiting)
 
     # -- switch --------------------------------------------------------------------------
-    def set_traced(self, topic: Topic, on: bool) -> None:
+    def set_traced(self, topic: TopicView, on: bool) -> None:
         """Trace every partition of ``topic`` (or stop); the caller persists nsqd.dat."""
         if topic.name == TRACE_TOPIC:
             raise ValueError("the trace topic itself cannot be traced")
@@ -144,7 +141,7 @@ class TraceRecorder:
         topic.publish(events, 0, done)
 
     # -- events --------------------------------------------------------------------------
-    def _head(self, event: bytes, topic: Topic, extra: bytes = b"") -> bytes:
+    def _head(self, event: bytes, topic: TopicView, extra: bytes = b"") -> bytes:
         """The fields every event of one call shares, as a JSON object's first part."""
         return b'{"ts":%d,"event":"%s","topic":%s,"partition":%d,"node":%s%s' % (
             time.time_ns(), event, _q(topic.name), topic.partition, self.node, extra)
@@ -159,7 +156,7 @@ class TraceRecorder:
             return b'%s,"offset":%d,"id":"%016x"%s}' % (head, off, hi | off, tail)
         return b'%s,"offset":%d,"count":%d,"id":"%016x"%s}' % (head, off, count, hi | off, tail)
 
-    def _ranges(self, event: bytes, channel: Channel, client: Any,
+    def _ranges(self, event: bytes, channel: ChannelView, client: Any,
                 ranges: Iterable[tuple[int, int]], extra: bytes = b"") -> None:
         topic = channel.topic
         who = self._client(client) if client is not None else b""
@@ -167,7 +164,7 @@ class TraceRecorder:
         hi, ev = topic.partition << 48, self._event
         self._add([ev(head, hi, off, n) for off, n in ranges])
 
-    def wrap_publish(self, topic: Topic, headers: Sequence[dict[str, bytes] | None] | None,
+    def wrap_publish(self, topic: TopicView, headers: Sequence[dict[str, bytes] | None] | None,
                      count: int, producer: str, done: Done) -> Done:
         """A publish completion that records the ``pub`` event(s) once the batch is durable."""
         def traced(base: int, exc: Exception | None) -> None:
@@ -176,7 +173,7 @@ class TraceRecorder:
             done(base, exc)
         return traced
 
-    def published(self, topic: Topic, base: int, count: int,
+    def published(self, topic: TopicView, base: int, count: int,
                   headers: Sequence[dict[str, bytes] | None] | None, producer: str) -> None:
         """One event for the batch; a message with a trace id gets its own (with it)."""
         head = self._head(b"pub", topic, b',"producer":%s' % _q(producer))
@@ -198,7 +195,7 @@ class TraceRecorder:
             out.append(ev(head, hi, start, base + count - start))
         self._add(out)
 
-    def delivered(self, channel: Channel, client: Any, deliveries: Iterable[Delivery]) -> None:
+    def delivered(self, channel: ChannelView, client: Any, deliveries: Iterable[Delivery]) -> None:
         """One event per delivered run (a fresh run of many, or one redelivery)."""
         topic = channel.topic
         head = self._head(b"deliver", topic,
@@ -207,7 +204,7 @@ class TraceRecorder:
         self._add([ev(head, hi, d.offset, d.count, b',"attempts":%d' % d.attempts)
                    for d in deliveries])
 
-    def finished(self, channel: Channel, client: Any, offsets: Iterable[int]) -> None:
+    def finished(self, channel: ChannelView, client: Any, offsets: Iterable[int]) -> None:
         """FINs are gathered per channel and client and merged into runs at the flush."""
         key = (id(channel), client.id)
         entry = self._fins.get(key)
@@ -217,10 +214,10 @@ class TraceRecorder:
         else:
             entry[2].extend(offsets)
 
-    def requeued(self, channel: Channel, client: Any, offset: int, delay_ms: int) -> None:
+    def requeued(self, channel: ChannelView, client: Any, offset: int, delay_ms: int) -> None:
         self._ranges(b"req", channel, client, ((offset, 1),), b',"delay_ms":%d' % delay_ms)
 
-    def timed_out(self, channel: Channel, expired: Iterable[tuple[int, int, int]]) -> None:
+    def timed_out(self, channel: ChannelView, expired: Iterable[tuple[int, int, int]]) -> None:
         """``expired``: the cursor's (deadline, offset, attempts) of what timed out."""
         topic = channel.topic
         head = self._head(b"timeout", topic, b',"channel":%s' % _q(channel.name))
@@ -234,7 +231,7 @@ class TraceRecorder:
             out += [ev(head, hi, off, n, b',"attempts":%d' % a) for off, n in runs(offs)]
         self._add(out)
 
-    def dead_lettered(self, channel: Channel, client_id: int,
+    def dead_lettered(self, channel: ChannelView, client_id: int,
                       dead: Iterable[tuple[int, int]]) -> None:
         """``dead``: (offset, attempts made) of messages moved to the dead-letter topic."""
         topic = channel.topic
@@ -283,7 +280,7 @@ def _header_matches(topic: Any, key: str, value: bytes, limit: int) -> set[tuple
     return found
 
 
-def search_trace(nsqd: NSQD, topic_name: str, *, msg_id: tuple[int, int] | None = None,
+def search_trace(nsqd: NodeContext, topic_name: str, *, msg_id: tuple[int, int] | None = None,
                  trace_id: int | None = None, header: tuple[str, bytes] | None = None,
                  limit: int = DEFAULT_SCAN) -> dict[str, Any]:
     """The timelines of one topic's messages picked by id, trace id or a header value.

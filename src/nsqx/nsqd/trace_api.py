@@ -25,7 +25,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -40,6 +40,9 @@ from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_topic_name
 from nsqx.protocol.v2 import TRACE_ID_KEY, parse_ext_json
 
+if TYPE_CHECKING:
+    from nsqx.nsqd.interfaces import NodeAPI
+
 log = logging.getLogger("nsqx.nsqd.http")
 
 __all__ = ["add_routes"]
@@ -52,7 +55,7 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 
 class _TraceAPI:
-    def __init__(self, nsqd: Any) -> None:
+    def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
 
     # -- publishing ------------------------------------------------------------------------
@@ -146,7 +149,7 @@ class _TraceAPI:
         return _json(search_trace(self.nsqd, args.topic, **args.search_kw()))
 
 
-def add_routes(app: web.Application, nsqd: Any) -> None:
+def add_routes(app: web.Application, nsqd: NodeAPI) -> None:
     api = _TraceAPI(nsqd)
     r = app.router
     r.add_post("/pub_ext", api.pub_ext)

@@ -28,6 +28,7 @@ __all__ = [
     "MPUB_LIKE",
     "PUB_LIKE",
     "TRACE_ID_KEY",
+    "TRACE_TOPIC",
     "ext_json",
     "mpub_ext",
     "mpub_trace",
@@ -554,6 +555,7 @@ def _split_general(body: bytes | memoryview, count: int, max_msg_size: int) -> l
 # --------------------------------------------------------------------------- headers, trace ids (Youzan)
 
 TRACE_ID_KEY = "##trace_id"
+TRACE_TOPIC = "__trace"  # where a node writes the events of its traced topics
 DISPATCH_TAG_KEY = "##client_dispatch_tag"
 MAX_TAG_LEN = 100  # Youzan's ext.MAX_TAG_LEN
 MAX_EXT_JSON = 0xFFFF  # the 2-byte JSON length field (Youzan's ext.MaxExtLen)
