@@ -179,7 +179,8 @@ def test_corrupt_or_truncated_file_is_refused_naming_it(tmp_path, archive):
     lg.apply_retention(lg.flushed_offset)
     key = archive.list("t")[0]
     p = archive.path(key)
-    raw = open(p, "rb").read()
+    with open(p, "rb") as f:
+        raw = f.read()
     with open(p, "wb") as f:  # truncated: the footer is gone
         f.write(raw[: len(raw) // 2])
     arch.join()

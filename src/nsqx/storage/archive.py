@@ -95,7 +95,8 @@ class ArchivedFile:
 class Archive:
     """Where archived files live: a directory or an S3 prefix (see module doc)."""
 
-    def __init__(self, url: str, *, s3_endpoint: str | None = None) -> None:
+    def __init__(self, url: str, *, s3_endpoint: str | None = None,
+                 s3_timeout: float = 30.0) -> None:
         fs_mod = __import__("pyarrow.fs", fromlist=["fs"])
         self.url = url
         u = urlparse(url)
@@ -117,8 +118,8 @@ class Archive:
                 kw["scheme"] = e.scheme or "http"
             kw["region"] = os.environ.get("AWS_REGION") or os.environ.get(
                 "AWS_DEFAULT_REGION") or "us-east-1"
-            kw["connect_timeout"] = 5
-            kw["request_timeout"] = 30
+            kw["connect_timeout"] = min(5.0, s3_timeout)
+            kw["request_timeout"] = s3_timeout
             kw["retry_strategy"] = fs_mod.AwsStandardS3RetryStrategy(max_attempts=2)
             self.fs = fs_mod.S3FileSystem(**kw)
             self.root = (u.netloc + "/" + u.path.strip("/")).rstrip("/")

@@ -14,7 +14,6 @@ grows; nothing is lost.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 import time
