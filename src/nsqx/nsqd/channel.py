@@ -67,19 +67,21 @@ def resolve_position(topic: Topic, pos: StartPosition) -> tuple[int, bool]:
     if refusal is not None:
         raise NotLeader(refusal)
     log_ = topic.log
-    earliest, latest = log_.start_offset, log_.next_offset
+    earliest, latest = log_.earliest_offset, log_.next_offset  # (the archive's start)
     if pos.kind == "earliest":
-        return earliest, False
-    if pos.kind == "latest":
+        off, clamped = earliest, False
+    elif pos.kind == "latest":
         return latest, False
-    if pos.kind == "timestamp":
-        off = log_.offset_for_time(pos.value * 1_000_000_000)
-        return min(max(off, earliest), latest), False
-    if pos.value > latest:
+    elif pos.kind == "timestamp":
+        off, clamped = min(max(log_.offset_for_time(pos.value * 1_000_000_000), earliest),
+                           latest), False
+    elif pos.value > latest:
         raise SeekError(f"offset {pos.value} is beyond the end of the log ({latest})")
-    if pos.value < earliest:
-        return earliest, True
-    return pos.value, False
+    else:
+        off, clamped = max(pos.value, earliest), pos.value < earliest
+    if off < log_.start_offset:
+        log_.read(off, 0, 1)  # an unreadable archive file is refused now (LogError)
+    return off, clamped
 
 
 def now_ms() -> int:
@@ -224,7 +226,7 @@ class Channel:
                  f" {pos.value}" if pos.kind in ("offset", "timestamp") else "",
                  f" by {who}" if who else "")
         self.wake()
-        return SeekResult(offset, self.topic.log.start_offset, self.topic.log.next_offset,
+        return SeekResult(offset, self.topic.log.earliest_offset, self.topic.log.next_offset,
                           clamped, self.cursor.state_path is not None)
 
     def _changed(self) -> None:

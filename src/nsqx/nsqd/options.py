@@ -112,6 +112,9 @@ class Options:
     retention_bytes: int = 0
     max_log_bytes: int = 0  # hard cap per topic: lagging channels skip what it drops
     mem_tail_budget: int = 32 * 1024 * 1024  # newest messages kept in memory, all topics together
+    # nsqx tiered storage (docs/archive.md): closed segments archived as Parquet
+    archive_url: str = ""  # a directory or s3://bucket/prefix ("" = off)
+    archive_s3_endpoint: str = ""  # host:port or URL of the S3 service (default: AWS)
 
     queue_scan_interval: float = 0.1  # no flag upstream
     queue_scan_refresh_interval: float = 5.0  # no flag upstream
@@ -377,6 +380,11 @@ def _flags() -> list[Flag]:
              "between flushing data to clients"),
         Flag("max-channel-consumers", INT, 0, "maximum channel consumer connection count per nsqd "
              "instance (default 0, i.e., unlimited)"),
+        # nsqx tiered storage
+        Flag("archive-url", STR, "", "archive closed log segments as Parquet files to this "
+             "directory or s3://bucket/prefix; old reads are served from there"),
+        Flag("archive-s3-endpoint", STR, "", "S3 endpoint (host:port or URL) for an s3:// "
+             "--archive-url (credentials from the AWS environment variables)"),
         # statsd
         Flag("statsd-address", STR, "", "UDP <addr>:<port> of a statsd daemon for pushing stats"),
         Flag("statsd-interval", DUR, d.statsd_interval, "duration between pushing to statsd"),

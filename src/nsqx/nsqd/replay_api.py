@@ -79,6 +79,7 @@ from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_topic_name
 from nsqx.protocol.v2 import StartPosition, parse_start_position
 from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION, make_id
+from nsqx.storage.records import LogError
 
 __all__ = ["add_routes", "message_json", "split_position_arg"]
 
@@ -200,6 +201,9 @@ class _ReplayAPI:
         except SeekError as exc:
             log.info("TOPIC(%s) CHANNEL(%s): setoffset refused - %s", tname, cname, exc)
             raise HTTPError(400, "OFFSET_OUT_OF_RANGE") from None
+        except LogError as exc:  # the archive: E_ARCHIVE_CORRUPT <file> ..., or unreachable
+            log.error("TOPIC(%s) CHANNEL(%s): setoffset failed - %s", tname, cname, exc)
+            raise HTTPError(500, str(exc)) from None
         return _json({"topic": tname, "channel": cname, "partition": part.partition,
                       "offset": res.offset, "earliest": res.earliest, "latest": res.latest,
                       "clamped": res.clamped, "persisted": res.persisted})

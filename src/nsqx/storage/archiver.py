@@ -66,12 +66,16 @@ class Archiver:
 
     def __init__(self, archive: Archive, *, call: Callable[[Callable[[], Any]], Any] = direct_call,
                  throttle_bytes_per_sec: float = 64 << 20, retry_interval: float = 5.0,
-                 poll_interval: float = 1.0) -> None:
+                 poll_interval: float = 1.0,
+                 on_archived: Callable[[PartitionLog], object] | None = None) -> None:
         self.archive = archive
         self._call = call
         self.throttle = throttle_bytes_per_sec
         self.retry_interval = retry_interval
         self.poll_interval = poll_interval
+        # run through ``call`` after a log's segment is recorded: the owner may apply
+        # retention now instead of at its next pass
+        self.on_archived = on_archived
         self._entries: dict[int, _Entry] = {}  # id(log) -> entry (swapped whole)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -84,6 +88,9 @@ class Archiver:
     def add(self, topic: str, partition: int, plog: PartitionLog) -> ArchiveTier:
         """Archive this log from now on: reads below its local start go to the archive, and
         retention deletes only archived segments."""
+        old = self._entries.get(id(plog))
+        if old is not None and old.log is plog:
+            return old.tier
         tier = ArchiveTier(self.archive, plog.path, topic, partition)
         plog.lower = tier
         plog.may_delete = lambda end, t=tier: end <= t.end
@@ -189,6 +196,8 @@ class Archiver:
                 e.archived_segments += 1
                 self.archived_files += 1
                 done += 1
+                if self.on_archived is not None:
+                    self._on_owner(lambda e=e: self.on_archived(e.log))
         return done
 
     def archive_segment(self, e: _Entry, lo: int, hi: int) -> ArchivedFile | None:

