@@ -95,6 +95,11 @@ def run_done_when(nsqd: NsqdProcess, archive_files) -> None:  # type: ignore[no-
     assert [bytes.fromhex(d["body"]) for d in got] == bodies(0, N + 20)
     assert all(d["timestamp_ns"] == ts[i] for i, d in enumerate(got) if i < local_start)
     assert all(d["attempts"] == 1 for d in got)
+    # /message/get by offset and by id reads archived messages
+    m = http(nsqd, "GET", "/message/get?topic=t&search_mode=count&search_pos=3")
+    assert (m["offset"], m["timestamp"], m["body"]) == (3, ts[3], bodies(3, 4)[0].decode())
+    m = http(nsqd, "GET", f"/message/get?topic=t&search_mode=id&search_pos={make_id(0, 7).decode()}")
+    assert m["offset"] == 7
     # a reset by offset and by time lands inside the archive too
     res = http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"offset:5")
     assert res["offset"] == 5 and not res["clamped"]

@@ -257,6 +257,8 @@ class _ReplayAPI:
             frame = plog.read_frame(offset)
         except (KeyError, ValueError):
             raise HTTPError(404, "MESSAGE_NOT_FOUND") from None
+        except LogError as exc:  # an archived offset whose file is unreadable (names it)
+            raise HTTPError(500, str(exc)) from None
         if (_first(params, "raw") or "") in ("1", "true"):
             return web.Response(body=bytes(frame[34:]), content_type="application/octet-stream",
                                 headers={"X-Nsqx-Message-Id": make_id(part.partition, offset)

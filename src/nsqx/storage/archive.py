@@ -318,6 +318,8 @@ class ArchiveTier:
         self._prefetch: tuple[tuple[str, int], Future] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        # one reader of the Parquet files at a time: the loop and the prefetch thread
+        self._io = threading.RLock()
 
     def _load(self) -> list[ArchivedFile]:
         try:
@@ -381,6 +383,10 @@ class ArchiveTier:
         return files[i]
 
     def _parquet(self, f: ArchivedFile) -> Any:
+        with self._io:
+            return self._parquet_locked(f)
+
+    def _parquet_locked(self, f: ArchivedFile) -> Any:
         pf = self._pf.get(f.key)
         if pf is None:
             pf = self.archive.open(f.key)
@@ -411,7 +417,8 @@ class ArchiveTier:
         pa = _pa()
         what = self.archive.describe(f.key)
         try:
-            tbl = self._parquet(f).read_row_group(g)
+            with self._io:
+                tbl = self._parquet(f).read_row_group(g)
         except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:
             if isinstance(e, ArchiveError | ArchiveCorrupt):
                 raise
@@ -487,7 +494,8 @@ class ArchiveTier:
                 if st is not None and st.has_min_max and st.max < ts:
                     first += rg.num_rows
                     continue
-                col = pf.read_row_group(g, columns=["timestamp"]).column(0).to_pylist()
+                with self._io:
+                    col = pf.read_row_group(g, columns=["timestamp"]).column(0).to_pylist()
                 for i, t in enumerate(col):
                     if t >= ts:
                         return first + i
