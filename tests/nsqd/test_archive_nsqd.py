@@ -14,6 +14,7 @@ import pytest
 
 pq = pytest.importorskip("pyarrow.parquet")
 
+from nsqx.nsqd.options import OptionsError, load  # noqa: E402
 from nsqx.storage.message_id import make_id  # noqa: E402
 from tests.support.clients import pynsq_runner  # noqa: E402
 from tests.support.http_api import request  # noqa: E402
@@ -209,3 +210,14 @@ def test_done_when_s3(nsqd_factory: NsqdFactory, tmp_path: Path,
         nsqd.stop()
     finally:
         s3.stop()
+
+
+def test_nsqd_flags_are_checked_before_start(tmp_path: Path) -> None:
+    opts, _ = load([f"--archive-url={tmp_path}", "--archive-s3-endpoint=127.0.0.1:9000"])
+    assert opts.archive_url == str(tmp_path) and opts.archive_s3_endpoint == "127.0.0.1:9000"
+    with pytest.raises(OptionsError, match="absolute path"):
+        load(["--archive-url=relative/dir"])
+    with pytest.raises(OptionsError, match="s3://bucket"):
+        load(["--archive-url=gs://b/p"])
+    with pytest.raises(OptionsError, match="cluster mode"):
+        load([f"--archive-url={tmp_path}", "--cluster-leadership-addresses=http://127.0.0.1:1"])

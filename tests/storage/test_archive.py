@@ -264,3 +264,4 @@ def test_unreachable_archive_holds_local_deletion(tmp_path):
     assert lg.apply_retention(lg.flushed_offset) > 0
     arch.join()
     lg.close()
+

@@ -10,6 +10,7 @@ Durations are float seconds; ``Options.go_value`` gives the value the way Go's
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import platform
 import socket
@@ -28,6 +29,7 @@ from nsqx.cli.flags import (
     parse_go_bool,
     parse_or_exit,
 )
+from nsqx.storage.archive import parse_url as parse_archive_url
 
 __all__ = [
     "LOG_LEVELS",
@@ -232,6 +234,15 @@ class Options:
                      "max_delay"):
             if getattr(self, name) < 0:
                 raise OptionsError(f"--{name.replace('_', '-')} must not be negative")
+        if self.archive_url:  # nsqx tiered storage
+            try:
+                parse_archive_url(self.archive_url)
+            except ValueError as e:
+                raise OptionsError(f"--archive-url: {e}") from None
+            if self.cluster_leadership_addresses:
+                raise OptionsError("--archive-url is not supported in cluster mode yet")
+            if importlib.util.find_spec("pyarrow") is None:
+                raise OptionsError("--archive-url needs pyarrow: pip install 'nsqx[archive]'")
         if self.statsd_address and self.statsd_interval <= 0:
             raise OptionsError("--statsd-interval must be > 0")
         # the same ceilings as /channel/config and /topic/config (attempts: 16-bit field)

@@ -92,25 +92,35 @@ class ArchivedFile:
     max_ts: int
 
 
+def parse_url(url: str) -> tuple[str, str]:
+    """("dir", absolute path) or ("s3", "bucket/prefix") of an archive URL; ValueError with
+    what is wrong otherwise. Needs no pyarrow (nsqd checks its flags with it)."""
+    u = urlparse(url)
+    if u.scheme in ("", "file"):
+        root = u.path if u.scheme == "file" else url
+        if not root or not os.path.isabs(root):
+            raise ValueError(f"archive directory must be an absolute path: {url!r}")
+        return "dir", root.rstrip("/") or "/"
+    if u.scheme == "s3":
+        if not u.netloc:
+            raise ValueError(f"s3 archive URL needs a bucket: {url!r}")
+        return "s3", (u.netloc + "/" + u.path.strip("/")).rstrip("/")
+    raise ValueError(f"archive URL must be a directory or s3://bucket/prefix: {url!r}")
+
+
 class Archive:
     """Where archived files live: a directory or an S3 prefix (see module doc)."""
 
     def __init__(self, url: str, *, s3_endpoint: str | None = None,
                  s3_timeout: float = 30.0) -> None:
+        kind, self.root = parse_url(url)
         fs_mod = __import__("pyarrow.fs", fromlist=["fs"])
         self.url = url
-        u = urlparse(url)
-        if u.scheme in ("", "file"):
-            root = u.path if u.scheme == "file" else url
-            if not root or not os.path.isabs(root):
-                raise ValueError(f"archive directory must be an absolute path: {url!r}")
+        self.local = kind == "dir"
+        if self.local:
             self.fs = fs_mod.LocalFileSystem()
-            self.root = root.rstrip("/") or "/"
-            self.local = True
             os.makedirs(self.root, exist_ok=True)
-        elif u.scheme == "s3":
-            if not u.netloc:
-                raise ValueError(f"s3 archive URL needs a bucket: {url!r}")
+        else:
             kw: dict[str, Any] = {}
             if s3_endpoint:
                 e = urlparse(s3_endpoint if "://" in s3_endpoint else f"http://{s3_endpoint}")
@@ -122,10 +132,6 @@ class Archive:
             kw["request_timeout"] = s3_timeout
             kw["retry_strategy"] = fs_mod.AwsStandardS3RetryStrategy(max_attempts=2)
             self.fs = fs_mod.S3FileSystem(**kw)
-            self.root = (u.netloc + "/" + u.path.strip("/")).rstrip("/")
-            self.local = False
-        else:
-            raise ValueError(f"archive URL must be a directory or s3://bucket/prefix: {url!r}")
 
     def key_for(self, topic: str, partition: int, base: int, first_ts: int) -> str:
         day = datetime.datetime.fromtimestamp(first_ts / 1e9, datetime.UTC).date().isoformat()
