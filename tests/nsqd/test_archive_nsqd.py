@@ -17,6 +17,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 from nsqx.nsqd.options import OptionsError, load  # noqa: E402
 from nsqx.storage.message_id import make_id  # noqa: E402
 from tests.support.clients import pynsq_runner  # noqa: E402
+from tests.support.cluster import wait_until  # noqa: E402
 from tests.support.http_api import request  # noqa: E402
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess  # noqa: E402
 from tests.support.seaweed import SeaweedS3, weed_binary  # noqa: E402
@@ -34,16 +35,6 @@ def archive_stats(nsqd: NsqdProcess, topic: str = "t") -> dict[str, Any]:
     st = http(nsqd, "GET", f"/stats?format=json&topic={topic}")
     topics = st.get("topics") or st.get("data", {}).get("topics")
     return topics[0]["archive"][0]
-
-
-def wait_for(pred, what: str, timeout: float = 60.0) -> Any:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def bodies(lo: int, hi: int) -> list[bytes]:
@@ -76,7 +67,7 @@ def run_done_when(nsqd: NsqdProcess, archive_files) -> None:  # type: ignore[no-
     http(nsqd, "POST", "/channel/create?topic=t&channel=c")
     publish(nsqd, bodies(0, N))
     http(nsqd, "POST", "/channel/empty?topic=t&channel=c")  # consumed: retention may delete
-    a = wait_for(lambda: archived_and_deleted(nsqd), "archiving and local deletion")
+    a = wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion", timeout=60)
     local_start = a["log_start"]
     assert a["archived_bytes"] > 0 and a["archive_end"] >= local_start
     files = archive_files()
@@ -126,7 +117,7 @@ def test_corrupt_archive_file_is_refused_naming_it(nsqd_factory: NsqdFactory,
     http(nsqd, "POST", "/channel/create?topic=t&channel=c")
     publish(nsqd, bodies(0, 300))
     http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
-    wait_for(lambda: archived_and_deleted(nsqd), "archiving and local deletion")
+    wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion", timeout=60)
     first = sorted(arch.rglob("*.parquet"))[0]
     first.write_bytes(first.read_bytes()[:100])  # truncated
     r = request("POST", f"http://{nsqd.http_address}/channel/setoffset?topic=t&channel=c",
@@ -145,10 +136,10 @@ def test_kill_9_while_archiving_loses_nothing(nsqd_factory: NsqdFactory,
     http(nsqd, "POST", "/channel/create?topic=t&channel=c")
     publish(nsqd, bodies(0, N))
     http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
-    wait_for(lambda: list(arch.rglob("*.parquet")), "a first archived file")
+    wait_until(lambda: list(arch.rglob("*.parquet")), what="a first archived file", timeout=60)
     nsqd.kill()  # SIGKILL, mid-way through the backlog (or just after it)
     nsqd.start()
-    wait_for(lambda: archived_and_deleted(nsqd), "archiving to catch up after kill -9")
+    wait_until(lambda: archived_and_deleted(nsqd), what="archiving to catch up after kill -9", timeout=60)
     man = json.loads((nsqd.data_path / "topics" / "t-t" / "p0" / "archive.json").read_text())
     ranges = [(f["base"], f["end"]) for f in man["files"]]
     assert ranges[0][0] == 0
@@ -197,8 +188,8 @@ def test_done_when_s3(nsqd_factory: NsqdFactory, tmp_path: Path,
         try:
             publish(nsqd, bodies(N + 20, N + 320))
             http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
-            a = wait_for(lambda: (lambda x: x if x["archive_lag_segments"] > 3 else None)(
-                archive_stats(nsqd)), "archive lag to show")
+            a = wait_until(lambda: (lambda x: x if x["archive_lag_segments"] > 3 else None)(
+                archive_stats(nsqd)), what="archive lag to show", timeout=60)
             assert a["archive_lag_bytes"] > 0
             metrics = request("GET", f"http://{nsqd.http_address}/metrics").body.decode()
             assert 'nsqx_archive_lag_segments{topic="t",partition="0"}' in metrics
@@ -206,7 +197,7 @@ def test_done_when_s3(nsqd_factory: NsqdFactory, tmp_path: Path,
             assert archive_stats(nsqd)["log_start"] == a["log_start"]  # nothing deleted
         finally:
             s3.resume()
-        wait_for(lambda: archive_stats(nsqd)["archive_lag_segments"] == 0, "catch-up", 90)
+        wait_until(lambda: archive_stats(nsqd)["archive_lag_segments"] == 0, what="catch-up", timeout=90)
         nsqd.stop()
     finally:
         s3.stop()
