@@ -75,8 +75,8 @@ def run_done_when(nsqd: NsqdProcess, archive_files) -> None:  # type: ignore[no-
     # the original timestamps, as the archive holds them
     ts = {}
     for f in files:
-        t = pq.read_table(f, columns=["offset", "timestamp"])
-        ts.update(zip(t.column("offset").to_pylist(), t.column("timestamp").to_pylist(),
+        t = pq.read_table(f, columns=["offset", "timestamp_ns"])
+        ts.update(zip(t.column("offset").to_pylist(), t.column("timestamp_ns").to_pylist(),
                       strict=True))
     # reset to the archive start (earliest), then a few more are published
     res = http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")

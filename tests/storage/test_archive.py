@@ -95,8 +95,9 @@ def test_archive_then_retention_then_transparent_reads(tmp_path, archive):
     assert [f["base"] for f in man["files"]] == [s[0] for s in closed]
     # rows: one per message, with the columns Spark reads
     t = pq.read_table(archive.path(keys[0]))
-    assert t.column_names == ["partition", "offset", "id", "timestamp", "attempts", "body",
-                              "headers", "epoch"]
+    assert t.column_names == ["partition", "offset", "id", "timestamp", "body", "timestamp_ns",
+                              "attempts", "headers", "epoch"]
+    assert t.column("timestamp").to_pylist()[0].timestamp() == T0 / 1e9
     assert t.column("offset").to_pylist() == list(range(closed[0][0], closed[0][1]))
     assert set(t.column("partition").to_pylist()) == {3}
     assert pq.ParquetFile(archive.path(keys[0])).metadata.row_group(0).column(0) \

@@ -3,7 +3,7 @@
 An ``Archive`` is a directory (``/path``, ``file:///path``) or an S3 prefix
 (``s3://bucket/prefix`` plus an endpoint; credentials from the usual AWS environment
 variables), both through ``pyarrow.fs`` (a maintained client, no hand-written signing).
-One closed segment becomes one Parquet file, one row per message::
+One closed segment becomes one Parquet file, one row per message (the Spark nsq source's columns first)::
 
     topic=T/date=YYYY-MM-DD/partition=P/<base offset, 20 digits>.parquet
 
@@ -72,9 +72,10 @@ def schema() -> Any:
         ("partition", pa.int32()),
         ("offset", pa.int64()),
         ("id", pa.string()),
-        ("timestamp", pa.int64()),  # ns since the epoch, as in the frame
-        ("attempts", pa.int32()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),  # as the Spark nsq source gives it
         ("body", pa.binary()),
+        ("timestamp_ns", pa.int64()),  # exact, as in the frame (rebuilt from it)
+        ("attempts", pa.int32()),
         ("headers", pa.map_(pa.string(), pa.binary())),
         ("epoch", pa.int64()),
     ])
@@ -264,10 +265,12 @@ def frames_to_batch(data: bytes | memoryview, base: int, partition: int,
         eps.append(epochs[ei][1] if epochs else 0)
         pos = end
         off += 1
+    ts_ns = pa.array(tss, pa.int64())
+    ts_us = pa.array([t // 1000 for t in tss], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     cols = [pa.array([partition] * len(offs), pa.int32()), pa.array(offs, pa.int64()),
-            pa.array(ids, pa.string()), pa.array(tss, pa.int64()), pa.array(atts, pa.int32()),
-            pa.array(bodies, pa.binary()),
-            pa.array(hdrs, pa.map_(pa.string(), pa.binary())), pa.array(eps, pa.int64())]
+            pa.array(ids, pa.string()), ts_us, pa.array(bodies, pa.binary()), ts_ns,
+            pa.array(atts, pa.int32()), pa.array(hdrs, pa.map_(pa.string(), pa.binary())),
+            pa.array(eps, pa.int64())]
     return pa.RecordBatch.from_arrays(cols, schema=schema())
 
 
@@ -280,7 +283,7 @@ def table_to_chunk(tbl: Any, expect_base: int, what: str) -> tuple[Chunk, dict[i
             n > 1 and any(b - a != 1 for a, b in zip(offs, offs[1:], strict=False))):
         raise ArchiveCorrupt(f"E_ARCHIVE_CORRUPT archive file {what}: rows are not offsets "
                              f"{expect_base}.. in order")
-    tss = tbl.column("timestamp").to_pylist()
+    tss = tbl.column("timestamp_ns").to_pylist()
     atts = tbl.column("attempts").to_pylist()
     ids = tbl.column("id").to_pylist()
     bodies = tbl.column("body").to_pylist()
@@ -492,7 +495,7 @@ class ArchiveTier:
                 return f.base
             pf = self._parquet(f)
             md = pf.metadata
-            ti = pf.schema_arrow.get_field_index("timestamp")
+            ti = pf.schema_arrow.get_field_index("timestamp_ns")
             first = f.base
             for g in range(md.num_row_groups):
                 rg = md.row_group(g)
@@ -501,7 +504,7 @@ class ArchiveTier:
                     first += rg.num_rows
                     continue
                 with self._io:
-                    col = pf.read_row_group(g, columns=["timestamp"]).column(0).to_pylist()
+                    col = pf.read_row_group(g, columns=["timestamp_ns"]).column(0).to_pylist()
                 for i, t in enumerate(col):
                     if t >= ts:
                         return first + i

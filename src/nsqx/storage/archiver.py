@@ -220,7 +220,7 @@ class Archiver:
                     raise _Changed
                 data, n, headers, epochs = got
                 batch = frames_to_batch(data, cur, e.partition, headers, epochs)
-                ts = batch.column("timestamp")
+                ts = batch.column("timestamp_ns")
                 bounds["min"] = min(bounds["min"], _pc().min(ts).as_py())
                 bounds["max"] = max(bounds["max"], _pc().max(ts).as_py())
                 bounds["bytes"] += len(data)
