@@ -241,6 +241,7 @@ def test_killed_mid_write_leaves_nothing_archived_and_rewrites_same_key(tmp_path
 def test_unreachable_archive_holds_local_deletion(tmp_path):
     target = tmp_path / "arch"
     archive = Archive(str(target))
+    target.mkdir()
     lg = make_log(tmp_path / "log")
     fill(lg)
     arch = Archiver(archive, throttle_bytes_per_sec=0)

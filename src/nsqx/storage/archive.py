@@ -119,8 +119,7 @@ class Archive:
         self.url = url
         self.local = kind == "dir"
         if self.local:
-            self.fs = fs_mod.LocalFileSystem()
-            os.makedirs(self.root, exist_ok=True)
+            self.fs = fs_mod.LocalFileSystem()  # (directories are made by the first write)
         else:
             kw: dict[str, Any] = {}
             if s3_endpoint:
@@ -207,7 +206,11 @@ class Archive:
                                  f"is not readable Parquet: {e}") from e
 
     def list(self, topic: str | None = None) -> list[str]:
-        """Keys of every archived file (of one topic): for `nsqx archive ls` and the tests."""
+        """Keys of every archived file (of one topic), sorted."""
+        return [k for k, _ in self.files(topic)]
+
+    def files(self, topic: str | None = None) -> list[tuple[str, int]]:
+        """(key, bytes) of every archived file (of one topic), sorted: `nsqx archive ls`."""
         fs_mod = __import__("pyarrow.fs", fromlist=["fs"])
         base = self.root + (f"/topic={topic}" if topic else "")
         try:
@@ -215,7 +218,7 @@ class Archive:
                                                               allow_not_found=True))
         except OSError as e:
             raise ArchiveError(f"listing {self.url} failed: {e}") from e
-        return sorted(i.path[len(self.root) + 1:] for i in infos
+        return sorted((i.path[len(self.root) + 1:], i.size) for i in infos
                       if i.type == fs_mod.FileType.File and i.path.endswith(".parquet")
                       and not i.base_name.startswith("."))
 
