@@ -14,6 +14,7 @@ import pytest
 
 pq = pytest.importorskip("pyarrow.parquet")
 
+from nsqx.cli.nsqx_cmd import main as nsqx_main  # noqa: E402
 from nsqx.nsqd.options import OptionsError, load  # noqa: E402
 from nsqx.storage.message_id import make_id  # noqa: E402
 from tests.support.clients import pynsq_runner  # noqa: E402
@@ -101,11 +102,17 @@ def run_done_when(nsqd: NsqdProcess, archive_files) -> None:  # type: ignore[no-
     assert res["offset"] <= 10
 
 
-def test_done_when_directory(nsqd_factory: NsqdFactory, tmp_path: Path) -> None:
+def test_done_when_directory(nsqd_factory: NsqdFactory, tmp_path: Path,
+                             capsys: pytest.CaptureFixture[str]) -> None:
     arch = tmp_path / "archive"
     nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
                                f"--archive-url=file://{arch}"])
     run_done_when(nsqd, lambda: sorted(str(p) for p in arch.rglob("*.parquet")))
+    a = archive_stats(nsqd)
+    assert nsqx_main(["topic", "describe", "t", "--nsqd-http-address", nsqd.http_address]) == 0
+    out = capsys.readouterr().out
+    assert (f"archive 0..{a['archive_end']} ({a['archived_files']} files, "
+            f"{a['archived_bytes']} bytes), local log from {a['log_start']}") in out
 
 
 def test_corrupt_archive_file_is_refused_naming_it(nsqd_factory: NsqdFactory,
