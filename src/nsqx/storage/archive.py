@@ -46,7 +46,7 @@ from nsqx.storage.records import Chunk, LogError
 MANIFEST = "archive.json"
 ROW_GROUP_ROWS = 8192  # a seek reads at most one row group of a file
 _PREFIX = struct.Struct(">IIqH")  # size, frame type, timestamp, attempts
-_HEAD = struct.Struct(">IIqH16s")
+_U32 = struct.Struct(">I")
 
 
 class ArchiveError(LogError):
@@ -236,44 +236,66 @@ def frames_to_batch(data: bytes | memoryview, base: int, partition: int,
                     headers: dict[int, dict[str, bytes]], epochs: Sequence[tuple[int, int]]
                     ) -> Any:
     """A record batch of the frames in ``data`` (offsets from ``base``); ``epochs`` is
-    (first offset, epoch) of each commit in order. Raises ValueError on a malformed run."""
+    (first offset, epoch) of each commit in order. Raises ValueError on a malformed run.
+
+    Speed: numpy gathers; one Python step per frame only for a run of mixed sizes."""
+    import numpy as np  # noqa: PLC0415 - with pyarrow, the archive extra
+
     pa = _pa()
     mv = memoryview(data)
     n = len(mv)
-    offs: list[int] = []
-    ids: list[str] = []
-    tss: list[int] = []
-    atts: list[int] = []
-    bodies: list[bytes] = []
-    hdrs: list[list[tuple[str, bytes]] | None] = []
-    eps: list[int] = []
-    pos = 0
-    off = base
-    ei = 0
-    unpack = _HEAD.unpack_from
-    while pos < n:
-        size, ftype, ts, att, mid = unpack(mv, pos)
-        end = pos + 4 + size
-        if ftype != 2 or size < 30 or end > n:
-            raise ValueError(f"malformed frame at offset {off}")
-        while ei + 1 < len(epochs) and epochs[ei + 1][0] <= off:
-            ei += 1
-        offs.append(off)
-        ids.append(mid.decode("ascii"))
-        tss.append(ts)
-        atts.append(att)
-        bodies.append(bytes(mv[pos + 34:end]))
-        h = headers.get(off)
-        hdrs.append(list(h.items()) if h else None)
-        eps.append(epochs[ei][1] if epochs else 0)
-        pos = end
-        off += 1
-    ts_ns = pa.array(tss, pa.int64())
-    ts_us = pa.array([t // 1000 for t in tss], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
-    cols = [pa.array([partition] * len(offs), pa.int32()), pa.array(offs, pa.int64()),
-            pa.array(ids, pa.string()), ts_us, pa.array(bodies, pa.binary()), ts_ns,
-            pa.array(atts, pa.int32()), pa.array(hdrs, pa.map_(pa.string(), pa.binary())),
-            pa.array(eps, pa.int64())]
+    buf = np.frombuffer(mv, dtype=np.uint8)
+    st = None
+    if n >= 34:
+        flen = 4 + _U32.unpack_from(mv, 0)[0]
+        if flen >= 34 and n % flen == 0:  # one frame length (fixed-size bodies): no walk
+            cand = np.arange(0, n, flen, dtype=np.int64)
+            sizes = np.ascontiguousarray(buf[cand[:, None] + np.arange(4)]).view(">u4")
+            if (sizes.ravel() == flen - 4).all():
+                st = cand
+    if st is None:
+        starts: list[int] = []
+        pos = 0
+        unpack = _U32.unpack_from
+        while pos < n:
+            if n - pos < 34:
+                raise ValueError(f"truncated frame at offset {base + len(starts)}")
+            starts.append(pos)
+            pos += 4 + unpack(mv, pos)[0]
+        if pos != n:
+            raise ValueError(f"truncated frame at offset {base + len(starts) - 1}")
+        st = np.array(starts, dtype=np.int64)
+    count = len(st)
+    ends = np.append(st[1:], n)
+    if ((ends - st) < 34).any() or (buf[st[:, None] + np.arange(4, 8)]
+                                    != np.array([0, 0, 0, 2], np.uint8)).any():
+        raise ValueError(f"malformed frame in offsets {base}..{base + count - 1}")
+    ts = np.ascontiguousarray(buf[st[:, None] + np.arange(8, 16)]).view(">i8").ravel()
+    att = np.ascontiguousarray(buf[st[:, None] + np.arange(16, 18)]).view(">u2").ravel()
+    ids = np.ascontiguousarray(buf[st[:, None] + np.arange(18, 34)])
+    boff = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(ends - st - 34, out=boff[1:])
+    keep = np.ones(n, dtype=bool)  # every byte but the frames' 34-byte heads: the bodies
+    keep[st[:, None] + np.arange(34)] = False
+    body = pa.Array.from_buffers(pa.large_binary(), count,
+                                 [None, pa.py_buffer(boff), pa.py_buffer(buf[keep])])
+    id_off = np.arange(0, 16 * (count + 1), 16, dtype=np.int32)
+    id_col = pa.Array.from_buffers(pa.string(), count,
+                                   [None, pa.py_buffer(id_off), pa.py_buffer(ids.tobytes())])
+    ep = np.zeros(count, dtype=np.int64)
+    for first, epoch in epochs:  # commits: few per piece
+        ep[max(0, first - base):] = epoch
+    hdrs = None
+    if headers:
+        hdrs = [list(h.items()) if (h := headers.get(base + k)) else None
+                for k in range(count)]
+    ts64 = ts.astype(np.int64)
+    cols = [pa.array(np.full(count, partition, np.int32)),
+            pa.array(np.arange(base, base + count, dtype=np.int64)), id_col,
+            pa.array(ts64 // 1000).cast(pa.timestamp("us", tz="UTC")),
+            body.cast(pa.binary()), pa.array(ts64), pa.array(att.astype(np.int32)),
+            pa.array(hdrs if hdrs is not None else [None] * count,
+                     pa.map_(pa.string(), pa.binary())), pa.array(ep)]
     return pa.RecordBatch.from_arrays(cols, schema=schema())
 
 
