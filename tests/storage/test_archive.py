@@ -267,3 +267,24 @@ def test_unreachable_archive_holds_local_deletion(tmp_path):
     arch.join()
     lg.close()
 
+
+
+def test_frames_to_batch_round_trip_and_malformed_runs():
+    from nsqx.storage.archive import frames_to_batch, table_to_chunk
+    from nsqx.storage.message_id import make_id
+
+    def frame(body: bytes, off: int, ts: int) -> bytes:
+        import struct
+
+        return struct.pack(">IIqH", 30 + len(body), 2, ts, 1) + make_id(0, off) + body
+
+    for bodies in ([b"same"] * 5, [b"", b"a", b"bb" * 50, b"c"]):  # one length, mixed
+        data = b"".join(frame(b, 10 + i, T0 + i) for i, b in enumerate(bodies))
+        batch = frames_to_batch(data, 10, 0, {11: {"k": b"v"}}, [(10, 4), (12, 5)])
+        assert batch.column("epoch").to_pylist()[:3] == [4, 4, 5]
+        chunk, hdrs = table_to_chunk(pa.Table.from_batches([batch]), 10, "x")
+        assert bytes(chunk.data) == data and hdrs == {11: {"k": b"v"}}
+    good = frame(b"abc", 0, T0)
+    for bad in (good[:-1], good + b"\0\0", good[:4] + b"\0\0\0\x03" + good[8:]):
+        with pytest.raises(ValueError, match="frame"):
+            frames_to_batch(bad, 0, 0, {}, [])
