@@ -219,3 +219,30 @@ def test_nsqd_flags_are_checked_before_start(tmp_path: Path) -> None:
         load(["--archive-url=gs://b/p"])
     with pytest.raises(OptionsError, match="cluster mode"):
         load([f"--archive-url={tmp_path}", "--cluster-leadership-addresses=http://127.0.0.1:1"])
+
+
+def test_file_corrupted_after_a_reset_is_never_delivered(nsqd_factory: NsqdFactory,
+                                                         tmp_path: Path) -> None:
+    arch = tmp_path / "archive"
+    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                               f"--archive-url={arch}"])
+    http(nsqd, "POST", "/topic/create?topic=t")
+    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+    publish(nsqd, bodies(0, 300))
+    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+    wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion",
+               timeout=60)
+    assert http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")["offset"] == 0
+    files = sorted(arch.rglob("*.parquet"))
+    assert len(files) > 4
+    bad = files[3]  # not read yet (the reset read the first file, delivery prefetches one ahead)
+    bad_base = int(bad.stem)
+    bad.write_bytes(b"PAR1" + b"\0" * 200 + b"PAR1")
+    res = pynsq_runner().run("consume", {"nsqd": nsqd.tcp_address, "topic": "t",
+                                         "channel": "c", "expect": bad_base + 1,
+                                         "max_in_flight": 10, "deadline_s": 5})
+    got = [d["id"] for d in res.raw["deliveries"] if d["action"] == "fin"]
+    assert res.timed_out  # stuck before the bad file: nothing from it, surely no garbage
+    assert got == [make_id(0, i).decode() for i in range(bad_base)]
+    assert "E_ARCHIVE_CORRUPT" in nsqd.all_logs() and str(bad) in nsqd.all_logs()
+    assert http(nsqd, "GET", "/ping") == b"OK"

@@ -20,6 +20,7 @@ from nsqx.nsqd.tags import TagDispatch, retag
 from nsqx.protocol.v2 import StartPosition
 from nsqx.storage.cursor import ChannelCursor, Delivery
 from nsqx.storage.message_id import parse_id
+from nsqx.storage.records import LogError
 
 if TYPE_CHECKING:
     from nsqx.nsqd.client_v2 import ClientV2
@@ -349,21 +350,28 @@ class Channel:
         log_ = self.topic.log
         chunks: list[bytes] = []
         total = 0
-        for d in deliveries:
-            if d.attempts == 1 and d.count >= 1:
-                offset, left = d.offset, d.count
-                while left:
-                    r = log_.read(offset, MAX_READ_BYTES, left)
-                    if not r.count:
-                        break
-                    chunks.append(r.data)
-                    offset += r.count
-                    left -= r.count
-                    total += r.count
-            else:
-                frame = log_.read_frame(d.offset)
-                chunks.append(patch_attempts(frame, d.attempts))
-                total += 1
+        try:
+            for d in deliveries:
+                if d.attempts == 1 and d.count >= 1:
+                    offset, left = d.offset, d.count
+                    while left:
+                        r = log_.read(offset, MAX_READ_BYTES, left)
+                        if not r.count:
+                            break
+                        chunks.append(r.data)
+                        offset += r.count
+                        left -= r.count
+                        total += r.count
+                else:
+                    frame = log_.read_frame(d.offset)
+                    chunks.append(patch_attempts(frame, d.attempts))
+                    total += 1
+        except LogError as exc:
+            # e.g. an archived file turned unreadable (E_ARCHIVE_CORRUPT <file>): nothing is
+            # sent, never garbage; the taken messages time out and are tried again
+            log.error("TOPIC(%s) CHANNEL(%s): cannot deliver from offset %d - %s",
+                      self.topic.name, self.name, deliveries[0].offset, exc)
+            return
         if client.sample_rate:
             chunks = self._sample(client, chunks)
         if self.topic.tracer is not None:
