@@ -148,8 +148,8 @@ class Archive:
         """Write record batches as one Parquet file at ``key``; its size in bytes.
 
         Directory: a dot-named temp file (Spark and the manifest ignore it), fsynced, renamed.
-        S3: encoded in memory (one segment, compressed), then one PUT, so an object exists
-        only whole. An exception from ``batches`` leaves nothing at ``key``."""
+        S3: encoded in memory (one segment, compressed), then one upload that becomes
+        visible only when complete, so an object exists only whole. An exception from ``batches`` leaves nothing at ``key``."""
         pa = _pa()
         pq = __import__("pyarrow.parquet", fromlist=["parquet"])
         final = self.path(key)
@@ -346,7 +346,8 @@ class ArchiveTier:
         self.partition = partition
         self.manifest_path = Path(log_dir) / MANIFEST
         self.files: list[ArchivedFile] = self._load()
-        self._bases = [f.base for f in self.files]
+        # (files, their bases) swapped as one object: the loop reads while record() adds
+        self._index = (self.files, [f.base for f in self.files])
         self._cache: dict[tuple[str, int], tuple[Chunk, dict]] = {}
         self._pf: dict[str, Any] = {}  # key -> ParquetFile (footer read once)
         self._prefetch: tuple[tuple[str, int], Future] | None = None
@@ -383,7 +384,7 @@ class ArchiveTier:
         _fsync_dir(self.manifest_path.parent)
         with self._lock:
             self.files = files
-            self._bases = [x.base for x in files]
+            self._index = (files, [x.base for x in files])
 
     # -- bounds --------------------------------------------------------------------------
     @property
@@ -410,8 +411,8 @@ class ArchiveTier:
 
     # -- reads ---------------------------------------------------------------------------
     def _file_for(self, offset: int) -> ArchivedFile | None:
-        files = self.files
-        i = bisect_right([f.base for f in files], offset) - 1
+        files, bases = self._index
+        i = bisect_right(bases, offset) - 1
         if i < 0 or offset >= files[i].end:
             return None
         return files[i]
