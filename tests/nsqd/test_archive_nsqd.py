@@ -217,8 +217,6 @@ def test_nsqd_flags_are_checked_before_start(tmp_path: Path) -> None:
         load(["--archive-url=relative/dir"])
     with pytest.raises(OptionsError, match="s3://bucket"):
         load(["--archive-url=gs://b/p"])
-    with pytest.raises(OptionsError, match="cluster mode"):
-        load([f"--archive-url={tmp_path}", "--cluster-leadership-addresses=http://127.0.0.1:1"])
 
 
 def test_file_corrupted_after_a_reset_is_never_delivered(nsqd_factory: NsqdFactory,

@@ -4,7 +4,10 @@ durable topic partition's log (docs/archive.md).
 A node plugin (start/stop like cluster mode's member) plus a topic hook: each partition log
 gets the archive as its lower tier, so channels reset below the local start read from it,
 and retention deletes only archived segments. The archiver's worker thread reads the logs
-only through ``call_on_loop``.
+only through ``call_on_loop``. In cluster mode a partition is archived by its leader only
+(the write gate admits publishes here), up to the high watermark, so nothing a failover may
+truncate is archived; followers adopt the leader's files from the archive listing, and a
+new leader does so before it continues (same keys: no gap, no second file).
 """
 
 from __future__ import annotations
@@ -21,16 +24,21 @@ from nsqx.storage.log import PartitionLog
 
 log = logging.getLogger("nsqx.nsqd.archiving")
 T = TypeVar("T")
+REFRESH_INTERVAL = 5.0  # cluster mode: seconds between a follower's looks at the archive
 
 
 class NodeArchiver:
     """The node's archiver (see module doc); ``stats(log)`` feeds /stats and /metrics."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, url: str, s3_endpoint: str = "") -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, url: str, s3_endpoint: str = "",
+                 *, cluster: bool = False) -> None:
         self.loop = loop
         self.archive = Archive(url, s3_endpoint=s3_endpoint or None)
+        # cluster mode: only a partition's leader archives, up to its high watermark; the
+        # followers (and a new leader) adopt the leader's files from the archive
         self.archiver = Archiver(self.archive, call=self.call_on_loop,
-                                 on_archived=self._archived)
+                                 on_archived=self._archived, limit=self._limit,
+                                 refresh_interval=REFRESH_INTERVAL if cluster else 0.0)
         self._topics: dict[int, Any] = {}  # id(log) -> its Topic partition
         self._started = False
 
@@ -61,6 +69,17 @@ class NodeArchiver:
         if isinstance(topic.log, PartitionLog):
             self._topics[id(topic.log)] = topic
             self.archiver.add(topic.name, topic.partition, topic.log)
+
+    def _limit(self, plog: PartitionLog) -> int | None:
+        """On the loop: archive below the readable end (cluster mode: what the ISR has)
+        where this node may write (the leader; standalone: always), else None."""
+        topic = self._topics.get(id(plog))
+        if topic is None or topic.log is not plog or topic.exiting:
+            return None
+        gate = topic.gate
+        if gate is not None and gate.refuse(topic, 0) is not None:
+            return None  # a follower, or a leader without enough in-sync replicas now
+        return topic.readable_end
 
     def _archived(self, plog: PartitionLog) -> None:
         """On the loop, after a segment is archived: retention may delete it now."""

@@ -128,7 +128,8 @@ class NSQD:
         if opts.archive_url:
             from nsqx.nsqd.archiving import NodeArchiver
 
-            self.archiver = NodeArchiver(self.loop, opts.archive_url, opts.archive_s3_endpoint)
+            self.archiver = NodeArchiver(self.loop, opts.archive_url, opts.archive_s3_endpoint,
+                                         cluster=bool(opts.cluster_leadership_addresses))
             self.plugins.append(self.archiver)
             self.topic_hooks.append(self.archiver.topic_added)
 

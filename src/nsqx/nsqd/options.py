@@ -239,8 +239,6 @@ class Options:
                 parse_archive_url(self.archive_url)
             except ValueError as e:
                 raise OptionsError(f"--archive-url: {e}") from None
-            if self.cluster_leadership_addresses:
-                raise OptionsError("--archive-url is not supported in cluster mode yet")
             if importlib.util.find_spec("pyarrow") is None:
                 raise OptionsError("--archive-url needs pyarrow: pip install 'nsqx[archive]'")
         if self.statsd_address and self.statsd_interval <= 0:

@@ -365,10 +365,11 @@ class ArchiveTier:
             raise LogError(f"archive manifest {self.manifest_path} is unreadable: {e}") from e
         return [ArchivedFile(**f) for f in raw.get("files", [])]
 
-    def record(self, f: ArchivedFile) -> None:
-        """Add (or replace, same base) a written file; the manifest is fsynced and renamed
-        before the file counts as archived."""
-        files = [x for x in self.files if x.base != f.base] + [f]
+    def record(self, *new: ArchivedFile) -> None:
+        """Add (or replace, same base) written files; the manifest is fsynced and renamed
+        before they count as archived."""
+        bases = {f.base for f in new}
+        files = [x for x in self.files if x.base not in bases] + list(new)
         files.sort(key=lambda x: x.base)
         body = json.dumps({"url": self.archive.url, "topic": self.topic,
                            "partition": self.partition,
@@ -385,6 +386,36 @@ class ArchiveTier:
         with self._lock:
             self.files = files
             self._index = (files, [x.base for x in files])
+
+    def refresh(self) -> int:
+        """Adopt the files of this partition that the archive holds and the manifest lacks
+        (cluster mode: what the partition's leader archived, seen by its followers and by a
+        new leader after a failover); how many. Lists the archive, reads new footers only."""
+        known = {f.key for f in self.files}
+        want = f"/partition={self.partition}/"
+        new = []
+        for key, size in self.archive.files(self.topic):
+            if want not in key or key in known:
+                continue
+            try:
+                base = int(key.rsplit("/", 1)[1].split(".", 1)[0])
+            except ValueError:
+                continue  # not one of ours
+            md = self.archive.open(key).metadata
+            ti = md.schema.to_arrow_schema().get_field_index("timestamp_ns")
+            lo, hi = [], []
+            for g in range(md.num_row_groups):
+                st = md.row_group(g).column(ti).statistics
+                if st is None or not st.has_min_max:
+                    raise ArchiveCorrupt(f"E_ARCHIVE_CORRUPT archive file "
+                                         f"{self.archive.describe(key)}: no timestamp statistics")
+                lo.append(st.min)
+                hi.append(st.max)
+            if md.num_rows and lo:
+                new.append(ArchivedFile(base, base + md.num_rows, key, size, min(lo), max(hi)))
+        if new:
+            self.record(*new)
+        return len(new)
 
     # -- bounds --------------------------------------------------------------------------
     @property

@@ -67,7 +67,9 @@ class Archiver:
     def __init__(self, archive: Archive, *, call: Callable[[Callable[[], Any]], Any] = direct_call,
                  throttle_bytes_per_sec: float = 64 << 20, retry_interval: float = 5.0,
                  poll_interval: float = 1.0,
-                 on_archived: Callable[[PartitionLog], object] | None = None) -> None:
+                 on_archived: Callable[[PartitionLog], object] | None = None,
+                 limit: Callable[[PartitionLog], int | None] | None = None,
+                 refresh_interval: float = 0.0) -> None:
         self.archive = archive
         self._call = call
         self.throttle = throttle_bytes_per_sec
@@ -76,6 +78,12 @@ class Archiver:
         # run through ``call`` after a log's segment is recorded: the owner may apply
         # retention now instead of at its next pass
         self.on_archived = on_archived
+        # through ``call``: the offset below which a log may be archived (cluster mode: the
+        # high watermark), None where it must not be (a follower); default: what is flushed
+        self.limit = limit or (lambda plog: plog.flushed_offset)
+        # cluster mode (> 0): how often a log that is not archived here adopts the files its
+        # leader archived (ArchiveTier.refresh); a log becoming archivable here does at once
+        self.refresh_interval = refresh_interval
         self._entries: dict[int, _Entry] = {}  # id(log) -> entry (swapped whole)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -176,10 +184,11 @@ class Archiver:
         for e in list(self._entries.values()):
             while not self._stop.is_set():
                 try:
-                    todo = self._on_owner(lambda e=e: [s for s in e.log.closed_segments()
-                                                       if s[1] > e.tier.end])
+                    lim, todo = self._on_owner(lambda e=e: self._pending(e))
                 except LogError:
                     break  # the log was closed (topic deleted)
+                if self.refresh_interval and self._refresh(e, archiving=lim is not None):
+                    continue  # adopted what another node archived: look again
                 if not todo:
                     break
                 base, end, _ = todo[0]
@@ -199,6 +208,30 @@ class Archiver:
                 if self.on_archived is not None:
                     self._on_owner(lambda e=e: self.on_archived(e.log))
         return done
+
+    def _pending(self, e: _Entry) -> tuple[int | None, list[tuple[int, int, int]]]:
+        """On the owner's thread: (limit, closed segments below it not archived yet)."""
+        lim = self.limit(e.log)
+        if lim is None:
+            return None, []
+        end = e.tier.end
+        return lim, [s for s in e.log.closed_segments() if end < s[1] <= lim]
+
+    def _refresh(self, e: _Entry, *, archiving: bool) -> int:
+        """Cluster mode: adopt files archived elsewhere - every refresh_interval while this
+        node does not archive the log, and once when it starts to (a new leader continues
+        where the old one stopped, to the same keys). How many were adopted."""
+        now = time.monotonic()
+        was = e.extra.get("archiving", False)
+        e.extra["archiving"] = archiving
+        if (archiving and was) or (not archiving and now - e.extra.get("refreshed", -1e9)
+                                   < self.refresh_interval):
+            return 0
+        e.extra["refreshed"] = now
+        n = e.tier.refresh()
+        if n and self.on_archived is not None:
+            self._on_owner(lambda: self.on_archived(e.log))  # retention may delete now
+        return n
 
     def archive_segment(self, e: _Entry, lo: int, hi: int) -> ArchivedFile | None:
         """Write offsets [lo, hi) of a closed segment as one file (not yet recorded); None
