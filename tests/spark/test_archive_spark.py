@@ -1,6 +1,7 @@
 """The archive is a Spark table: ``spark.read.parquet(archive)`` gives the same rows as the
 nsq source over the same range, and the nsq source itself reads archive + local log as one
-offset range per partition (``startingOffsets=earliest`` reaches the archive start)."""
+offset range per partition (``startingOffsets=earliest`` reaches the archive start); the
+same comparison also runs as a job on a real standalone Spark cluster."""
 
 from __future__ import annotations
 
@@ -49,3 +50,39 @@ def test_archive_table_equals_nsq_source(spark: Any, nsqd_factory: NsqdFactory,
                   .collect())
     assert [r.offset for r in everything] == list(range(400))
     assert [bytes(r.body) for r in everything] == bodies(0, 400)
+
+
+def test_archive_read_on_a_standalone_spark_cluster(nsqd_factory: NsqdFactory,
+                                                    tmp_path: Path) -> None:
+    """The same comparison as a job on a real standalone cluster (master + worker from
+    pyspark's jars); its executors read the Parquet files and the nsqd."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.support.spark_standalone import SparkStandalone
+
+    arch = tmp_path / "archive"
+    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                               f"--archive-url={arch}"])
+    http(nsqd, "POST", "/topic/create?topic=t")
+    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+    publish(nsqd, bodies(0, 300))
+    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+    a = wait_until(lambda: archived_and_deleted(nsqd), what="archiving", timeout=60)
+    spark = SparkStandalone(tmp_path / "spark")
+    try:
+        spark.start()
+        env = {**spark.env(), "PYSPARK_PYTHON": sys.executable,
+               "PYSPARK_DRIVER_PYTHON": sys.executable}
+        res = subprocess.run([sys.executable, str(Path(__file__).with_name("archive_driver.py")),
+                              spark.master_url, nsqd.http_address, str(arch),
+                              str(a["archive_end"])], capture_output=True, env=env, timeout=300)
+        assert res.returncode == 0, res.stderr.decode()[-5000:]
+        out = json.loads(res.stdout.decode().strip().splitlines()[-1])
+        assert out["rows"] == a["archive_end"] > 0
+        assert out["equal"] and out["offsets_ok"]
+        apps = spark.state()["completedapps"] + spark.state()["activeapps"]
+        assert out["app"] in [x["id"] for x in apps]  # it ran on the standalone master
+    finally:
+        spark.stop()
