@@ -53,6 +53,21 @@ def archived_and_deleted(nsqd: NsqdProcess) -> dict[str, Any] | None:
     return a if ok else None
 
 
+def archived_node(nsqd_factory: NsqdFactory, arch: Path, n: int = 300,
+                  extra: list[str] | None = None) -> tuple[NsqdProcess, dict[str, Any]]:
+    """An nsqd archiving to ``arch`` whose topic t holds n messages, all consumed by channel
+    c, archived and deleted locally; with its archive stats."""
+    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                               f"--archive-url={arch}", *(extra or [])])
+    http(nsqd, "POST", "/topic/create?topic=t")
+    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+    publish(nsqd, bodies(0, n))
+    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+    a = wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion",
+                   timeout=60)
+    return nsqd, a
+
+
 def consume(nsqd: NsqdProcess, expect: int) -> list[dict[str, Any]]:
     res = pynsq_runner().run("consume", {"nsqd": nsqd.tcp_address, "topic": "t",
                                          "channel": "c", "expect": expect,
@@ -118,13 +133,7 @@ def test_done_when_directory(nsqd_factory: NsqdFactory, tmp_path: Path,
 def test_corrupt_archive_file_is_refused_naming_it(nsqd_factory: NsqdFactory,
                                                    tmp_path: Path) -> None:
     arch = tmp_path / "archive"
-    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
-                               f"--archive-url={arch}"])
-    http(nsqd, "POST", "/topic/create?topic=t")
-    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
-    publish(nsqd, bodies(0, 300))
-    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
-    wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion", timeout=60)
+    nsqd, _ = archived_node(nsqd_factory, arch)
     first = sorted(arch.rglob("*.parquet"))[0]
     first.write_bytes(first.read_bytes()[:100])  # truncated
     r = request("POST", f"http://{nsqd.http_address}/channel/setoffset?topic=t&channel=c",
@@ -222,14 +231,7 @@ def test_nsqd_flags_are_checked_before_start(tmp_path: Path) -> None:
 def test_file_corrupted_after_a_reset_is_never_delivered(nsqd_factory: NsqdFactory,
                                                          tmp_path: Path) -> None:
     arch = tmp_path / "archive"
-    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
-                               f"--archive-url={arch}"])
-    http(nsqd, "POST", "/topic/create?topic=t")
-    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
-    publish(nsqd, bodies(0, 300))
-    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
-    wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion",
-               timeout=60)
+    nsqd, _ = archived_node(nsqd_factory, arch)
     assert http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")["offset"] == 0
     files = sorted(arch.rglob("*.parquet"))
     assert len(files) > 4

@@ -13,8 +13,7 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from tests.nsqd.test_archive_nsqd import archived_and_deleted, bodies, http, publish  # noqa: E402
-from tests.support.cluster import wait_until  # noqa: E402
+from tests.nsqd.test_archive_nsqd import archived_node, bodies  # noqa: E402
 from tests.support.nsqd_process import NsqdFactory  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -24,14 +23,7 @@ COLS = ["partition", "offset", "id", "timestamp", "body"]
 def test_archive_table_equals_nsq_source(spark: Any, nsqd_factory: NsqdFactory,
                                          tmp_path: Path) -> None:
     arch = tmp_path / "archive"
-    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
-                               f"--archive-url={arch}"])
-    http(nsqd, "POST", "/topic/create?topic=t")
-    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
-    publish(nsqd, bodies(0, 400))
-    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
-    a = wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion",
-                   timeout=60)
+    nsqd, a = archived_node(nsqd_factory, arch, 400)
     end = a["archive_end"]
     assert a["log_start"] > 0 and end >= a["log_start"]
     table = spark.read.parquet(str(arch))
@@ -63,13 +55,7 @@ def test_archive_read_on_a_standalone_spark_cluster(nsqd_factory: NsqdFactory,
     from tests.support.spark_standalone import SparkStandalone
 
     arch = tmp_path / "archive"
-    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
-                               f"--archive-url={arch}"])
-    http(nsqd, "POST", "/topic/create?topic=t")
-    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
-    publish(nsqd, bodies(0, 300))
-    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
-    a = wait_until(lambda: archived_and_deleted(nsqd), what="archiving", timeout=60)
+    nsqd, a = archived_node(nsqd_factory, arch)
     spark = SparkStandalone(tmp_path / "spark")
     try:
         spark.start()

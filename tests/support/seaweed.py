@@ -20,6 +20,21 @@ ACCESS_KEY = "nsqxtestaccess"
 SECRET_KEY = "nsqxtestsecret0123456789"
 
 
+def stop_group(p: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL, to the process group of a daemon a test started with
+    start_new_session=True (its children, e.g. Spark executors, go with it)."""
+    if p.poll() is not None:
+        return
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout)
+    except ProcessLookupError:
+        pass
+
+
 def weed_binary() -> str | None:
     cand = Path(sys.executable).parent / "weed"
     if cand.exists():
@@ -118,17 +133,8 @@ class SeaweedS3:
 
     def stop(self) -> None:
         """SIGTERM then SIGKILL of the one process group this object started."""
-        p = self.proc
-        if p is None or p.poll() is not None:
-            return
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
-        except ProcessLookupError:
-            pass
+        if self.proc is not None:
+            stop_group(self.proc)
 
     def pause(self) -> None:
         """The endpoint goes away without a trace (SIGSTOP): requests hang then time out."""

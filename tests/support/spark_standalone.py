@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 from nsqx.cluster.etcd_server import free_port
+from tests.support.seaweed import stop_group
 
 
 def spark_home() -> str:
@@ -72,12 +72,4 @@ class SparkStandalone:
 
     def stop(self) -> None:
         for p in reversed(self.procs):
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(10)
-                except ProcessLookupError:
-                    pass
+            stop_group(p, 20)
