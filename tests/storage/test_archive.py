@@ -288,3 +288,33 @@ def test_frames_to_batch_round_trip_and_malformed_runs():
     for bad in (good[:-1], good + b"\0\0", good[:4] + b"\0\0\0\x03" + good[8:]):
         with pytest.raises(ValueError, match="frame"):
             frames_to_batch(bad, 0, 0, {}, [])
+
+
+def test_refresh_adopts_files_archived_elsewhere(tmp_path, archive):
+    """Cluster mode's follower: a second log of the same partition learns the leader's files
+    from the archive listing (only the days from its newest file on), so its retention may
+    delete them and its reads reach them."""
+    leader = make_log(tmp_path / "leader")
+    fill(leader)
+    arch = Archiver(archive, throttle_bytes_per_sec=0)
+    tier = arch.add("t", 3, leader)
+    arch.run_once()
+    follower = make_log(tmp_path / "follower")
+    fill(follower)  # the same messages (timestamps and all), as a replica holds them
+    ftier = ArchiveTier(archive, tmp_path / "follower", "t", 3)
+    follower.lower, follower.may_delete = ftier, (lambda end: end <= ftier.end)
+    assert follower.apply_retention(follower.flushed_offset) == 0  # nothing known yet
+    assert ftier.refresh() == len(tier.files)
+    assert ftier.files == tier.files and ftier.refresh() == 0
+    start = follower.apply_retention(follower.flushed_offset)
+    assert start == tier.end and follower.earliest_offset == 0
+    assert frames_of(follower, 0, 5) == frames_of(leader, 0, 5)
+    # a later day only: the listing starts at the manifest's newest day
+    listed = []
+    real = archive.files
+    archive.files = lambda topic=None, since=None: listed.append(since) or real(topic, since)
+    ftier.refresh()
+    assert listed == ["2023-11-14"]
+    arch.join()
+    leader.close()
+    follower.close()

@@ -209,13 +209,21 @@ class Archive:
         """Keys of every archived file (of one topic), sorted."""
         return [k for k, _ in self.files(topic)]
 
-    def files(self, topic: str | None = None) -> list[tuple[str, int]]:
-        """(key, bytes) of every archived file (of one topic), sorted: `nsqx archive ls`."""
+    def files(self, topic: str | None = None, since_date: str | None = None
+              ) -> list[tuple[str, int]]:
+        """(key, bytes) of every archived file (of one topic), sorted: `nsqx archive ls`.
+        ``since_date`` (with a topic): only the days from that one on (YYYY-MM-DD), so a
+        follower's periodic look lists a day or two, not the topic's whole history."""
         fs_mod = __import__("pyarrow.fs", fromlist=["fs"])
         base = self.root + (f"/topic={topic}" if topic else "")
         try:
-            infos = self.fs.get_file_info(fs_mod.FileSelector(base, recursive=True,
-                                                              allow_not_found=True))
+            bases = [base]
+            if topic and since_date:
+                days = self.fs.get_file_info(fs_mod.FileSelector(base, allow_not_found=True))
+                bases = [d.path for d in days if d.type == fs_mod.FileType.Directory
+                         and d.base_name.startswith("date=") and d.base_name[5:] >= since_date]
+            infos = [i for b in bases for i in self.fs.get_file_info(
+                fs_mod.FileSelector(b, recursive=True, allow_not_found=True))]
         except OSError as e:
             raise ArchiveError(f"listing {self.url} failed: {e}") from e
         return sorted((i.path[len(self.root) + 1:], i.size) for i in infos
@@ -394,7 +402,9 @@ class ArchiveTier:
         known = {f.key for f in self.files}
         want = f"/partition={self.partition}/"
         new = []
-        for key, size in self.archive.files(self.topic):
+        last = self.files[-1].key.split("/") if self.files else []  # topic=, date=, ...
+        since = last[1][5:] if len(last) > 1 and last[1].startswith("date=") else None
+        for key, size in self.archive.files(self.topic, since):
             if want not in key or key in known:
                 continue
             try:
