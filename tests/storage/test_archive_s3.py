@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("pyarrow")
 
-from nsqx.storage.archive import Archive, ArchiveError  # noqa: E402
+from nsqx.storage.archive import Archive, ArchiveError, ArchiveTier  # noqa: E402
 from nsqx.storage.archiver import Archiver  # noqa: E402
 from tests.storage.test_archive import fill, frames_of, make_log  # noqa: E402
 from tests.support.seaweed import SeaweedS3, weed_binary  # noqa: E402
@@ -55,6 +55,10 @@ def test_s3_archive_retention_and_reads(tmp_path, s3env):
     again = arch.archive_segment(e, first.base, first.end)
     assert again is not None and again.key == first.key and again.bytes == first.bytes
     assert archive.list("orders") == keys
+    # a follower (cluster mode) adopts the files from the bucket's listing
+    (tmp_path / "other").mkdir()
+    other = ArchiveTier(archive, tmp_path / "other", "orders", 0)
+    assert other.refresh() == n and other.files == e.tier.files and other.refresh() == 0
     start = lg.apply_retention(end)
     assert start > 0 and lg.earliest_offset == 0
     assert frames_of(lg, 0, end) == before
