@@ -5,6 +5,9 @@ same comparison also runs as a job on a real standalone Spark cluster."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +16,16 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from tests.nsqd.test_archive_nsqd import archived_node, bodies  # noqa: E402
+from tests.nsqd.test_archive_nsqd import (  # noqa: E402
+    archived_and_deleted,
+    archived_node,
+    bodies,
+    http,
+    publish,
+)
+from tests.support.cluster import Cluster, wait_until  # noqa: E402
 from tests.support.nsqd_process import NsqdFactory  # noqa: E402
+from tests.support.spark_standalone import SparkStandalone  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 COLS = ["partition", "offset", "id", "timestamp", "body"]
@@ -48,27 +59,48 @@ def test_archive_read_on_a_standalone_spark_cluster(nsqd_factory: NsqdFactory,
                                                     tmp_path: Path) -> None:
     """The same comparison as a job on a real standalone cluster (master + worker from
     pyspark's jars); its executors read the Parquet files and the nsqd."""
-    import json
-    import subprocess
-    import sys
 
-    from tests.support.spark_standalone import SparkStandalone
 
     arch = tmp_path / "archive"
     nsqd, a = archived_node(nsqd_factory, arch)
+    run_on_standalone(tmp_path, f"nsqd={nsqd.http_address}", arch, a["archive_end"])
+
+
+def run_on_standalone(tmp_path: Path, where: str, arch: Path, end: int) -> None:
+    """archive_driver.py as a job on a fresh standalone cluster: the archive's rows over
+    [0, end) equal the nsq source's (reading ``where``)."""
     spark = SparkStandalone(tmp_path / "spark")
     try:
         spark.start()
         env = {**spark.env(), "PYSPARK_PYTHON": sys.executable,
                "PYSPARK_DRIVER_PYTHON": sys.executable}
         res = subprocess.run([sys.executable, str(Path(__file__).with_name("archive_driver.py")),
-                              spark.master_url, nsqd.http_address, str(arch),
-                              str(a["archive_end"])], capture_output=True, env=env, timeout=300)
+                              spark.master_url, where, str(arch), str(end)],
+                             capture_output=True, env=env, timeout=300)
         assert res.returncode == 0, res.stderr.decode()[-5000:]
         out = json.loads(res.stdout.decode().strip().splitlines()[-1])
-        assert out["rows"] == a["archive_end"] > 0
+        assert out["rows"] == end > 0
         assert out["equal"] and out["offsets_ok"]
         apps = spark.state()["completedapps"] + spark.state()["activeapps"]
         assert out["app"] in [x["id"] for x in apps]  # it ran on the standalone master
     finally:
         spark.stop()
+
+
+def test_standalone_spark_reads_a_3_node_cluster_and_its_archive(
+        etcd_server, nsqd_factory: NsqdFactory, lookupd_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The issue's done-when for Spark: a 3-node nsqx cluster archiving to one place, read
+    through lookupd (each partition at its leader, archive + local log) by a job on a real
+    standalone Spark cluster, equal to spark.read.parquet of the archive."""
+    arch = tmp_path / "archive"
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(
+        nodes=3, nsqd_args=["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                            f"--archive-url={arch}"])
+    cluster.create_topic("t", partitions=1, replicas=3)
+    leader = cluster.leader("t")
+    http(leader, "POST", "/channel/create?topic=t&channel=c")
+    publish(leader, bodies(0, 400))
+    http(leader, "POST", "/channel/empty?topic=t&channel=c")
+    a = wait_until(lambda: archived_and_deleted(leader), what="the leader archived", timeout=90)
+    run_on_standalone(tmp_path, f"lookupd={cluster.lookupd.http_address}", arch,
+                      a["archive_end"])
