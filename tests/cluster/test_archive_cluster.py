@@ -1,8 +1,8 @@
 """Tiered storage in a 3-node cluster (a shared directory, and a real SeaweedFS bucket): the
-partition's leader archives (only committed data),
-the followers adopt its files and delete their local copies too, and after a kill -9 of the
-leader the new leader continues from the archived ranges: no gap, no second file for a
-range, and a stock pynsq consumer reset to the archive start gets every message in order."""
+partition's leader archives (only committed data), the followers adopt its files and delete
+their local copies too, and after a kill -9 of the leader the new leader continues from the
+archived ranges: no gap, no second file for a range, and a stock pynsq consumer reset to
+the archive start gets every message in order."""
 
 from __future__ import annotations
 
