@@ -318,3 +318,30 @@ def test_refresh_adopts_files_archived_elsewhere(tmp_path, archive):
     arch.join()
     leader.close()
     follower.close()
+
+
+def test_a_corrupt_file_seen_by_a_follower_stops_only_its_partition(tmp_path, archive):
+    """Cluster mode's refresh meets an unreadable file: that partition reports it (in
+    /stats' archive_error) and waits; the archiver goes on with the other logs."""
+    leader = make_log(tmp_path / "leader")
+    fill(leader)
+    arch = Archiver(archive, throttle_bytes_per_sec=0)
+    arch.add("t", 3, leader)
+    arch.run_once()
+    bad = archive.path(archive.list("t")[-1])
+    with open(bad, "wb") as f:
+        f.write(b"garbage")
+    follower = make_log(tmp_path / "follower")
+    other = make_log(tmp_path / "other")
+    fill(other)
+    arch2 = Archiver(archive, throttle_bytes_per_sec=0, refresh_interval=60,
+                     limit=lambda plog: None if plog is follower else plog.flushed_offset)
+    arch2.add("t", 3, follower)
+    arch2.add("u", 0, other)
+    assert arch2.run_once() == len(other.closed_segments())  # the other topic archived
+    st = arch2.stats(follower)
+    assert "E_ARCHIVE_CORRUPT" in st["archive_error"] and bad in st["archive_error"]
+    for a in (arch, arch2):
+        a.join()
+    for lg in (leader, follower, other):
+        lg.close()

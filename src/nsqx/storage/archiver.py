@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from nsqx.storage.archive import (
     ROW_GROUP_ROWS,
     Archive,
+    ArchiveCorrupt,
     ArchivedFile,
     ArchiveError,
     ArchiveTier,
@@ -187,8 +188,13 @@ class Archiver:
                     lim, todo = self._on_owner(lambda e=e: self._pending(e))
                 except LogError:
                     break  # the log was closed (topic deleted)
-                if self.refresh_interval and self._refresh(e, archiving=lim is not None):
-                    continue  # adopted what another node archived: look again
+                try:
+                    if self.refresh_interval and self._refresh(e, archiving=lim is not None):
+                        continue  # adopted what another node archived: look again
+                except ArchiveCorrupt as exc:  # a bad file of this partition: the others
+                    e.last_error = str(exc)  # go on; this one waits for an operator
+                    log.error("archive of %s partition %d: %s", e.topic, e.partition, exc)
+                    break
                 if not todo:
                     break
                 base, end, _ = todo[0]
