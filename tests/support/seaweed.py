@@ -4,6 +4,7 @@ in the AWS environment variables. Started and stopped like tests' etcd; never a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,7 +13,9 @@ import subprocess
 import sys
 import time
 import urllib.error
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from nsqx.cluster.etcd_server import free_port
 
@@ -144,3 +147,18 @@ class SeaweedS3:
     def resume(self) -> None:
         assert self.proc is not None
         os.killpg(self.proc.pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def seaweed_bucket(data_dir: Path, bucket: str, monkeypatch: Any) -> Iterator[SeaweedS3]:
+    """A running SeaweedFS holding ``bucket``, its credentials in this process's AWS
+    variables (so the nsqd processes a test starts inherit them); stopped afterwards."""
+    s3 = SeaweedS3(data_dir)
+    s3.start()
+    try:
+        s3.create_bucket(bucket)
+        for k, v in s3.env().items():
+            monkeypatch.setenv(k, v)
+        yield s3
+    finally:
+        s3.stop()
