@@ -145,7 +145,7 @@ def node_topic_stats(raw: dict[str, Any], producer: dict[str, Any], now: float |
     name = raw.get("topic_name", "")
     depth, backend = _i(raw.get("depth")), _i(raw.get("backend_depth"))
     zl, rl, gl = (_i(raw.get(k)) for k in _OMITEMPTY)
-    return {
+    out = {
         "node": node,
         "hostname": producer.get("hostname", ""),
         "topic_name": name,
@@ -163,6 +163,9 @@ def node_topic_stats(raw: dict[str, Any], producer: dict[str, Any], now: float |
         "paused": bool(raw.get("paused")),
         "e2e_processing_latency": e2e_from_nsqd(raw.get("e2e_processing_latency")),
     }
+    if raw.get("archive"):  # nsqx tiered storage: per partition (nsqd --archive-url)
+        out["archive"] = raw["archive"]
+    return out
 
 
 def aggregate_channels(per_node: list[dict[str, Any]], topic: str, channel: str

@@ -280,6 +280,32 @@ def render_topics(ctx: Ctx, rows: list[dict[str, Any]], rates: dict[str, float],
 
 # ------------------------------------------------------------------------- topic
 
+def _archive_table(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+    """Tiered storage per node and partition: what the archive serves, the local log's
+    start, and how far archiving lags (local deletion waits for it)."""
+    trs = []
+    for n, a in rows:
+        err = a.get("archive_error") or ""
+        trs.append(
+            f'<tr data-node="{e(n["node"])}" data-partition="{e(a["partition"])}">'
+            f'<td class="name">{e(n["hostname"] or n["node"])}</td>'
+            f'<td class="num">{e(a["partition"])}</td>'
+            f'<td class="num">{num(a["archive_start"])}</td>'
+            f'<td class="num">{num(a["log_start"])}</td>'
+            f'<td class="num">{num(a["archived_files"])}</td>'
+            f'<td class="num">{num(a["archived_bytes"])}</td>'
+            f'<td class="num">{num(a["archive_lag_segments"])} / '
+            f'{num(a["archive_lag_bytes"])} B</td>'
+            f'<td class="{"alert-danger" if err else "muted"}">{e(err) or "ok"}</td></tr>')
+    return ('<h3>Archive <span class="muted">tiered storage: resets reach back to the '
+            'archive start</span></h3><div class="table-wrap"><table class="table" '
+            'id="topic-archive"><thead><tr><th>NSQd host</th><th class="num">Partition</th>'
+            '<th class="num">Archive start</th><th class="num">Local log start</th>'
+            '<th class="num">Files</th><th class="num">Archived bytes</th>'
+            '<th class="num">Lag (segments / bytes)</th><th>Status</th></tr></thead><tbody>'
+            + "".join(trs) + "</tbody></table></div>")
+
+
 def render_topic(ctx: Ctx, topic: str, agg: dict[str, Any], rates: dict[str, float],
                  lookupd_mode: bool, *, cluster_topic: dict[str, Any] | None = None,
                  cluster: dict[str, Any] | None = None,
@@ -340,6 +366,9 @@ def render_topic(ctx: Ctx, topic: str, agg: dict[str, Any], rates: dict[str, flo
             '<th class="num">Memory + Disk</th><th class="num">Messages</th>'
             f'<th class="num">Channels</th>{e2e_h}<th></th></tr></thead><tbody>'
             + "".join(trs) + "</tbody></table></div>")
+    archived = [(n, a) for n in nodes for a in n.get("archive") or ()]
+    if archived:
+        body.append(_archive_table(archived))
     if routes is not None:
         body.append(_route_history(*routes))
         if ctx.is_admin:

@@ -8,6 +8,7 @@
     nsqx trace get orders --id 000000000000002a --nsqd-http-address 127.0.0.1:4151
     nsqx spark trace-report --nsqd 127.0.0.1:4151 --out ./trace-report
     nsqx cluster up --nodes 3; nsqx cluster status; nsqx node drain NODE_ID
+    nsqx archive ls orders --archive-url /mnt/archive
 
 To add a group: write ``add_<group>_commands(subparsers)`` that registers its parser with
 ``set_defaults(func=...)`` for every leaf command, and list it in ``GROUPS``.
@@ -440,13 +441,14 @@ def add_message_commands(sub: Any) -> None:
 
 
 def _cluster_groups() -> list[Callable[[Any], None]]:
+    from nsqx.cli.archive_cmd import add_archive_commands
     from nsqx.cli.cluster_cmd import add_cluster_commands, add_node_commands
     from nsqx.cli.import_cmd import add_import_commands
     from nsqx.cli.topic_cmd import add_topic_commands
     from nsqx.cli.trace_cmd import add_trace_commands
 
     return [add_topic_commands, add_cluster_commands, add_node_commands, add_trace_commands,
-            add_import_commands]
+            add_import_commands, add_archive_commands]
 
 
 GROUPS: list[Callable[[Any], None]] = [add_spark_commands, add_bench_commands,

@@ -138,9 +138,17 @@ def cmd_topic_describe(args: argparse.Namespace) -> int:
     print(f"topic {args.topic}: {len(parts)} partition{'s' if len(parts) != 1 else ''}"
           f"{', ordered' if t.get('ordered') else ''}, {t['message_count']} messages, "
           f"depth {t['depth']}")
+    archive = {a["partition"]: a for a in t.get("archive") or ()}  # --archive-url nodes
     for p in parts:
         span = (f"  log {p['log_start']}..{p['log_end']}" if "log_start" in p else "")
         print(f"  {p['partition']:>3}  messages {p['message_count']}  depth {p['depth']}{span}")
+        a = archive.get(p["partition"])
+        if a:
+            print(f"       archive {a['archive_start']}..{a['archive_end']} "
+                  f"({a['archived_files']} files, {a['archived_bytes']} bytes), local log from "
+                  f"{a['log_start']}, lag {a['archive_lag_segments']} segments / "
+                  f"{a['archive_lag_bytes']} bytes"
+                  + (f", error: {a['archive_error']}" if a.get("archive_error") else ""))
         for c in p["channels"]:
             print(f"       channel {c['channel_name']}: depth {c['depth']}, in flight "
                   f"{c['in_flight_count']}")

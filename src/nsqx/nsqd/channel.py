@@ -20,6 +20,7 @@ from nsqx.nsqd.tags import TagDispatch, retag
 from nsqx.protocol.v2 import StartPosition
 from nsqx.storage.cursor import ChannelCursor, Delivery
 from nsqx.storage.message_id import parse_id
+from nsqx.storage.records import LogError
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import Session, TopicView
@@ -66,19 +67,21 @@ def resolve_position(topic: TopicView, pos: StartPosition) -> tuple[int, bool]:
     if refusal is not None:
         raise NotLeader(refusal)
     log_ = topic.log
-    earliest, latest = log_.start_offset, log_.next_offset
+    earliest, latest = log_.earliest_offset, log_.next_offset  # (the archive's start)
     if pos.kind == "earliest":
-        return earliest, False
-    if pos.kind == "latest":
+        off, clamped = earliest, False
+    elif pos.kind == "latest":
         return latest, False
-    if pos.kind == "timestamp":
-        off = log_.offset_for_time(pos.value * 1_000_000_000)
-        return min(max(off, earliest), latest), False
-    if pos.value > latest:
+    elif pos.kind == "timestamp":
+        off, clamped = min(max(log_.offset_for_time(pos.value * 1_000_000_000), earliest),
+                           latest), False
+    elif pos.value > latest:
         raise SeekError(f"offset {pos.value} is beyond the end of the log ({latest})")
-    if pos.value < earliest:
-        return earliest, True
-    return pos.value, False
+    else:
+        off, clamped = max(pos.value, earliest), pos.value < earliest
+    if off < log_.start_offset:
+        log_.read(off, 0, 1)  # an unreadable archive file is refused now (LogError)
+    return off, clamped
 
 
 def now_ms() -> int:
@@ -223,7 +226,7 @@ class Channel:
                  f" {pos.value}" if pos.kind in ("offset", "timestamp") else "",
                  f" by {who}" if who else "")
         self.wake()
-        return SeekResult(offset, self.topic.log.start_offset, self.topic.log.next_offset,
+        return SeekResult(offset, self.topic.log.earliest_offset, self.topic.log.next_offset,
                           clamped, self.cursor.state_path is not None)
 
     def _changed(self) -> None:
@@ -346,21 +349,28 @@ class Channel:
         log_ = self.topic.log
         chunks: list[bytes] = []
         total = 0
-        for d in deliveries:
-            if d.attempts == 1 and d.count >= 1:
-                offset, left = d.offset, d.count
-                while left:
-                    r = log_.read(offset, MAX_READ_BYTES, left)
-                    if not r.count:
-                        break
-                    chunks.append(r.data)
-                    offset += r.count
-                    left -= r.count
-                    total += r.count
-            else:
-                frame = log_.read_frame(d.offset)
-                chunks.append(patch_attempts(frame, d.attempts))
-                total += 1
+        try:
+            for d in deliveries:
+                if d.attempts == 1 and d.count >= 1:
+                    offset, left = d.offset, d.count
+                    while left:
+                        r = log_.read(offset, MAX_READ_BYTES, left)
+                        if not r.count:
+                            break
+                        chunks.append(r.data)
+                        offset += r.count
+                        left -= r.count
+                        total += r.count
+                else:
+                    frame = log_.read_frame(d.offset)
+                    chunks.append(patch_attempts(frame, d.attempts))
+                    total += 1
+        except LogError as exc:
+            # e.g. an archived file turned unreadable (E_ARCHIVE_CORRUPT <file>): nothing is
+            # sent, never garbage; the taken messages time out and are tried again
+            log.error("TOPIC(%s) CHANNEL(%s): cannot deliver from offset %d - %s",
+                      self.topic.name, self.name, deliveries[0].offset, exc)
+            return
         if client.sample_rate:
             chunks = self._sample(client, chunks)
         if self.topic.tracer is not None:

@@ -52,6 +52,7 @@ from nsqx.protocol.v2 import (
 )
 from nsqx.storage.cursor import NotInFlight, NotOwner
 from nsqx.storage.message_id import MAX_OFFSET, parse_id
+from nsqx.storage.records import LogError
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
@@ -781,6 +782,8 @@ class ClientV2(asyncio.Protocol):
             raise Fatal("E_FAILED_ON_NOT_LEADER", f"{what} {exc}") from None
         except SeekError as exc:
             raise Fatal("E_SUB_FAILED", f"{what} failed to set the start position: {exc}") from None
+        except LogError as exc:  # the archive: a file unreadable (E_ARCHIVE_CORRUPT <file>)
+            raise Fatal(getattr(exc, "code", "E_SUB_FAILED"), f"{what} {exc}") from None
 
     def _cmd_rdy(self, cmd: Command) -> None:
         if self.state == STATE_CLOSING:

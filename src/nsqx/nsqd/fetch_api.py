@@ -8,7 +8,7 @@ Endpoints (query-string parameters, errors as upstream's ``{"message": CODE}``):
 ``GET /nsqx/offsets?topic=T[&timestamp_ns=NS]``
     200 JSON ``{"topic": T, "partitions": [{"partition": 0, "earliest": E, "latest": L,
     "synced": S[, "offset_for_timestamp": O]}]}``. ``earliest`` is the first offset still
-    kept, ``latest`` the next offset to be written (records ``[earliest, latest)`` are
+    kept (in the archive too, with ``--archive-url``), ``latest`` the next offset to be written (records ``[earliest, latest)`` are
     readable), ``synced`` the end of what is fsynced. ``offset_for_timestamp`` is the first
     offset whose timestamp is >= NS (``latest`` when there is none). 404 ``TOPIC_NOT_FOUND``
     (the topic is never created by a read), 400 ``MISSING_ARG_TOPIC``/``INVALID_TOPIC``/
@@ -297,7 +297,7 @@ class _FetchAPI:
         out = []
         for pid, part in sorted(_partition_objects(topic).items()):
             plog = getattr(part, "log", part)
-            entry = {"partition": pid, "earliest": plog.start_offset,
+            entry = {"partition": pid, "earliest": plog.earliest_offset,  # (archive too)
                      "latest": readable_end(part, uncommitted), "synced": plog.synced_offset}
             if ts_ns is not None:
                 entry["offset_for_timestamp"] = plog.offset_for_time(ts_ns)
@@ -319,7 +319,7 @@ class _FetchAPI:
             raise HTTPError(404, "PARTITION_NOT_FOUND")
         plog = getattr(part, "log", part)
         uncommitted = (_first(params, "uncommitted") or "") in ("1", "true")
-        earliest, latest = plog.start_offset, readable_end(part, uncommitted)
+        earliest, latest = plog.earliest_offset, readable_end(part, uncommitted)
         if offset > latest:
             raise HTTPError(416, "OFFSET_OUT_OF_RANGE")
         start = max(offset, earliest)

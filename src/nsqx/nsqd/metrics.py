@@ -173,6 +173,17 @@ _CHANNEL_METRICS = (
 )
 
 
+_ARCHIVE_METRICS = (
+    ("archive_lag_bytes", "nsqx_archive_lag_bytes",
+     "Bytes of closed log segments not archived yet (local deletion waits for them)."),
+    ("archive_lag_segments", "nsqx_archive_lag_segments",
+     "Closed log segments not archived yet."),
+    ("archived_bytes", "nsqx_archived_bytes", "Bytes of the partition's archived Parquet files."),
+    ("archive_start", "nsqx_archive_start_offset", "Oldest offset readable (archive included)."),
+    ("log_start", "nsqx_log_start_offset", "Oldest offset in the local log."),
+)
+
+
 def prometheus_text(stats: dict[str, Any], *, healthy: bool = True, node_id: int | None = None,
                     start_time: float | None = None) -> str:
     """Prometheus text exposition (0.0.4) of an upstream /stats dict plus the process."""
@@ -200,6 +211,11 @@ def prometheus_text(stats: dict[str, Any], *, healthy: bool = True, node_id: int
     if e2e:
         w.metric("nsq_channel_e2e_processing_latency_seconds", "gauge",
                  "End-to-end processing latency quantiles (publish to FIN).", e2e)
+    for key, name, help_ in _ARCHIVE_METRICS:  # tiered storage (only with --archive-url)
+        rows = [({"topic": t["topic_name"], "partition": str(a["partition"])}, a.get(key, 0))
+                for t in topics for a in t.get("archive") or () if key in a]
+        if rows:
+            w.metric(name, "gauge", help_, rows)
     p = process_stats()
     now = time.time()
     w.metric("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",

@@ -124,6 +124,14 @@ class NSQD:
         self.topic_hooks: list[Callable[[Topic], None]] = []  # called with each new Topic
         self._tracer: Any = None  # see tracer
         self._http_app: Any = None  # http_fast.DeferredApp of the plain listener, see start()
+        self.archiver: Any = None  # tiered storage (--archive-url): nsqx.nsqd.archiving
+        if opts.archive_url:
+            from nsqx.nsqd.archiving import NodeArchiver
+
+            self.archiver = NodeArchiver(self.loop, opts.archive_url, opts.archive_s3_endpoint,
+                                         cluster=bool(opts.cluster_leadership_addresses))
+            self.plugins.append(self.archiver)
+            self.topic_hooks.append(self.archiver.topic_added)
 
     @property
     def tracer(self) -> Any:
@@ -463,6 +471,9 @@ class NSQD:
         self._load_metadata()
         if not self.opts.cluster_leadership_addresses:
             self._adopt_unlisted_topics()
+        if self.archiver is not None:  # before any read: channels may sit in the archive
+            for part in (p for t in self.topics.values() for p in t.partitions):
+                self.archiver.topic_added(part)
         for topic in list(self.topics.values()):
             if topic.routes is not None:
                 await topic.routes.recover()  # commit a change a stop interrupted
@@ -781,6 +792,9 @@ class NSQD:
                     [c.e2e for p in parts for c in p.channels.values() if c.e2e is not None],
                     list(self.opts.e2e_processing_latency_percentiles)),
             }
+            if self.archiver is not None:  # nsqx: tiered storage, per partition
+                entry_t["archive"] = [{"partition": p.partition, **self.archiver.stats(p.log)}
+                                      for p in parts]
             if len(parts) > 1 or t.ordered:
                 # nsqx: per-partition detail (stock tools read the aggregate above)
                 entry_t["ordered"] = t.ordered

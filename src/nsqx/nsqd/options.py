@@ -10,6 +10,7 @@ Durations are float seconds; ``Options.go_value`` gives the value the way Go's
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import socket
 import ssl
@@ -30,6 +31,7 @@ from nsqx.flags import (
     parse_go_bool,
     peer_flag,
 )
+from nsqx.storage.archive import parse_url as parse_archive_url
 
 __all__ = [
     "LOG_LEVELS",
@@ -113,6 +115,9 @@ class Options:
     retention_bytes: int = 0
     max_log_bytes: int = 0  # hard cap per topic: lagging channels skip what it drops
     mem_tail_budget: int = 32 * 1024 * 1024  # newest messages kept in memory, all topics together
+    # nsqx tiered storage (docs/archive.md): closed segments archived as Parquet
+    archive_url: str = ""  # a directory or s3://bucket/prefix ("" = off)
+    archive_s3_endpoint: str = ""  # host:port or URL of the S3 service (default: AWS)
 
     queue_scan_interval: float = 0.1  # no flag upstream
     queue_scan_refresh_interval: float = 5.0  # no flag upstream
@@ -230,6 +235,13 @@ class Options:
                      "max_delay"):
             if getattr(self, name) < 0:
                 raise OptionsError(f"--{name.replace('_', '-')} must not be negative")
+        if self.archive_url:  # nsqx tiered storage
+            try:
+                parse_archive_url(self.archive_url)
+            except ValueError as e:
+                raise OptionsError(f"--archive-url: {e}") from None
+            if importlib.util.find_spec("pyarrow") is None:
+                raise OptionsError("--archive-url needs pyarrow: pip install 'nsqx[archive]'")
         if self.statsd_address and self.statsd_interval <= 0:
             raise OptionsError("--statsd-interval must be > 0")
         # the same ceilings as /channel/config and /topic/config (attempts: 16-bit field)
@@ -383,6 +395,11 @@ def _flags() -> list[Flag]:
              "between flushing data to clients"),
         Flag("max-channel-consumers", INT, 0, "maximum channel consumer connection count per nsqd "
              "instance (default 0, i.e., unlimited)"),
+        # nsqx tiered storage
+        Flag("archive-url", STR, "", "archive closed log segments as Parquet files to this "
+             "directory or s3://bucket/prefix; old reads are served from there"),
+        Flag("archive-s3-endpoint", STR, "", "S3 endpoint (host:port or URL) for an s3:// "
+             "--archive-url (credentials from the AWS environment variables)"),
         # statsd
         peer_flag("statsd-address", "UDP <addr>:<port> of a statsd daemon for pushing stats",
                   many=False),

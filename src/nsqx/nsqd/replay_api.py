@@ -78,6 +78,7 @@ from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.routes import RouteError
 from nsqx.protocol.v2 import StartPosition, parse_start_position
 from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION, make_id
+from nsqx.storage.records import LogError
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
@@ -199,6 +200,9 @@ class _ReplayAPI:
         except SeekError as exc:
             log.info("TOPIC(%s) CHANNEL(%s): setoffset refused - %s", tname, cname, exc)
             raise HTTPError(400, "OFFSET_OUT_OF_RANGE") from None
+        except LogError as exc:  # the archive: E_ARCHIVE_CORRUPT <file> ..., or unreachable
+            log.error("TOPIC(%s) CHANNEL(%s): setoffset failed - %s", tname, cname, exc)
+            raise HTTPError(500, str(exc)) from None
         return _json({"topic": tname, "channel": cname, "partition": part.partition,
                       "offset": res.offset, "earliest": res.earliest, "latest": res.latest,
                       "clamped": res.clamped, "persisted": res.persisted})
@@ -248,6 +252,8 @@ class _ReplayAPI:
             frame = plog.read_frame(offset)
         except (KeyError, ValueError):
             raise HTTPError(404, "MESSAGE_NOT_FOUND") from None
+        except LogError as exc:  # an archived offset whose file is unreadable (names it)
+            raise HTTPError(500, str(exc)) from None
         if (_first(params, "raw") or "") in ("1", "true"):
             return web.Response(body=bytes(frame[34:]), content_type="application/octet-stream",
                                 headers={"X-Nsqx-Message-Id": make_id(part.partition, offset)

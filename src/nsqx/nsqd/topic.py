@@ -393,7 +393,8 @@ class Topic:
             return
         floors = [ch.cursor.confirmed for ch in self.channels.values() if not ch.ephemeral]
         floor = min(floors) if floors else max(self.pending_from, self.log.start_offset)
-        start = self.log.apply_retention(floor, time.time())
+        self.log.apply_retention(floor, time.time())
+        start = self.log.earliest_offset  # (with an archive: what it still serves)
         for ch in self.channels.values():
             if ch.cursor.confirmed < start:
                 skipped = ch.cursor.skip_to(start)

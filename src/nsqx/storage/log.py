@@ -16,10 +16,11 @@ import threading
 import time
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import accumulate, repeat
 from operator import add
 from pathlib import Path
+from typing import Protocol
 
 from nsqx.speedups import native
 from nsqx.storage.checksum import crc32
@@ -97,6 +98,16 @@ class _Pending:
         return self.sizes if self.sizes is not None else _U32.pack(self.flen) * self.count
 
 
+class LowerTier(Protocol):
+    """Older offsets kept elsewhere (the archive: nsqx.storage.archive.ArchiveTier), read
+    through the log below its local start."""
+
+    def start_for(self, local_start: int) -> int: ...
+    def chunk(self, offset: int) -> Chunk: ...
+    def headers(self, offset: int) -> dict[str, bytes] | None: ...
+    def offset_for_time(self, ts: int) -> int | None: ...
+
+
 def frame_lengths(data: bytes, count: int) -> list[int]:
     """Lengths of ``count`` stored frames back to back in ``data`` (ValueError if they are not)."""
     out = []
@@ -142,6 +153,11 @@ class PartitionLog:
         self._last_checkpoint = 0.0
         self._last_sync = time.monotonic()
         self._closed = False
+        # tiered storage (set by the owner when archiving is on): offsets below the local
+        # start are read from ``lower``; a segment is deleted only if ``may_delete(its end
+        # offset)`` says it is archived
+        self.lower: LowerTier | None = None
+        self.may_delete: Callable[[int], bool] | None = None
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._recover()
@@ -212,12 +228,27 @@ class PartitionLog:
         return self._segments[0].base
 
     @property
+    def earliest_offset(self) -> int:
+        """Oldest readable offset: the archive's start when one reaches the local start."""
+        lower = self.lower
+        start = self._segments[0].base
+        return start if lower is None else lower.start_for(start)
+
+    @property
     def flushed_offset(self) -> int:
         return self._flushed
 
     @property
     def synced_offset(self) -> int:
         return self._synced
+
+    def closed_segments(self, *, synced_only: bool = True) -> list[tuple[int, int, int]]:
+        """(base, end offset, bytes) of the segments no append touches again (all but the
+        newest), only fully fsynced ones unless ``synced_only`` is false: what an archiver
+        may copy."""
+        synced = self._synced
+        return [(s.base, s.next_offset, s.size) for s in self._segments[:-1]
+                if not synced_only or s.next_offset <= synced]
 
     def size_bytes(self) -> int:
         return sum(s.size for s in self._segments)
@@ -350,6 +381,11 @@ class PartitionLog:
         """Extension headers of the offsets in [lo, hi): one read per commit that has any."""
         out: dict[int, dict[str, bytes]] = {}
         hi = min(hi, self._flushed)
+        if lo < self.start_offset and self.lower is not None:
+            for off in range(max(lo, self.earliest_offset), min(hi, self.start_offset)):
+                h = self.lower.headers(off)
+                if h:
+                    out[off] = h
         for seg in list(self._segments):
             if seg.next_offset <= lo or seg.base >= hi or not seg.bases or not seg.sizes[4]:
                 continue  # (an empty .headers file: no commit of the segment has any)
@@ -609,8 +645,16 @@ class PartitionLog:
 
     # -- reads ---------------------------------------------------------------------------
     def read(self, offset: int, max_bytes: int, max_count: int | None = None) -> ReadResult:
-        """Whole frames from offset (at least one if any is readable)."""
-        offset = max(offset, self.start_offset)
+        """Whole frames from offset (at least one if any is readable); a read below the
+        local start (from the archive) stops at the local start."""
+        start = self.start_offset
+        if offset < start and self.lower is not None:
+            offset = max(offset, self.earliest_offset)
+            if offset < start and (max_count is None or max_count > 0):
+                data, n, nxt = read_chunks(self.lower.chunk, offset, start, max_bytes,
+                                           max_count)
+                return ReadResult(data, offset, n, nxt)
+        offset = max(offset, start)
         if offset >= self._flushed or (max_count is not None and max_count <= 0):
             return ReadResult(b"", offset, 0, offset)
         try:
@@ -655,16 +699,25 @@ class PartitionLog:
     def read_one(self, offset: int) -> bytes | memoryview:
         """The frame at a readable offset (start_offset <= offset < flushed): ``read(offset,
         0, 1).data`` without the walk."""
+        if offset < self._segments[0].base and self.lower is not None:
+            return chunk_frame(self.lower.chunk(offset), offset)
         return chunk_frame(self._get_chunk(offset), offset)
 
     def read_frame(self, offset: int) -> bytes:
-        if not self.start_offset <= offset < self._flushed:
+        if not self.earliest_offset <= offset < self._flushed:
             raise KeyError(offset)
         r = self.read(offset, 0, 1)
         return bytes(r.data)
 
     def offset_for_time(self, timestamp_ns: int) -> int:
-        """First offset with timestamp >= ts (running max, so a clock step back is harmless)."""
+        """First offset with timestamp >= ts (running max, so a clock step back is harmless);
+        the archive first when it holds older offsets."""
+        if self.lower is not None:
+            start = self.start_offset
+            if self.earliest_offset < start:
+                off = self.lower.offset_for_time(timestamp_ns)
+                if off is not None and off < start:
+                    return max(off, self.earliest_offset)
         for seg in self._segments:
             off = seg.offset_for_time(timestamp_ns)
             if off is not None:
@@ -681,6 +734,8 @@ class PartitionLog:
                 yield BatchInfo(e[0], e[1], e[4], e[6], e[7], e[8])
 
     def headers(self, offset: int) -> dict[str, bytes] | None:
+        if offset < self.start_offset and self.lower is not None:
+            return (self.lower.headers(offset) if offset >= self.earliest_offset else None)
         if not self.start_offset <= offset < self._flushed:
             return None
         seg = self._segment_for(offset)
@@ -838,8 +893,11 @@ class PartitionLog:
         cfg = self.config
         now = time.time() if now is None else now
         total = self.size_bytes()
+        may_delete = self.may_delete
         while len(self._segments) > 1:
             seg, nxt = self._segments[0], self._segments[1]
+            if may_delete is not None and not may_delete(nxt.base):
+                break  # not archived yet: kept (even past the hard cap), nothing is lost
             hard = cfg.hard_size_cap is not None and total > cfg.hard_size_cap
             if not hard:
                 if nxt.base > floor_offset:

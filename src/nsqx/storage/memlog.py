@@ -202,6 +202,11 @@ class MemoryLog:
                 out[off] = h
         return out
 
+    @property
+    def earliest_offset(self) -> int:
+        """Oldest readable offset (no archive tier for a log in memory)."""
+        return self.start_offset
+
     def apply_retention(self, floor_offset: int, now: float | None = None) -> int:
         return self.start_offset
 

@@ -1,0 +1,299 @@
+"""The background archiver: every closed, fsynced segment of the logs it is given becomes one
+Parquet file in the archive (nsqx.storage.archive), oldest first, one segment at a time.
+
+It runs in one worker thread. The log itself is touched only through ``call`` (nsqd passes
+a function that runs it on the event loop and waits), a slice of at most ``PIECE_BYTES`` at a
+time, so the loop never waits for Parquet encoding or the network; encoding, upload and the
+manifest write happen in the thread. Memory is bounded by one row group's frames plus the
+Parquet writer's buffer. A byte-rate throttle keeps a large backlog from taking the machine.
+
+Retention asks ``may_delete`` (installed on the log by ``add``): a segment goes only once its
+offsets are archived, so with the archive unreachable local deletion waits and ``lag``
+grows; nothing is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from nsqx.storage.archive import (
+    ROW_GROUP_ROWS,
+    Archive,
+    ArchiveCorrupt,
+    ArchivedFile,
+    ArchiveError,
+    ArchiveTier,
+    frames_to_batch,
+)
+from nsqx.storage.log import PartitionLog
+from nsqx.storage.records import LogError
+
+log = logging.getLogger("nsqx.storage.archiver")
+T = TypeVar("T")
+PIECE_BYTES = 4 << 20
+
+
+class Stopped(Exception):
+    """The archiver was closed while it waited for the log's owner."""
+
+
+class _Changed(Exception):
+    """The segment being archived changed under the archiver (truncated, log closed)."""
+
+
+@dataclass
+class _Entry:
+    topic: str
+    partition: int
+    log: PartitionLog
+    tier: ArchiveTier
+    archived_segments: int = 0
+    last_error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def direct_call(fn: Callable[[], T]) -> T:
+    """``call`` for a log no event loop owns (tests, tools)."""
+    return fn()
+
+
+class Archiver:
+    """Archives closed segments of registered partition logs (see module doc)."""
+
+    def __init__(self, archive: Archive, *, call: Callable[[Callable[[], Any]], Any] = direct_call,
+                 throttle_bytes_per_sec: float = 64 << 20, retry_interval: float = 5.0,
+                 poll_interval: float = 1.0,
+                 on_archived: Callable[[PartitionLog], object] | None = None,
+                 limit: Callable[[PartitionLog], int | None] | None = None,
+                 refresh_interval: float = 0.0) -> None:
+        self.archive = archive
+        self._call = call
+        self.throttle = throttle_bytes_per_sec
+        self.retry_interval = retry_interval
+        self.poll_interval = poll_interval
+        # run through ``call`` after a log's segment is recorded: the owner may apply
+        # retention now instead of at its next pass
+        self.on_archived = on_archived
+        # through ``call``: the offset below which a log may be archived (cluster mode: the
+        # high watermark), None where it must not be (a follower); default: what is flushed
+        self.limit = limit or (lambda plog: plog.flushed_offset)
+        # cluster mode (> 0): how often a log that is not archived here adopts the files its
+        # leader archived (ArchiveTier.refresh); a log becoming archivable here does at once
+        self.refresh_interval = refresh_interval
+        self._entries: dict[int, _Entry] = {}  # id(log) -> entry (swapped whole)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error = ""  # the newest failure to reach the archive ("" after a success)
+        self.archived_files = 0
+        self.archived_log_bytes = 0
+
+    # -- registration (on the log owner's thread) -----------------------------------------
+    def add(self, topic: str, partition: int, plog: PartitionLog) -> ArchiveTier:
+        """Archive this log from now on: reads below its local start go to the archive, and
+        retention deletes only archived segments."""
+        old = self._entries.get(id(plog))
+        if old is not None and old.log is plog:
+            return old.tier
+        tier = ArchiveTier(self.archive, plog.path, topic, partition)
+        plog.lower = tier
+        plog.may_delete = lambda end, t=tier: end <= t.end
+        self._entries = {**self._entries, id(plog): _Entry(topic, partition, plog, tier)}
+        self._wake.set()
+        return tier
+
+    def remove(self, plog: PartitionLog) -> None:
+        e = self._entries.get(id(plog))
+        if e is None:
+            return
+        self._entries = {k: v for k, v in self._entries.items() if k != id(plog)}
+        plog.lower = None
+        plog.may_delete = None
+        e.tier.close()
+
+    def lag(self, plog: PartitionLog) -> tuple[int, int]:
+        """(bytes, segments) of closed local segments not archived yet."""
+        e = self._entries.get(id(plog))
+        if e is None:
+            return 0, 0
+        end = e.tier.end
+        pend = [s for s in plog.closed_segments(synced_only=False) if s[1] > end]
+        return sum(s[2] for s in pend), len(pend)
+
+    def stats(self, plog: PartitionLog) -> dict[str, Any]:
+        """/stats fields of one partition (empty when it is not archived)."""
+        e = self._entries.get(id(plog))
+        if e is None:
+            return {}
+        lag_bytes, lag_segments = self.lag(plog)
+        return {"archive_start": plog.earliest_offset, "log_start": plog.start_offset,
+                "archive_end": e.tier.end, "archived_bytes": e.tier.archived_bytes(),
+                "archived_files": len(e.tier.files), "archive_lag_bytes": lag_bytes,
+                "archive_lag_segments": lag_segments, "archive_error": e.last_error}
+
+    # -- the worker ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="nsqx-archiver", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Ask the worker to stop (it finishes or abandons the file it writes: an
+        unrecorded file is written again, to the same key, next time)."""
+        self._stop.set()
+        self._wake.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for e in list(self._entries.values()):
+            e.tier.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.run_once()
+                delay = self.poll_interval
+            except Stopped:
+                return
+            except ArchiveError as exc:
+                self.last_error = str(exc)
+                log.warning("archive unreachable, local deletion waits: %s", exc)
+                delay = self.retry_interval
+            except Exception:  # keep archiving: a bug here must not end the worker
+                log.exception("archiver pass failed")
+                delay = self.retry_interval
+            self._wake.wait(delay)
+
+    def _on_owner(self, fn: Callable[[], T]) -> T:
+        if self._stop.is_set():
+            raise Stopped
+        return self._call(fn)
+
+    def run_once(self) -> int:
+        """Archive every pending closed segment of every log; how many were archived.
+        Raises ArchiveError when the archive cannot be written (the caller retries)."""
+        done = 0
+        for e in list(self._entries.values()):
+            while not self._stop.is_set():
+                try:
+                    lim, todo = self._on_owner(lambda e=e: self._pending(e))
+                except LogError:
+                    break  # the log was closed (topic deleted)
+                try:
+                    if self.refresh_interval and self._refresh(e, archiving=lim is not None):
+                        continue  # adopted what another node archived: look again
+                except ArchiveCorrupt as exc:  # a bad file of this partition: the others
+                    e.last_error = str(exc)  # go on; this one waits for an operator
+                    log.error("archive of %s partition %d: %s", e.topic, e.partition, exc)
+                    break
+                if not todo:
+                    break
+                base, end, _ = todo[0]
+                try:
+                    f = self.archive_segment(e, max(base, e.tier.end), end)
+                except ArchiveError as exc:
+                    e.last_error = str(exc)
+                    raise
+                if f is None:
+                    break
+                e.tier.record(f)
+                e.last_error = ""
+                self.last_error = ""
+                e.archived_segments += 1
+                self.archived_files += 1
+                done += 1
+                if self.on_archived is not None:
+                    self._on_owner(lambda e=e: self.on_archived(e.log))
+        return done
+
+    def _pending(self, e: _Entry) -> tuple[int | None, list[tuple[int, int, int]]]:
+        """On the owner's thread: (limit, closed segments below it not archived yet)."""
+        lim = self.limit(e.log)
+        if lim is None:
+            return None, []
+        end = e.tier.end
+        return lim, [s for s in e.log.closed_segments() if end < s[1] <= lim]
+
+    def _refresh(self, e: _Entry, *, archiving: bool) -> int:
+        """Cluster mode: adopt files archived elsewhere - every refresh_interval while this
+        node does not archive the log, and once when it starts to (a new leader continues
+        where the old one stopped, to the same keys). How many were adopted."""
+        now = time.monotonic()
+        was = e.extra.get("archiving", False)
+        e.extra["archiving"] = archiving
+        if (archiving and was) or (not archiving and now - e.extra.get("refreshed", -1e9)
+                                   < self.refresh_interval):
+            return 0
+        e.extra["refreshed"] = now
+        n = e.tier.refresh()
+        if n and self.on_archived is not None:
+            self._on_owner(lambda: self.on_archived(e.log))  # retention may delete now
+        return n
+
+    def archive_segment(self, e: _Entry, lo: int, hi: int) -> ArchivedFile | None:
+        """Write offsets [lo, hi) of a closed segment as one file (not yet recorded); None
+        when the log changed under it (truncated, closed)."""
+        plog = e.log
+        first = self._on_owner(lambda: plog.read(lo, 1 << 16, 1))
+        if first.count != 1 or first.start != lo:
+            return None
+        first_ts = int.from_bytes(bytes(first.data[8:16]), "big")
+        key = self.archive.key_for(e.topic, e.partition, lo, first_ts)
+        bounds = {"min": first_ts, "max": first_ts, "bytes": 0}
+
+        def pieces():
+            cur = lo
+            t0 = time.monotonic()
+            while cur < hi:
+                got = self._on_owner(lambda c=cur: _read_piece(plog, c, hi))
+                if got is None:
+                    raise _Changed
+                data, n, headers, epochs = got
+                batch = frames_to_batch(data, cur, e.partition, headers, epochs)
+                ts = batch.column("timestamp_ns")
+                bounds["min"] = min(bounds["min"], _pc().min(ts).as_py())
+                bounds["max"] = max(bounds["max"], _pc().max(ts).as_py())
+                bounds["bytes"] += len(data)
+                yield batch
+                cur += n
+                if self.throttle:
+                    ahead = bounds["bytes"] / self.throttle - (time.monotonic() - t0)
+                    if ahead > 0 and self._stop.wait(ahead):
+                        raise Stopped
+
+        try:
+            size = self.archive.write(key, pieces())
+        except (_Changed, LogError) as exc:
+            if isinstance(exc, ArchiveError):
+                raise
+            return None
+        self.archived_log_bytes += bounds["bytes"]
+        return ArchivedFile(lo, hi, key, size, bounds["min"], bounds["max"])
+
+
+def _pc() -> Any:
+    return __import__("pyarrow.compute", fromlist=["compute"])
+
+
+def _read_piece(plog: PartitionLog, lo: int, hi: int):
+    """On the log owner's thread: up to PIECE_BYTES / one row group of frames from lo (below
+    hi), their headers and the (first offset, epoch) of their commits; None if lo is gone."""
+    r = plog.read(lo, PIECE_BYTES, min(hi - lo, ROW_GROUP_ROWS))
+    if r.count == 0 or r.start != lo:
+        return None
+    nxt = lo + r.count
+    epochs = []
+    for b in plog.batches(lo):
+        if b.base_offset >= nxt:
+            break
+        epochs.append((max(b.base_offset, lo), b.epoch))
+    return bytes(r.data), r.count, plog.headers_range(lo, nxt), epochs

