@@ -529,6 +529,8 @@ def test_hostile_requests_get_codes_and_never_corrupt_the_cursor(tmp_path_factor
 
 
 def test_message_get_needs_subscribe_permission(nsqd_factory, auth_server) -> None:  # type: ignore[no-untyped-def]
+    import urllib.request
+
     from tests.support.auth_server import Identity, grant
 
     auth_server.identities["reader"] = Identity("r", [grant("t", (".*",), ("subscribe",))])
@@ -555,7 +557,20 @@ def test_message_get_needs_subscribe_permission(nsqd_factory, auth_server) -> No
     assert (get("writer").status, get("writer").json()) == (403, {"message": "UNAUTHORIZED"})
     r = get("reader")
     assert r.status == 200 and r.json()["body"] == "secret"
-    # setoffset is an admin action (no auth, as upstream's channel endpoints)
-    assert http_api.post(node.http_address, "/channel/create", topic="t",
-                         channel="c").status == 200
-    assert setoffset(node, "earliest").status == 200
+    # setoffset moves a channel: publish on the topic with the channel matching (issue 23;
+    # every operator endpoint is covered in test_operator_auth.py)
+    assert setoffset(node, "earliest").status == 401
+    auth_server.identities["operator"] = Identity("o", [grant("t", ("c",),
+                                                              ("subscribe", "publish"))])
+    req = urllib.request.Request(http_api._url(node.http_address, "/channel/create",
+                                               {"topic": "t", "channel": "c"}),
+                                 data=b"", method="POST",
+                                 headers={"Authorization": "Bearer operator"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+    req = urllib.request.Request(http_api._url(node.http_address, "/channel/setoffset",
+                                               {"topic": "t", "channel": "c"}),
+                                 data=b"earliest", method="POST",
+                                 headers={"Authorization": "Bearer operator"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
