@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
-
 from tests.support import http_api
 from tests.support.auth_server import AuthServer, Identity, grant
 from tests.support.http_api import Response
@@ -107,7 +105,6 @@ def _run_allowed(address: str, secret_for: dict[str, str | None]) -> None:
         assert r.status == 200, (ep.path, r.status, r.body)
 
 
-@pytest.mark.slow
 def test_every_operator_endpoint_needs_its_permission(nsqd_factory: NsqdFactory,
                                                       auth_server: AuthServer) -> None:
     for secret, grants in IDENTITIES.items():
@@ -160,7 +157,6 @@ def test_argument_errors_come_after_authentication(nsqd_factory: NsqdFactory,
     assert http_api.pub(a, T, b"x").status == 200
 
 
-@pytest.mark.slow
 def test_without_auth_every_endpoint_stays_open(nsqd_factory: NsqdFactory) -> None:
     node = nsqd_factory.start()
     _prepare(node.http_address)
