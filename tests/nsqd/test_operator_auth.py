@@ -10,24 +10,9 @@ from typing import Any
 
 from tests.support import http_api
 from tests.support.auth_server import AuthServer, Identity, grant
-from tests.support.http_api import Response
 from tests.support.nsqd_process import NsqdFactory
 
-
-def call(address: str, method: str, path: str, params: dict[str, Any], body: bytes | None,
-         secret: str | None) -> Response:
-    import urllib.error
-    import urllib.request
-
-    url = f"http://{address}{path}?{urllib.parse.urlencode(params)}"
-    req = urllib.request.Request(url, data=body, method=method)
-    if secret is not None:
-        req.add_header("Authorization", f"Bearer {secret}")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return Response(r.status, {}, r.read())
-    except urllib.error.HTTPError as e:
-        return Response(e.code, {}, e.read())
+call = http_api.with_secret
 
 
 @dataclass
@@ -63,6 +48,7 @@ ENDPOINTS = [
     Endpoint("POST", "/topic/empty", {"topic": T}, "write-topic"),
     Endpoint("POST", "/topic/create", {"topic": R, "partition_num": 2, "logical": 16},
              "write-topic"),
+    Endpoint("POST", "/topic/route", {"topic": "r2", "logical": 8}, "write-topic"),
     Endpoint("POST", "/topic/split", {"topic": R, "partition": 0, "at": 4}, "write-topic"),
     Endpoint("POST", "/topic/merge", {"topic": R, "a": 3, "b": 1}, "write-topic"),
     Endpoint("POST", "/topic/move", {"topic": R, "partition": 4, "node": "elsewhere:4150"},

@@ -529,29 +529,17 @@ def test_hostile_requests_get_codes_and_never_corrupt_the_cursor(tmp_path_factor
 
 
 def test_message_get_needs_subscribe_permission(nsqd_factory, auth_server) -> None:  # type: ignore[no-untyped-def]
-    import urllib.request
-
     from tests.support.auth_server import Identity, grant
 
     auth_server.identities["reader"] = Identity("r", [grant("t", (".*",), ("subscribe",))])
     auth_server.identities["writer"] = Identity("w", [grant("t", (".*",), ("publish",))])
     node = nsqd_factory.start([f"--auth-http-address={auth_server.address}"])
     assert http_api.mpub(node.http_address, "t", [b"secret"]).status == 200
-    url = http_api._url(node.http_address, "/message/get",
-                        {"topic": "t", "search_mode": "count", "search_pos": "0"})
 
     def get(secret: str | None) -> Response:
-        import urllib.error
-        import urllib.request
-
-        req = urllib.request.Request(url)
-        if secret:
-            req.add_header("Authorization", f"Bearer {secret}")
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return Response(r.status, {}, r.read())
-        except urllib.error.HTTPError as e:
-            return Response(e.code, {}, e.read())
+        return http_api.with_secret(node.http_address, "GET", "/message/get",
+                                    {"topic": "t", "search_mode": "count", "search_pos": "0"},
+                                    secret=secret)
 
     assert (get(None).status, get(None).json()) == (401, {"message": "AUTH_REQUIRED"})
     assert (get("writer").status, get("writer").json()) == (403, {"message": "UNAUTHORIZED"})
@@ -562,15 +550,7 @@ def test_message_get_needs_subscribe_permission(nsqd_factory, auth_server) -> No
     assert setoffset(node, "earliest").status == 401
     auth_server.identities["operator"] = Identity("o", [grant("t", ("c",),
                                                               ("subscribe", "publish"))])
-    req = urllib.request.Request(http_api._url(node.http_address, "/channel/create",
-                                               {"topic": "t", "channel": "c"}),
-                                 data=b"", method="POST",
-                                 headers={"Authorization": "Bearer operator"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 200
-    req = urllib.request.Request(http_api._url(node.http_address, "/channel/setoffset",
-                                               {"topic": "t", "channel": "c"}),
-                                 data=b"earliest", method="POST",
-                                 headers={"Authorization": "Bearer operator"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 200
+    q = {"topic": "t", "channel": "c"}
+    for path, body in (("/channel/create", b""), ("/channel/setoffset", b"earliest")):
+        r = http_api.with_secret(node.http_address, "POST", path, q, body, "operator")
+        assert r.status == 200, (path, r.body)
