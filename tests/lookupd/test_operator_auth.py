@@ -8,8 +8,9 @@ import json
 import time
 import urllib.request
 
-from tests.nsqd.test_operator_auth import IDENTITIES, call
+from tests.nsqd.test_operator_auth import IDENTITIES
 from tests.support.auth_server import AuthServer, Identity
+from tests.support.http_api import with_secret as call
 
 # (method, path, params, secret allowed, secrets refused) in an order that all succeed
 ENDPOINTS = [
