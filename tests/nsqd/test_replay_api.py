@@ -535,27 +535,22 @@ def test_message_get_needs_subscribe_permission(nsqd_factory, auth_server) -> No
     auth_server.identities["writer"] = Identity("w", [grant("t", (".*",), ("publish",))])
     node = nsqd_factory.start([f"--auth-http-address={auth_server.address}"])
     assert http_api.mpub(node.http_address, "t", [b"secret"]).status == 200
-    url = http_api._url(node.http_address, "/message/get",
-                        {"topic": "t", "search_mode": "count", "search_pos": "0"})
 
     def get(secret: str | None) -> Response:
-        import urllib.error
-        import urllib.request
-
-        req = urllib.request.Request(url)
-        if secret:
-            req.add_header("Authorization", f"Bearer {secret}")
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return Response(r.status, {}, r.read())
-        except urllib.error.HTTPError as e:
-            return Response(e.code, {}, e.read())
+        return http_api.with_secret(node.http_address, "GET", "/message/get",
+                                    {"topic": "t", "search_mode": "count", "search_pos": "0"},
+                                    secret=secret)
 
     assert (get(None).status, get(None).json()) == (401, {"message": "AUTH_REQUIRED"})
     assert (get("writer").status, get("writer").json()) == (403, {"message": "UNAUTHORIZED"})
     r = get("reader")
     assert r.status == 200 and r.json()["body"] == "secret"
-    # setoffset is an admin action (no auth, as upstream's channel endpoints)
-    assert http_api.post(node.http_address, "/channel/create", topic="t",
-                         channel="c").status == 200
-    assert setoffset(node, "earliest").status == 200
+    # setoffset moves a channel: publish on the topic with the channel matching (issue 23;
+    # every operator endpoint is covered in test_operator_auth.py)
+    assert setoffset(node, "earliest").status == 401
+    auth_server.identities["operator"] = Identity("o", [grant("t", ("c",),
+                                                              ("subscribe", "publish"))])
+    q = {"topic": "t", "channel": "c"}
+    for path, body in (("/channel/create", b""), ("/channel/setoffset", b"earliest")):
+        r = http_api.with_secret(node.http_address, "POST", path, q, body, "operator")
+        assert r.status == 200, (path, r.body)

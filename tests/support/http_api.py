@@ -23,9 +23,10 @@ class Response:
 
 
 def request(method: str, url: str, body: bytes | None = None, *, timeout: float = 10.0,
-            ssl_context: ssl.SSLContext | None = None) -> Response:
+            ssl_context: ssl.SSLContext | None = None,
+            headers: dict[str, str] | None = None) -> Response:
     """One request; HTTP error statuses are returned, not raised."""
-    req = urllib.request.Request(url, data=body, method=method)
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=ssl_context) as resp:
             return Response(resp.status, {k.lower(): v for k, v in resp.headers.items()},
@@ -38,6 +39,14 @@ def _url(address: str, path: str, params: dict[str, Any] | None = None,
          scheme: str = "http") -> str:
     q = f"?{urlencode(params)}" if params else ""
     return f"{scheme}://{address}{path}{q}"
+
+
+def with_secret(address: str, method: str, path: str, params: dict[str, Any],
+                body: bytes | None = None, secret: str | None = None) -> Response:
+    """A request carrying ``Authorization: Bearer secret`` (none when ``secret`` is None),
+    as to a node with ``--auth-http-address``."""
+    headers = {"Authorization": f"Bearer {secret}"} if secret is not None else None
+    return request(method, _url(address, path, params), body, headers=headers)
 
 
 def pub(address: str, topic: str, body: bytes, defer_ms: int | None = None,

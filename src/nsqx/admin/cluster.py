@@ -23,7 +23,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from .options import Options
+from .options import Options, auth_secret
 
 __all__ = ["ClusterClient", "ClusterRefused", "NodeStatus", "UpstreamError", "http_address",
            "parse_version"]
@@ -108,6 +108,8 @@ class ClusterClient:
         self.health: dict[str, NodeStatus] = {}
         self._session: aiohttp.ClientSession | None = None
         self._ssl = _ssl_context(opts)
+        secret = auth_secret(opts)  # for nodes with --auth-http-address; never to graphite
+        self._auth = {"Authorization": f"Bearer {secret}"} if secret else None
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -178,7 +180,7 @@ class ClusterClient:
         url = self.url(addr, path)
         t0 = time.monotonic()
         try:
-            async with self.session.request(method, url, data=body) as resp:
+            async with self.session.request(method, url, data=body, headers=self._auth) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     # the node answered: it is up, the request was refused
@@ -425,7 +427,8 @@ class ClusterClient:
             url = self.url(a, path)
             t0 = time.monotonic()
             try:
-                async with self.session.request(method, url, data=data) as resp:
+                async with self.session.request(method, url, data=data,
+                                                headers=self._auth) as resp:
                     raw = await resp.read()
                     status = resp.status
             except (aiohttp.ClientError, OSError, TimeoutError) as e:

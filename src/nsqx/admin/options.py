@@ -67,6 +67,8 @@ class Options:
     http_client_tls_root_ca_file: str = ""
     http_client_tls_cert: str = ""
     http_client_tls_key: str = ""
+    # nsqx: the secret sent (Authorization: Bearer) to nodes with --auth-http-address
+    http_client_auth_secret_file: str = ""
     allow_config_from_cidr: str = "127.0.0.1/8"
     notification_http_endpoint: str = ""
     acl_http_header: str = "X-Forwarded-User"
@@ -95,6 +97,8 @@ class Options:
                     check_peer_address(a)
                 except ValueError as e:
                     raise OptionsError(f"failed to resolve {flag} ({a}) - {e}") from None
+        if self.http_client_auth_secret_file:
+            auth_secret(self)  # an unreadable or empty file stops nsqadmin at start
         if self.proxy_graphite and not self.graphite_url:
             raise OptionsError(f"failed to parse --graphite-url ({self.graphite_url}) - empty")
         if self.allow_config_from_cidr:
@@ -106,6 +110,22 @@ class Options:
         if self.stats_sample_interval < 0 or self.stats_sample_window < 0:
             raise OptionsError("--stats-sample-interval and --stats-sample-window must be >= 0")
         self.base_path = normalize_base_path(self.base_path)
+
+
+def auth_secret(opts: Options) -> str:
+    """The secret of ``--http-client-auth-secret-file`` ("" without one); OptionsError if
+    the file cannot be read or is empty."""
+    if not opts.http_client_auth_secret_file:
+        return ""
+    try:
+        with open(opts.http_client_auth_secret_file, encoding="utf-8") as f:
+            secret = f.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise OptionsError(f"--http-client-auth-secret-file: {e}") from None
+    if not secret:
+        raise OptionsError(f"--http-client-auth-secret-file {opts.http_client_auth_secret_file}"
+                           " is empty")
+    return secret
 
 
 def _flags() -> list[Flag]:
@@ -137,6 +157,10 @@ def _flags() -> list[Flag]:
         Flag("http-client-tls-cert", "string", "",
              "path to certificate file for the HTTP client"),
         Flag("http-client-tls-key", "string", "", "path to key file for the HTTP client"),
+        Flag("http-client-auth-secret-file", "string", "",
+             "[nsqx] file holding the secret sent to nsqd and nsqlookupd as 'Authorization: "
+             "Bearer SECRET' (for nodes with --auth-http-address: grant it the permissions "
+             "of the actions nsqadmin's users may take)"),
         Flag("allow-config-from-cidr", "string", d.allow_config_from_cidr,
              "A CIDR from which to allow HTTP requests to the /config endpoint"),
         Flag("acl-http-header", "string", d.acl_http_header,

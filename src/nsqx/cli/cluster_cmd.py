@@ -21,12 +21,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from nsqx.cli.common import auth_headers
+
 __all__ = ["add_cluster_commands", "add_node_commands"]
 
 
 def _lookupd(method: str, address: str, path: str) -> tuple[int, Any]:
     base = address if "://" in address else f"http://{address}"
-    req = urllib.request.Request(base.rstrip("/") + path, method=method)
+    req = urllib.request.Request(base.rstrip("/") + path, method=method, headers=auth_headers())
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.loads(r.read() or b"null")

@@ -1,24 +1,36 @@
 """What the ``nsqx`` command groups share, so that none imports another: one blocking
 request to an nsqd's (or nsqlookupd's) HTTP API (a failure is one line on stderr naming the
-program and the address, never a traceback), the local default addresses, and the parser
-of a command group.
+program and the address, never a traceback), the local default addresses, the parser
+of a command group, and the auth secret every request carries (``NSQX_AUTH_SECRET``, or
+``nsqx --auth-secret``): nodes with ``--auth-http-address`` ask their auth server what it
+may do.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
-__all__ = ["LOCAL_LOOKUPD_HTTP", "LOCAL_NSQD_HTTP", "LOCAL_NSQD_TCP", "answer_failed",
-           "command_group",
+__all__ = ["AUTH_SECRET_ENV", "LOCAL_LOOKUPD_HTTP", "LOCAL_NSQD_HTTP", "LOCAL_NSQD_TCP",
+           "answer_failed", "auth_headers", "command_group",
            "default_to_local", "http_call", "http_failed", "nsqd_http"]
 
 # what every nsqx command talks to when given no address: the local programs' default ports
 LOCAL_NSQD_TCP = "127.0.0.1:4150"
 LOCAL_NSQD_HTTP = "127.0.0.1:4151"
 LOCAL_LOOKUPD_HTTP = "127.0.0.1:4161"
+
+# the secret sent as ``Authorization: Bearer`` (what TCP AUTH sends) to nodes with auth on
+AUTH_SECRET_ENV = "NSQX_AUTH_SECRET"
+
+
+def auth_headers() -> dict[str, str]:
+    """The ``Authorization`` header of every request, when a secret is given."""
+    secret = os.environ.get(AUTH_SECRET_ENV, "").strip()
+    return {"Authorization": f"Bearer {secret}"} if secret else {}
 
 
 def default_to_local(args: Any) -> None:
@@ -42,7 +54,7 @@ def nsqd_http(method: str, address: str, path: str, params: dict[str, str],
 
     base = address if "://" in address else f"http://{address}"
     req = urllib.request.Request(f"{base.rstrip('/')}{path}?{urlencode(params)}", data=body,
-                                 method=method)
+                                 method=method, headers=auth_headers())
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read(), r.headers

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from nsqx.cli.common import (
+    AUTH_SECRET_ENV,
     LOCAL_NSQD_HTTP,
     LOCAL_NSQD_TCP,
     command_group,
@@ -462,6 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nsqx", description="nsqx administration")
     parser.add_argument("--version", action="version",
                         version=f"nsqx {__version__} (speaks NSQ {NSQ_VERSION})")
+    parser.add_argument("--auth-secret", metavar="SECRET",
+                        help="secret sent to nodes with --auth-http-address (as "
+                             "'Authorization: Bearer SECRET'); the environment variable "
+                             f"{AUTH_SECRET_ENV} does the same without showing it in ps")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in GROUPS:
         add(sub)
@@ -476,7 +482,17 @@ def main(argv: list[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    return int(func(args) or 0)
+    if args.auth_secret is None:
+        return int(func(args) or 0)
+    before = os.environ.get(AUTH_SECRET_ENV)
+    os.environ[AUTH_SECRET_ENV] = args.auth_secret  # what every request of the CLI reads
+    try:
+        return int(func(args) or 0)
+    finally:
+        if before is None:
+            del os.environ[AUTH_SECRET_ENV]
+        else:
+            os.environ[AUTH_SECRET_ENV] = before
 
 
 if __name__ == "__main__":

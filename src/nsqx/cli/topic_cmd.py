@@ -28,14 +28,15 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlencode
 
-from nsqx.cli.common import answer_failed
+from nsqx.cli.common import answer_failed, auth_headers
 
 __all__ = ["add_topic_commands"]
 
 
 def _call(method: str, address: str, path: str, params: dict[str, str]) -> tuple[int, Any]:
     base = address if "://" in address else f"http://{address}"
-    req = urllib.request.Request(f"{base.rstrip('/')}{path}?{urlencode(params)}", method=method)
+    req = urllib.request.Request(f"{base.rstrip('/')}{path}?{urlencode(params)}", method=method,
+                                 headers=auth_headers())
     try:
         with urllib.request.urlopen(req, timeout=15) as r:
             raw = r.read()

@@ -6,6 +6,8 @@ unknown path 404 ``NOT_FOUND``, known path with another method 405
 path that only differs by a trailing slash, case or ``//``/``..`` redirected
 (301 for GET, 308 otherwise). Request bodies are never needed and never read.
 A bug in a handler answers 500 ``INTERNAL_ERROR``; the traceback goes to the log.
+With ``--auth-http-address`` (nsqx) the topic and channel changes and ``/trace/search``
+need a client secret granting the permission nsqd asks for (``nsqx.httpauth``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from nsqx.httpapi import (
     v1_error,
     v1_json,
 )
+from nsqx.httpauth import OPERATOR_RULES, HTTPAuthorizer, Rule
 from nsqx.protocol.names import valid_topic_name
 
 from .options import Options
@@ -345,10 +348,22 @@ def _log_middleware() -> Any:
     return v1_errors
 
 
+def _guarded(fn: Handler, rule: Rule, authz: HTTPAuthorizer) -> Handler:
+    """``fn`` after the auth server's check of ``rule`` (``--auth-http-address``)."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        params = query(request)
+        await authz.check_rule(request, rule, first(params, "topic"), first(params, "channel"))
+        return await fn(request)
+
+    return guarded
+
+
 def make_app(lookupd: HTTPHost) -> web.Application:
     """The HTTP API of one nsqlookupd (uses ``lookupd.db``, ``.opts``, ``.version``)."""
     h = _Handlers(lookupd)
     router = _Router()
+    authz = HTTPAuthorizer(lookupd.opts)
     get, post = "GET", "POST"
     for method, path, fn in (
         (get, "/ping", h.ping),
@@ -368,7 +383,8 @@ def make_app(lookupd: HTTPHost) -> web.Application:
         (post, "/topic/tombstone", h.topic_tombstone),
         *lookupd.http_routes,  # extensions (cluster mode) may replace a default
     ):
-        router.add(method, path, fn)
+        rule = OPERATOR_RULES.get((method, path)) if authz.enabled else None
+        router.add(method, path, fn if rule is None else _guarded(fn, rule, authz))
     app = web.Application(middlewares=[_log_middleware()])
     app.router.add_route("*", "/{tail:.*}", router.dispatch)
     app.on_response_prepare.append(add_v1_header)

@@ -17,6 +17,7 @@ from nsqx.flags import (
     cluster_flags,
     cluster_trust_flags,
     listen_flag,
+    peer_flag,
 )
 
 __all__ = ["LOG_LEVELS", "Options", "OptionsError", "flag_set", "load", "parse_args",
@@ -44,11 +45,16 @@ class Options:
     cluster_tls_cert: str = ""  # mutual TLS to the nodes' cluster listeners: certificate,
     cluster_tls_key: str = ""  # key,
     cluster_tls_ca: str = ""  # and the members' CA
+    # nsqx: the operators' endpoints ask nsqd's auth server (nsqx.httpauth.OPERATOR_RULES)
+    auth_http_addresses: list[str] = field(default_factory=list)
+    auth_http_request_method: str = "get"
 
     def validate(self) -> None:
         if self.log_level not in LOG_LEVELS:
             raise OptionsError(
                 f"invalid log level '{self.log_level}' (debug, info, warn, error, fatal)")
+        if self.auth_http_request_method not in ("get", "post"):
+            raise OptionsError("--auth-http-request-method must be post or get")
 
 
 def _flags() -> list[Flag]:
@@ -71,6 +77,12 @@ def _flags() -> list[Flag]:
              "give leadership back to preferred replicas and move replicas onto a node that "
              "holds clearly fewer than the average (one that joined), one partition at a time"),
         *cluster_trust_flags("the coordinator signs its calls to nodes with it"),
+        peer_flag("auth-http-address", "[nsqx] <addr>:<port> or a full url of nsqd's auth "
+                  "server: topic/channel changes and /trace/search then need a client secret "
+                  "granting the permission (may be given multiple times)",
+                  dest="auth_http_addresses"),
+        Flag("auth-http-request-method", "string", d.auth_http_request_method,
+             "[nsqx] HTTP method to use for auth server requests"),
     ]
 
 

@@ -4,10 +4,12 @@ Each nsqd keeps the trace events of what it handled in its own ``__trace`` topic
 answers ``/trace/search?topic=T&id=|trace_id=|header=k:v[&limit=N]``. nsqlookupd checks
 the query with nsqd's own check (``nsqx.httpapi.trace_search_args``: the same 400 codes,
 and garbage is not fanned out), sends the checked query to every active nsqd
-concurrently, and answers ``{"nodes": [{"node": "host:http_port", ...that node's
+concurrently (with the client's ``Authorization`` header: nodes with
+``--auth-http-address`` check it as their own ``/trace/search`` does), and answers ``{"nodes": [{"node": "host:http_port", ...that node's
 answer}], "errors": ["host:port: why"]}``: a node that is down or slow is named in
 ``errors`` and the others' answers still come back. When every node refuses the query
-anyway (a node of another version, say) their 400 is passed on as it is.
+anyway (a node of another version, say, or every node refusing the client's secret) their
+400, 401 or 403 is passed on as it is.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ __all__ = ["trace_search"]
 NODE_TIMEOUT = 5.0
 
 
-async def _ask(session: aiohttp.ClientSession, addr: str, qs: str) -> tuple[int, Any]:
-    async with session.get(f"http://{addr}/trace/search?{qs}") as resp:
+async def _ask(session: aiohttp.ClientSession, addr: str, qs: str,
+               headers: dict[str, str]) -> tuple[int, Any]:
+    async with session.get(f"http://{addr}/trace/search?{qs}", headers=headers) as resp:
         raw = await resp.read()
         try:
             return resp.status, orjson.loads(raw)
@@ -43,10 +46,12 @@ async def trace_search(request: web.Request, nodes: list[str]) -> web.Response:
     found: list[dict[str, Any]] = []
     errors: list[str] = []
     refusals: list[tuple[int, Any]] = []
+    auth = request.headers.get("Authorization")  # nodes with auth ask for the client's secret
+    headers = {"Authorization": auth} if auth else {}
     if nodes:
         timeout = aiohttp.ClientTimeout(total=NODE_TIMEOUT)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            answers = await asyncio.gather(*(_ask(session, n, qs) for n in nodes),
+            answers = await asyncio.gather(*(_ask(session, n, qs, headers) for n in nodes),
                                            return_exceptions=True)
         for node, ans in zip(nodes, answers, strict=True):
             if isinstance(ans, BaseException):
@@ -56,7 +61,7 @@ async def trace_search(request: web.Request, nodes: list[str]) -> web.Response:
             if status == 200 and isinstance(body, dict):
                 found.append({"node": node, **body})
             else:
-                if status == 400:
+                if status in (400, 401, 403):
                     refusals.append((status, body))
                 errors.append(f"{node}: HTTP {status} {body}")
     if refusals and not found and len(refusals) == len(nodes):

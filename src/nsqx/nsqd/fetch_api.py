@@ -53,8 +53,9 @@ Authorization (nsqd with ``--auth-http-address``): the secret comes from an
 ``Authorization: Bearer SECRET`` header; offsets and fetch need the ``subscribe`` permission
 on the topic (as SUB; an optional ``channel`` parameter is matched as SUB does), pub needs
 ``publish``. 401 ``AUTH_REQUIRED`` without a secret, 401 ``AUTH_FAILED`` when the auth
-server refuses it or cannot be asked, 403 ``UNAUTHORIZED`` when the permission is missing.
-Answers are cached for the TTL the auth server gives.
+server refuses it or cannot be asked, 403 ``UNAUTHORIZED`` when the permission is missing
+(``nsqx.nsqd.auth.HTTPAuthorizer``, shared with the operators' endpoints). Answers are
+cached for the TTL the auth server gives.
 
 Registered by :func:`add_routes` (called from ``nsqx.nsqd.http.make_app``).
 """
@@ -75,7 +76,7 @@ from aiohttp import web
 from nsqx.httpapi import HTTPError
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
-from nsqx.nsqd.auth import AuthState, query_auth
+from nsqx.nsqd.auth import http_authorizer
 from nsqx.nsqd.http_publish import (
     existing_topic,
     parse_mpub_binary,
@@ -239,33 +240,13 @@ class PubKeyIndex:
 class _FetchAPI:
     def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
-        self._auth: dict[tuple[str, str, bool], AuthState] = {}
+        self._authz = http_authorizer(nsqd)
         self._indexes: dict[tuple[int, int], PubKeyIndex] = {}
 
     # -- common -----------------------------------------------------------------------
     async def _authorize(self, request: web.Request, topic: str, permission: str,
                          channel: str | None = None) -> None:
-        if not getattr(self.nsqd, "auth_enabled", False):
-            return
-        header = request.headers.get("Authorization", "")
-        scheme, _, secret = header.partition(" ")
-        secret = secret.strip()
-        if scheme.lower() != "bearer" or not secret:
-            raise HTTPError(401, "AUTH_REQUIRED")
-        remote = request.remote or ""
-        ck = (secret, remote, request.secure)
-        state = self._auth.get(ck)
-        if state is None or state.expired():
-            try:
-                state = await query_auth(self.nsqd, secret, remote, request.secure, "")
-            except Exception as exc:
-                log.warning("auth for %s failed: %s", remote, exc)
-                raise HTTPError(401, "AUTH_FAILED") from None
-            if len(self._auth) > 1024:
-                self._auth.clear()
-            self._auth[ck] = state
-        if not state.allows(topic, channel, permission):
-            raise HTTPError(403, "UNAUTHORIZED")
+        await self._authz.check(request, topic, permission, channel)
 
     def _topic_name(self, params: dict[str, list[str]]) -> str:
         return topic_for_publish(params)
@@ -486,7 +467,7 @@ class _FetchAPI:
 def add_routes(app: web.Application, nsqd: NodeAPI) -> _FetchAPI:
     """Register /nsqx/offsets, /nsqx/fetch and /nsqx/pub on nsqd's HTTP app.
 
-    Returns the node's API object (its ``_authorize`` serves the replay API too)."""
+    Returns the node's API object."""
     api = getattr(nsqd, "_nsqx_fetch_api", None)
     if api is None:  # one per node: the HTTP and HTTPS apps share the publish-key indexes
         api = _FetchAPI(nsqd)

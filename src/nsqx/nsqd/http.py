@@ -5,7 +5,10 @@ even for POST, raw bodies, errors as ``{"message":"CODE"}`` with upstream's
 status, and ``X-NSQ-Content-Type: nsq; version=1.0`` on every response (go-nsq
 needs it to not look for a pre-1.0 envelope). Bodies are read with a cap so a
 huge upload is refused without being buffered. A bug in a handler answers 500
-``INTERNAL_ERROR``; the traceback goes to the log, never to the client.
+``INTERNAL_ERROR``; the traceback goes to the log, never to the client. With
+``--auth-http-address`` the operators' endpoints (``nsqx.nsqd.auth.OPERATOR_RULES``) need
+the permission a client's ``Authorization: Bearer SECRET`` grants; ``/pub`` and ``/mpub``
+need none, as upstream.
 
 The handlers talk to the node only through the NSQD/Topic/Channel facade of
 the shared contract (see ``make_app``).
@@ -41,6 +44,7 @@ from nsqx.httpapi import (
 )
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
+from nsqx.nsqd.auth import OPERATOR_RULES, HTTPAuthorizer, http_authorizer
 from nsqx.nsqd.http_publish import (
     existing_topic,
     parse_mpub_binary,
@@ -426,6 +430,23 @@ def _tls_required_middleware(nsqd: NodeAPI) -> Any:
     return tls_required
 
 
+def _operator_auth_middleware(authz: HTTPAuthorizer) -> Any:
+    """With ``--auth-http-address``: the endpoints of ``OPERATOR_RULES`` need the secret's
+    permission (matched on the route, so a sloppy path that is not routed is not either)."""
+
+    @web.middleware
+    async def operator_auth(request: web.Request, handler: Any) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        rule = OPERATOR_RULES.get((request.method, resource.canonical)) if resource else None
+        if rule is not None:
+            params = _query(request)
+            await authz.check_rule(request, rule, _first(params, "topic"),
+                                   _first(params, "channel"))
+        return await handler(request)
+
+    return operator_auth
+
+
 async def _add_v1_header(request: web.Request, response: web.StreamResponse) -> None:
     response.headers[V1_HEADER] = V1_VALUE
 
@@ -452,6 +473,9 @@ def make_app(nsqd: NodeAPI, *, tls_listener: bool = False) -> web.Application:
     if not tls_listener and nsqd.opts.tls_required == TLS_REQUIRED:
         middlewares.append(_tls_required_middleware(nsqd))
     middlewares.append(_v1_errors)
+    authz = http_authorizer(nsqd)
+    if authz.enabled:
+        middlewares.append(_operator_auth_middleware(authz))
     app = web.Application(middlewares=middlewares)
     app[NSQD_KEY] = nsqd
     h = _Handlers(nsqd)
@@ -485,11 +509,11 @@ def make_app(nsqd: NodeAPI, *, tls_listener: bool = False) -> web.Application:
     # here: these modules import this one
     from nsqx.nsqd import config_api, fetch_api, replay_api, routes_api, trace_api
 
-    fetch = fetch_api.add_routes(app, nsqd)
+    fetch_api.add_routes(app, nsqd)
     config_api.add_routes(app, nsqd)
     routes_api.add_routes(app, nsqd)
     trace_api.add_routes(app, nsqd)
-    replay_api.add_routes(app, nsqd, fetch._authorize)
+    replay_api.add_routes(app, nsqd)
     for hook in getattr(nsqd, "http_route_hooks", ()):
         hook(app)  # extensions (cluster mode's replication API)
     return app

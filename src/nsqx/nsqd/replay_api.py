@@ -52,10 +52,11 @@
     has dropped it), 404 ``TOPIC_NOT_FOUND``, 400 ``E_INVALID`` (bad id, mode or position),
     400 ``E_BAD_PARTITION`` (bad partition, or one that disagrees with the id's).
 
-Authorization (nsqd with ``--auth-http-address``): ``/message/get`` reads message bodies,
-so it needs the ``subscribe`` permission on the topic as ``/nsqx/fetch`` does (same
-``Authorization: Bearer`` secret); ``/channel/setoffset`` is an admin action like
-``/channel/empty`` and is not authorized, as upstream's channel endpoints.
+Authorization (nsqd with ``--auth-http-address``, checked before the handler by
+``nsqx.nsqd.http``): ``/message/get`` reads message bodies, so it needs the ``subscribe``
+permission on the topic as ``/nsqx/fetch`` does (same ``Authorization: Bearer`` secret);
+``/channel/setoffset`` moves a channel like the other channel actions: ``publish`` on the
+topic with the channel matching (``nsqx.nsqd.auth.OPERATOR_RULES``).
 
 Registered by :func:`add_routes` (called from ``nsqx.nsqd.http.make_app``).
 """
@@ -168,9 +169,8 @@ def _parse_id(pos: str) -> tuple[int, int]:
 
 
 class _ReplayAPI:
-    def __init__(self, nsqd: NodeAPI, authorize: Any = None) -> None:
+    def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
-        self._authorize = authorize
 
     def _topic(self, name: str) -> Any:
         return existing_topic(self.nsqd, name)
@@ -244,8 +244,6 @@ class _ReplayAPI:
             if not (pos.isascii() and pos.isdigit()) or len(pos) > 20:
                 raise HTTPError(400, "E_INVALID")
             offset = int(pos)
-        if self._authorize is not None:
-            await self._authorize(request, tname, "subscribe")
         part = partition_of(self._topic(tname), praw)
         plog = part.log
         try:
@@ -267,9 +265,8 @@ class _ReplayAPI:
         return _json(message_json(part.partition, offset, frame, plog.headers(offset)))
 
 
-def add_routes(app: web.Application, nsqd: NodeAPI, authorize: Any = None) -> None:
-    """Register /channel/setoffset and /message/get; ``authorize(request, topic, perm)``
-    is the fetch API's check (``--auth-http-address``)."""
-    api = _ReplayAPI(nsqd, authorize)
+def add_routes(app: web.Application, nsqd: NodeAPI) -> None:
+    """Register /channel/setoffset and /message/get."""
+    api = _ReplayAPI(nsqd)
     app.router.add_post("/channel/setoffset", api.set_offset)
     app.router.add_get("/message/get", api.message_get, allow_head=False)
