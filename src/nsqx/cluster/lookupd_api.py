@@ -307,7 +307,9 @@ class ClusterLookupd:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
         try:
             body = await request.read()
+            auth = request.headers.get("Authorization")  # the client's, for --auth-http-address
             async with self._session.post(f"http://{leader}{request.path_qs}", data=body,
+                                          headers={"Authorization": auth} if auth else None,
                                           timeout=aiohttp.ClientTimeout(total=60)) as r:
                 return web.Response(status=r.status, body=await r.read(),
                                     content_type="application/json")
