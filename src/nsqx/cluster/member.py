@@ -14,8 +14,11 @@ plugin plus HTTP routes); nsqd itself knows only the narrow write gate of a topi
   commits that make them up (``commits``: base, count, timestamps, epoch, frame length or
   lengths); the follower appends each commit as one batch through the topic's group
   committer without walking its frames, so both logs hold the same bytes, and its next
-  fetch offset is its ack. Fetches go over one keep-alive connection per followed
-  partition (:class:`~nsqx.cluster.fetchconn.FetchConnection`). Before its
+  fetch offset is its ack. Fetches go over one stream per leader, the fetches of all the
+  partitions this node copies from it multiplexed (:mod:`nsqx.cluster.stream`, the same
+  heads and frames, ``_serve_fetch`` on the leader for both), or with
+  ``--cluster-replication=http`` over one keep-alive connection per followed partition
+  (:class:`~nsqx.cluster.fetchconn.FetchConnection`). Before its
   first fetch in an epoch a follower truncates to where its log agrees with the leader's
   (``/nsqx/replica/epochs`` and :func:`~nsqx.cluster.replication.truncation_point`).
 - **ISR**: the leader drops a follower that stays behind for ``lag_timeout`` (so a dead or
