@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
-import threading
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 from nsqx.cluster.etcd_server import EtcdServer
 from nsqx.cluster.stream import FETCH, PATH, StreamConnection, StreamRefused
 from nsqx.cluster.trust import Signer
-from tests.support.cluster import Cluster, http, wait_until
+from tests.support.cluster import Cluster, http, publish_with_followers_stopped, wait_until
 from tests.support.faultproxy import FaultProxy, free_port
 
 pytestmark = pytest.mark.slow
@@ -146,35 +145,20 @@ def test_forged_streams_acknowledge_nothing(cluster: Cluster) -> None:
     addr = cluster.state(leader)["cluster_address"]
     wrong = [Signer(b"not the cluster secret, but long", fid) for fid in ids]
     statuses: list[int] = []
-    stop = threading.Event()
 
     def forge() -> None:
-        while not stop.is_set():
-            end = cluster.state(leader)["partitions"][0]["log_end"]
-            name = b"simp"
-            frame = FETCH.pack(FETCH.size - 4 + len(name), 1, 0, epoch, end, 1 << 20, 0) + name
-            for fid, bad in zip(ids, wrong, strict=True):
-                for sign in (None, bad.headers):
-                    statuses.append(stream_fetch(addr, fid, sign, "simp", epoch, end)[0])
-                statuses.append(raw_pipelined(addr, fid, bad.headers("GET", PATH,
-                                                                     {"node": fid}), frame))
-                statuses.append(raw_pipelined(addr, fid, {}, frame))
+        end = cluster.state(leader)["partitions"][0]["log_end"]
+        name = b"simp"
+        frame = FETCH.pack(FETCH.size - 4 + len(name), 1, 0, epoch, end, 1 << 20, 0) + name
+        for fid, bad in zip(ids, wrong, strict=True):
+            for sign in (None, bad.headers):
+                statuses.append(stream_fetch(addr, fid, sign, "simp", epoch, end)[0])
+            statuses.append(raw_pipelined(addr, fid, bad.headers("GET", PATH, {"node": fid}),
+                                          frame))
+            statuses.append(raw_pipelined(addr, fid, {}, frame))
 
-    forger = threading.Thread(target=forge, daemon=True)
-    forger.start()
-    try:
-        for f in followers:
-            f.signal(signal.SIGSTOP)
-        wait_until(lambda: len(statuses) > 20, what="forged streams under way")
-        results = [pub(leader, "simp", b"m%d" % i) for i in range(40)]
-        wait_until(lambda: not set(ids) & {n["id"] for n in cluster.stats()["nodes"]},
-                   timeout=30, what="the stopped followers' leases ended")
-        results += [pub(leader, "simp", b"n%d" % i) for i in range(100)]
-    finally:
-        stop.set()
-        forger.join(10)
-        for f in followers:
-            f.signal(signal.SIGCONT)
+    results = publish_with_followers_stopped(cluster, "simp", forge,
+                                             lambda: len(statuses) > 20, after=100)
     assert results.count(200) == 0, f"{results.count(200)} publishes acked by one replica"
     assert statuses and set(statuses) <= {401}, sorted(set(statuses))
     wait_until(lambda: len(cluster.partitions("simp")[0]["isr"]) == 3, timeout=60,
@@ -221,6 +205,7 @@ def test_stream_cut_mid_answer_resumes_without_loss_or_duplicate(
             return ends == [sent, sent] and fetch_log(leader, "cut") == fetch_log(follower, "cut")
 
         wait_until(same, timeout=30, what="the follower's log the leader's, byte for byte")
+        assert cluster.state(leader)["streams_served"] == 1  # the cut one ended on both sides
     finally:
         for p in proxies.values():
             p.stop()

@@ -44,7 +44,7 @@ from urllib.parse import urlencode
 import orjson
 from aiohttp import web
 
-from nsqx.cluster.fetchconn import _parse_head
+from nsqx.cluster import fetchconn
 
 log = logging.getLogger("nsqx.cluster.stream")
 
@@ -189,18 +189,14 @@ class StreamRefused(Exception):
         self.body = body
 
 
-class _Proto(asyncio.Protocol):
+class _Proto(fetchconn._Proto):
+    """The fetch connection's buffering; frames are taken as they complete (``want``: the
+    bytes the next frame needs, 0 while its header is not in) and matched to ``pending``."""
+
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.want = 0  # bytes the next frame needs (0: its header is not in yet)
+        super().__init__()
         self.head: asyncio.Future[bytes] | None = None  # the handshake's answer head
         self.pending: dict[int, asyncio.Future[tuple[int, memoryview, memoryview]]] = {}
-        self.lost: Exception | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         self.chunks.append(data)
@@ -234,7 +230,7 @@ class _Proto(asyncio.Protocol):
             self._frames()
             return
         try:
-            code, length, _ = _parse_head(buf[:end])
+            code, length, _ = fetchconn._parse_head(buf[:end])
         except ValueError as e:
             head.set_exception(e)
             return
