@@ -209,3 +209,29 @@ def test_stream_cut_mid_answer_resumes_without_loss_or_duplicate(
     finally:
         for p in proxies.values():
             p.stop()
+
+
+def test_http_replication_and_members_of_both_modes(
+        etcd_server: EtcdServer, nsqd_factory, lookupd_factory) -> None:  # type: ignore[no-untyped-def]
+    """--cluster-replication=http keeps a node's fetches on HTTP; members of both modes
+    replicate from each other (every leader serves both)."""
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=0)
+    modes = ("http", "http", "stream")
+    for mode in modes:
+        cluster.add_node([f"--cluster-replication={mode}"])
+    wait_until(lambda: len(cluster.stats()["nodes"]) == 3, what="three nodes registered")
+    cluster.create_topic("mixed", partitions=3, replicas=3)
+    for p in range(3):
+        leader = cluster.leader("mixed", p)
+        for i in range(10):
+            assert http("POST", f"http://{leader.http_address}/pub?topic=mixed&partition={p}",
+                        b"m%d" % i)[0] == 200
+    for n, mode in zip(cluster.nodes, modes, strict=True):
+        assert cluster.state(n)["replication"] == mode
+    # the stream node opens one stream to each other node leading a partition
+    leaders = {cluster.node_id(cluster.leader("mixed", p)) for p in range(3)}
+    served = sum(cluster.state(n)["streams_served"] for n in cluster.nodes)
+    assert served == len(leaders - {cluster.node_id(cluster.nodes[2])}), (served, leaders)
+    wait_until(lambda: all(part["log_end"] == 10 for n in cluster.nodes
+                           for part in cluster.state(n)["partitions"]),
+               what="every replica of every partition has its 10 messages")
