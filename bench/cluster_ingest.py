@@ -1,6 +1,7 @@
 """Replicated ingest vs a standalone node, side by side in one run; and failover time.
 
     .venv/bin/python bench/cluster_ingest.py [--seconds 10] [--replicas 3] [--sync-every N] [--secret] [--tls]
+        [--replication stream|http]
 
 1. standalone: one nsqd (default durable settings), MPUB 200 B x 200 from two writer
    processes (the same load generator as bench/nsqd_compare.py);
@@ -130,6 +131,9 @@ def main() -> None:
                     "--cluster-secret-file (signed replication requests)")
     ap.add_argument("--tls", action="store_true", help="mutual TLS between the members "
                     "(--cluster-tls-*, certificates made with the openssl CLI)")
+    ap.add_argument("--replication", choices=("stream", "http"), default="stream",
+                    help="the followers' fetches: one stream per leader or HTTP requests "
+                    "(nsqd --cluster-replication)")
     ap.add_argument("--profile", metavar="DIR", help="py-spy record the standalone node, the leader "
                     "and a follower into DIR (needs py-spy)")
     ap.add_argument("--perf", metavar="FILE", help="perf record -g the three cluster nodes "
@@ -162,6 +166,7 @@ def main() -> None:
         etcd = EtcdServer(tmp / "etcd")
         etcd.start()
         flags = [f"--cluster-leadership-addresses={etcd.endpoint}", "--cluster-id=bench"]
+        node_flags = [f"--cluster-replication={args.replication}"]
         if args.secret:
             from nsqx.cluster.trust import generate_secret_file
 
@@ -175,7 +180,7 @@ def main() -> None:
         procs.append(lk)
         nodes = []
         for i in range(3):
-            np_, ntcp, nhttp = nsqd(tmp, f"node{i}", [*extra, *flags,
+            np_, ntcp, nhttp = nsqd(tmp, f"node{i}", [*extra, *flags, *node_flags,
                                                      f"--lookupd-tcp-address=127.0.0.1:{lk_tcp}"])
             procs.append(np_)
             nodes.append((np_, ntcp, nhttp))
@@ -224,6 +229,13 @@ def main() -> None:
             print("            CPU/msg user+system: " + ", ".join(
                 f"{who} {u / m:.2f}+{s_ / m:.2f} us" for who, (u, s_) in
                 zip(("leader", "follower", "follower"), split, strict=False)))
+            base = out["standalone"]  # type: ignore[index]
+            base_us = base.get("server_us_per_msg", 0)  # type: ignore[union-attr]
+            if base_us:
+                print(f"            vs standalone ({args.replication}): " + ", ".join(
+                    f"{who} {(u + s_) / m / base_us:.2f}x" for who, (u, s_) in
+                    zip(("leader", "follower", "follower"), split, strict=False))
+                    + " (issue targets: leader <= 1.3x, follower <= 0.8x)")
         if r.get("errors"):
             print("  errors:", r["errors"])
 

@@ -35,6 +35,7 @@ __all__ = [
     "FlagSet",
     "Program",
     "basic_flags",
+    "choice_flag",
     "cluster_flags",
     "http_client_flags",
     "listen_flag",
@@ -335,6 +336,17 @@ def peer_flag(name: str, help: str, *, many: bool = True, default: Any = None,
         default = [] if many else ""
     return Flag(name, "strings" if many else "string", default, help,
                 check=check_peer_address, **kw)
+
+
+def choice_flag(name: str, choices: Sequence[str], help: str, **kw: Any) -> Flag:
+    """A string that must be one of ``choices`` (the first is the default); another value
+    fails at start, naming the ones accepted."""
+    def check(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return text
+
+    return Flag(name, "string", choices[0], f"{help} ({'|'.join(choices)})", check=check, **kw)
 
 
 class FlagSet:

@@ -172,7 +172,9 @@ def test_members_speak_mutual_tls_to_each_other(etcd_server: EtcdServer, nsqd_fa
     member.load_cert_chain(str(cert), str(key))
     with urllib.request.urlopen(f"https://{internal}/nsqx/cluster/state", timeout=5,
                                 context=member) as r:
-        assert json.loads(r.read())["node"] == cluster.node_id(leader)
+        st = json.loads(r.read())
+        assert st["node"] == cluster.node_id(leader)
+        assert st["streams_served"] == 2  # the followers' replication streams, over TLS
     lk = cluster.lookupd.http_address
     code, body = http("POST", f"http://{lk}/topic/create?topic=r&partition_num=1&replicator=2"
                               "&orderedmulti=true&logical=64")

@@ -8,7 +8,6 @@ followers stopped, a plain HTTP client fetching at the leader's log end in their
 from __future__ import annotations
 
 import signal
-import threading
 import time
 import urllib.parse
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 
 from nsqx.cluster.etcd_server import EtcdServer
 from nsqx.cluster.trust import Signer, generate_secret_file
-from tests.support.cluster import Cluster, http, wait_until
+from tests.support.cluster import Cluster, http, publish_with_followers_stopped, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -50,36 +49,19 @@ def test_impersonated_followers_acknowledge_nothing(cluster: Cluster) -> None:
     targets = [f"http://{leader.http_address}{FETCH}", f"http://{state['cluster_address']}{FETCH}"]
     wrong = [Signer(b"not the cluster secret, but long", fid) for fid in ids]
     statuses: list[int] = []
-    stop = threading.Event()
 
     def forge() -> None:
         """A client that knows everything public (ids, epoch, log end) but the secret."""
-        while not stop.is_set():
-            end = cluster.state(leader)["partitions"][0]["log_end"]
-            for fid, bad in zip(ids, wrong, strict=True):
-                q = {"topic": "imp", "partition": 0, "epoch": epoch, "node": fid,
-                     "offset": end, "wait_ms": 0}
-                for url in targets:
-                    statuses.append(get(url, q)[0])
-                    statuses.append(get(url, q, bad.headers("GET", FETCH, {
-                        k: str(v) for k, v in q.items()}))[0])
+        end = cluster.state(leader)["partitions"][0]["log_end"]
+        for fid, bad in zip(ids, wrong, strict=True):
+            q = {"topic": "imp", "partition": 0, "epoch": epoch, "node": fid,
+                 "offset": end, "wait_ms": 0}
+            for url in targets:
+                statuses.append(get(url, q)[0])
+                statuses.append(get(url, q, bad.headers("GET", FETCH, {
+                    k: str(v) for k, v in q.items()}))[0])
 
-    forger = threading.Thread(target=forge, daemon=True)
-    forger.start()
-    try:
-        for f in followers:
-            f.signal(signal.SIGSTOP)
-        wait_until(lambda: len(statuses) > 20, what="forged fetches under way")
-        results = [pub(leader, "imp", b"m%d" % i) for i in range(40)]
-        # long enough for the followers' leases to end (the unpatched leader re-admitted them)
-        wait_until(lambda: not set(ids) & {n["id"] for n in cluster.stats()["nodes"]},
-                   timeout=30, what="the stopped followers' leases ended")
-        results += [pub(leader, "imp", b"n%d" % i) for i in range(200)]
-    finally:
-        stop.set()
-        forger.join(10)
-        for f in followers:
-            f.signal(signal.SIGCONT)
+    results = publish_with_followers_stopped(cluster, "imp", forge, lambda: len(statuses) > 20)
     assert results.count(200) == 0, f"{results.count(200)} publishes acked by one replica"
     assert statuses and set(statuses) <= {401, 403}, sorted(set(statuses))
     st = cluster.state(leader)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 import weakref
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -177,3 +180,41 @@ class Cluster:
         headers = self.signer(as_node).headers(method, path, q) if as_node else None
         return http(method, f"http://{self.state(n)['cluster_address']}{path}?{urlencode(q)}",
                     headers=headers, timeout=timeout)
+
+
+def publish_with_followers_stopped(cluster: Cluster, topic: str, forge: Callable[[], None],
+                                   forging: Callable[[], bool], after: int = 200) -> list[int]:
+    """The impersonation of issue 23: ``forge`` (one round of forged requests) runs in a
+    loop in a thread while every follower of ``topic`` is SIGSTOPped; once ``forging`` says
+    it is under way, 40 publishes to the leader, then ``after`` more once the followers'
+    leases ended; the followers are continued. Returns the publishes' HTTP statuses."""
+    leader = cluster.leader(topic)
+    followers = [n for n in cluster.nodes if n is not leader]
+    ids = {cluster.node_id(f) for f in followers}
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            forge()
+
+    def pub(body: bytes) -> int:
+        return http("POST", f"http://{leader.http_address}/pub?topic={topic}", body,
+                    timeout=15)[0]
+
+    forger = threading.Thread(target=loop, daemon=True)
+    forger.start()
+    try:
+        for f in followers:
+            f.signal(signal.SIGSTOP)
+        wait_until(forging, what="forged requests under way")
+        results = [pub(b"m%d" % i) for i in range(40)]
+        # long enough for the followers' leases to end (the unpatched leader re-admitted them)
+        wait_until(lambda: not ids & {n["id"] for n in cluster.stats()["nodes"]},
+                   timeout=30, what="the stopped followers' leases ended")
+        results += [pub(b"n%d" % i) for i in range(after)]
+    finally:
+        stop.set()
+        forger.join(10)
+        for f in followers:
+            f.signal(signal.SIGCONT)
+    return results

@@ -12,6 +12,9 @@ etcd: the endpoint a node is given). Then, from the test's thread:
   learn of it only through their own timeouts.
 - ``heal()``: connections made before or during the cut are reset (their bytes were lost)
   and new ones are forwarded again.
+- ``cut_after(n)``: once; the next ``n`` bytes the target sends (on any connection) are
+  forwarded and the connection carrying byte ``n + 1`` is reset there, the rest of its
+  read lost: an answer cut in the middle (``cuts`` counts them).
 
 Only loopback, only what the tests need: no latency or bandwidth shaping.
 """
@@ -60,6 +63,8 @@ class FaultProxy:
         self.name = name or f"proxy:{self.port}->{target_port}"
         self.mode = "open"  # open | drop | refuse
         self.connections = 0  # accepted, for the tests' curiosity
+        self.cuts = 0  # connections reset by cut_after
+        self._cut_after: int | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=self.name,
                                         daemon=True)
@@ -83,6 +88,9 @@ class FaultProxy:
 
     def heal(self) -> None:
         self._call(self._heal())
+
+    def cut_after(self, nbytes: int) -> None:
+        self._loop.call_soon_threadsafe(setattr, self, "_cut_after", nbytes)
 
     def stop(self) -> None:
         if not self._thread.is_alive():
@@ -144,7 +152,8 @@ class FaultProxy:
                 writer.transport.abort()
                 return
             conn.tasks = [asyncio.current_task()]  # type: ignore[list-item]
-            other = asyncio.get_running_loop().create_task(self._pump(up_reader, writer))
+            other = asyncio.get_running_loop().create_task(
+                self._pump(up_reader, writer, down=conn))
             conn.tasks.append(other)
             await self._pump(reader, conn.up)
             await other
@@ -154,7 +163,9 @@ class FaultProxy:
             self._conns.discard(conn)
             conn.abort()
 
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                    down: _Conn | None = None) -> None:
+        """Copy src to dst; ``down``: the connection this pump answers on (cut_after)."""
         with contextlib.suppress(ConnectionError, OSError):
             while True:
                 data = await src.read(65536)
@@ -162,6 +173,15 @@ class FaultProxy:
                     break
                 if self.mode != "open":
                     continue  # dropped on the floor
+                if down is not None and self._cut_after is not None:
+                    if len(data) > self._cut_after:
+                        dst.write(data[:self._cut_after])
+                        await dst.drain()
+                        self._cut_after = None
+                        self.cuts += 1
+                        down.abort()  # both ends reset, the rest of this read lost
+                        return
+                    self._cut_after -= len(data)
                 dst.write(data)
                 await dst.drain()
         with contextlib.suppress(ConnectionError, OSError, RuntimeError):

@@ -14,8 +14,11 @@ plugin plus HTTP routes); nsqd itself knows only the narrow write gate of a topi
   commits that make them up (``commits``: base, count, timestamps, epoch, frame length or
   lengths); the follower appends each commit as one batch through the topic's group
   committer without walking its frames, so both logs hold the same bytes, and its next
-  fetch offset is its ack. Fetches go over one keep-alive connection per followed
-  partition (:class:`~nsqx.cluster.fetchconn.FetchConnection`). Before its
+  fetch offset is its ack. Fetches go over one stream per leader, the fetches of all the
+  partitions this node copies from it multiplexed (:mod:`nsqx.cluster.stream`, the same
+  heads and frames, ``_serve_fetch`` on the leader for both), or with
+  ``--cluster-replication=http`` over one keep-alive connection per followed partition
+  (:class:`~nsqx.cluster.fetchconn.FetchConnection`). Before its
   first fetch in an epoch a follower truncates to where its log agrees with the leader's
   (``/nsqx/replica/epochs`` and :func:`~nsqx.cluster.replication.truncation_point`).
 - **ISR**: the leader drops a follower that stays behind for ``lag_timeout`` (so a dead or
@@ -35,7 +38,6 @@ import asyncio
 import base64
 import contextlib
 import logging
-import socket
 import ssl
 import struct
 import time
@@ -65,6 +67,8 @@ from nsqx.cluster.route_store import (
     resets_prefix,
     routes_prefix,
 )
+from nsqx.cluster.stream import PATH as STREAM_PATH
+from nsqx.cluster.stream import StreamConnection, StreamRefused, cork, serve
 from nsqx.cluster.trust import RefusalLog, Refused, SignedSession, Signer, Verifier
 from nsqx.netutil import bind_listener
 from nsqx.nsqd.config_api import apply_settings, export_settings
@@ -81,6 +85,7 @@ FETCH_WAIT = 0.5  # long-poll at the tail
 FETCH_MAX_BYTES = 4 << 20
 CURSOR_EVERY = 1.0  # channel cursors ride with a fetch answer at least this often
 ORDERED_CURSOR_EVERY = 0.1  # ...and for ordered topics with every answer, this often when idle
+HTTP_ONLY_RETRY = 60.0  # a leader without the stream is asked again after this (upgraded?)
 FORWARD_TIMEOUT = 10.0  # a publish forwarded to the leader fails after this
 RESET_HOLD = 20.0  # a channel held for a cluster reset delivers again after this at most
 _FRAME_HEAD = struct.Struct(">IIQH")  # size, type, timestamp, attempts
@@ -300,17 +305,6 @@ class LeaderGate:
         self.new_data.set()
 
 
-def _cork(sock: Any, on: int) -> bool:
-    """Set TCP_CORK on a transport's socket (False where it cannot be set)."""
-    if sock is None or not hasattr(socket, "TCP_CORK"):
-        return False
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, on)
-    except (OSError, AttributeError):
-        return False
-    return True
-
-
 class _FramesResponse(web.StreamResponse):
     """A fetch answer: its HTTP headers wait for the first write, as aiohttp's Response's do
     (a StreamResponse sends them alone: one more send per fetch)."""
@@ -346,6 +340,11 @@ class NodeMember:
         self.tls_server, self.tls_client = tls if tls is not None else (None, None)
         self._internal_runner: web.AppRunner | None = None
         self._refused_warned: dict[str, float] = {}  # leader -> when a refusal was last logged
+        # fetches go over one stream per leader (--cluster-replication=stream) or HTTP
+        self.replication = getattr(nsqd.opts, "cluster_replication", "stream") or "stream"
+        self._streams: dict[str, StreamConnection] = {}  # leader's cluster address -> stream
+        self._http_only: dict[str, float] = {}  # leaders without the stream: since when
+        self._served_streams: set[asyncio.Future[None]] = set()  # followers' streams here
         self.internal_address = ""
         self.etcd = EtcdClient(endpoints)
         self.meta = ClusterMetadata(self.etcd, cluster_id)
@@ -471,6 +470,11 @@ class NodeMember:
                 await producer.close(timeout=1)
         if self._http is not None:
             await self._http.close()
+        for conn in self._streams.values():
+            conn.close()
+        for done in self._served_streams:
+            if not done.done():
+                done.set_result(None)
         if self._internal_runner is not None:
             await self._internal_runner.cleanup()
         await self.etcd.close()
@@ -979,14 +983,32 @@ class NodeMember:
     async def _fetch_once(self, topic: Any, conn: FetchConnection, name: str, p: int,
                           epoch: int) -> None:
         offset = topic.log.flushed_offset
-        params = {"topic": name, "partition": str(p), "offset": str(offset), "epoch": str(epoch),
-                  "node": self.node_id, "wait_ms": str(int(FETCH_WAIT * 1000))}
-        status, raw = await conn.get("/nsqx/replica/fetch", params, FETCH_WAIT + 5,
-                                     self._sign("GET", "/nsqx/replica/fetch", params))
-        _check_answer(status, raw)
-        nl = _index_nl(raw)
-        head = orjson.loads(raw[:nl])
-        frames = raw[nl + 1:]  # a view, sliced per commit: the log keeps these bytes
+        stream = self._stream_to(conn.address)
+        if stream is not None:
+            try:
+                status, head_raw, frames = await stream.fetch(
+                    name, p, epoch, offset, FETCH_MAX_BYTES, int(FETCH_WAIT * 1000),
+                    FETCH_WAIT + 5)
+            except StreamRefused as e:
+                if e.status not in (404, 405):
+                    _check_answer(e.status, e.body)
+                log.warning("CLUSTER: the leader at %s has no replication stream (an older "
+                            "member?): fetching over HTTP from it", conn.address)
+                self._http_only[conn.address] = time.monotonic()
+                stream.close()
+                return
+            _check_answer(status, head_raw)
+        else:
+            params = {"topic": name, "partition": str(p), "offset": str(offset),
+                      "epoch": str(epoch), "node": self.node_id,
+                      "wait_ms": str(int(FETCH_WAIT * 1000))}
+            status, raw = await conn.get("/nsqx/replica/fetch", params, FETCH_WAIT + 5,
+                                         self._sign("GET", "/nsqx/replica/fetch", params))
+            _check_answer(status, raw)
+            nl = _index_nl(raw)
+            head_raw, frames = raw[:nl], raw[nl + 1:]
+        head = orjson.loads(head_raw)
+        # frames: a view, sliced per commit: the log keeps these bytes
         if head["start"] != offset:
             raise ValueError(f"leader answered from {head['start']}, asked {offset}")
         if frames:
@@ -997,6 +1019,19 @@ class NodeMember:
             self._advance_channel(topic, ch_name, int(confirmed))
         if isinstance(head.get("settings"), dict) and apply_settings(topic, head["settings"]):
             self.nsqd.metadata_changed()  # the leader's settings, kept for a failover
+
+    def _stream_to(self, address: str) -> StreamConnection | None:
+        """The stream to the leader at ``address`` (shared by every partition it leads for
+        this node), or None to fetch over HTTP."""
+        if self.replication != "stream" or \
+                time.monotonic() - self._http_only.get(address, -HTTP_ONLY_RETRY) < HTTP_ONLY_RETRY:
+            return None
+        conn = self._streams.get(address)
+        if conn is None:
+            conn = self._streams[address] = StreamConnection(
+                address, self.node_id, ssl=self.tls_client,
+                sign=self._sign if self.signer else None)
+        return conn
 
     async def _append(self, topic: Any, offset: int, frames: memoryview, head: dict) -> None:
         """Append the leader's frames as they are: one batch per leader commit when the
@@ -1089,12 +1124,12 @@ class NodeMember:
         done(traced_offset(answer), None)
 
     # -- leader side: the replication API ---------------------------------------------------
-    _INTERNAL_GET = ("/nsqx/replica/epochs", "/nsqx/replica/fetch")
+    _INTERNAL_GET = ("/nsqx/replica/epochs", "/nsqx/replica/fetch", STREAM_PATH)
     _INTERNAL_POST = ("/nsqx/route/seal", "/nsqx/route/reset/prepare", "/nsqx/route/reset/apply",
                       "/nsqx/route/reset/release")
 
     def _add_internal(self, app: web.Application) -> None:
-        handlers = (self.h_epochs, self.h_fetch, self.h_route_seal, self.h_reset_prepare,
+        handlers = (self.h_epochs, self.h_fetch, self.h_stream, self.h_route_seal, self.h_reset_prepare,
                     self.h_reset_apply, self.h_reset_release)
         for path, h in zip(self._INTERNAL_GET + self._INTERNAL_POST, handlers, strict=True):
             (app.router.add_get if path in self._INTERNAL_GET else app.router.add_post)(path, h)
@@ -1157,18 +1192,26 @@ class NodeMember:
         except (KeyError, ValueError):
             return _answer(400, {"message": "E_INVALID",
                                  "detail": "topic, partition and epoch are required integers"})
-        gate = self.gates.get((name, p))
-        if not isinstance(gate, LeaderGate) or not gate.active or gate.meta.epoch != epoch:
-            mine = gate.meta.epoch if isinstance(gate, LeaderGate) and gate.active else None
-            self.refusals.record(Refused(409, "E_STALE_EPOCH", f"epoch {epoch} of {name}/{p} "
-                                         f"(this node: {mine})"), request.remote or "?",
-                                 request.path)
-            return _answer(409, {"message": "E_STALE_EPOCH", "leader_epoch": mine})
+        gate = self._gate_of(name, p, epoch, request.remote or "?", request.path)
+        if not isinstance(gate, LeaderGate):
+            return _answer(409, gate)
         node = q.get("node")
         if node is not None and self.verifier is not None and node != caller:
             return self._refuse(request, Refused(
                 403, "E_NODE_MISMATCH", f"signed by {caller}, asks as {node}"))
         return gate, gate.topic, dict(q)
+
+    def _gate_of(self, name: str, p: int, epoch: int, peer: str, path: str
+                 ) -> LeaderGate | dict[str, Any]:
+        """This node's active gate of the partition at ``epoch``, or the 409 answer's body
+        (the refusal counted): a deposed leader never collects acks."""
+        gate = self.gates.get((name, p))
+        if isinstance(gate, LeaderGate) and gate.active and gate.meta.epoch == epoch:
+            return gate
+        mine = gate.meta.epoch if isinstance(gate, LeaderGate) and gate.active else None
+        self.refusals.record(Refused(409, "E_STALE_EPOCH", f"epoch {epoch} of {name}/{p} "
+                                     f"(this node: {mine})"), peer, path)
+        return {"message": "E_STALE_EPOCH", "leader_epoch": mine}
 
     async def h_epochs(self, request: web.Request) -> web.Response:
         found = await self._leader_gate(request)
@@ -1186,19 +1229,57 @@ class NodeMember:
             offset = int(q["offset"])
             node = q["node"]
             wait = min(max(int(q.get("wait_ms", "0")), 0), 5000) / 1000
-            max_bytes = min(max(int(q.get("max_bytes", FETCH_MAX_BYTES)), 1), 64 << 20)
+            max_bytes = int(q.get("max_bytes", FETCH_MAX_BYTES))
         except (KeyError, ValueError):
             return _answer(400, {"message": "E_INVALID",
                                  "detail": "offset and node are required, offset an integer"})
+        try:
+            status, head, data = await self._serve_fetch(gate, node, offset, wait, max_bytes)
+        except Refused as e:
+            return self._refuse(request, e)
+        if status != 200:
+            return _answer(status, head)
+        # The frames go to the socket as they are. A Response body would be copied with the
+        # head and again with the HTTP headers (aiohttp joins them: no writev on 3.11), and
+        # copying large buffers here costs more than one more send (copy 350 KB: ~125 us,
+        # send it: ~70 us); the small head goes with the HTTP headers.
+        # TCP_CORK holds the first (small) send until the frames follow: one transmission
+        # and one wakeup of the follower instead of two (py-spy --gil: the small send cost
+        # the leader as much as the frames' send).
+        line = orjson.dumps(head) + b"\n"
+        resp = _FramesResponse(headers={"Content-Type": "application/octet-stream"})
+        resp.content_length = len(line) + len(data)
+        sock = request.transport.get_extra_info("socket") if data and request.transport else None
+        corked = cork(sock, 1)
+        try:
+            await resp.prepare(request)
+            await resp.write(line)
+            if data:
+                await resp.write(data)
+        finally:
+            if corked:
+                cork(sock, 0)
+        await resp.write_eof()
+        return resp
+
+    async def _serve_fetch(self, gate: LeaderGate, node: str, offset: int, wait: float,
+                           max_bytes: int) -> tuple[int, dict[str, Any], Any]:
+        """One fetch of ``node`` (already authenticated), over HTTP or the stream: (status,
+        head or error body, frames). The offset is the follower's ack (``on_fetch``) before
+        the answer long-polls at the tail; Refused when ``node`` has no live registration."""
         if node not in self.nodes:
             # a fetch is an ack: only from a member whose etcd registration (lease) is alive,
             # so a node whose lease ended rejoins the ISR only after it registers again
-            return self._refuse(request, Refused(
-                403, "E_NOT_REGISTERED", f"node {node} has no live registration in etcd"))
+            raise Refused(403, "E_NOT_REGISTERED", f"node {node} has no live registration "
+                          "in etcd")
+        wait = min(max(wait, 0.0), 5.0)
+        max_bytes = min(max(max_bytes, 1), 64 << 20)
+        topic = gate.topic
+        epoch = gate.meta.epoch
         plog = topic.log
         if offset > plog.flushed_offset or offset < plog.start_offset:
-            return _answer(416, {"message": "OFFSET_OUT_OF_RANGE",
-                                 "start": plog.start_offset, "end": plog.flushed_offset})
+            return 416, {"message": "OFFSET_OUT_OF_RANGE", "start": plog.start_offset,
+                         "end": plog.flushed_offset}, b""
         now = time.monotonic()
         gate.progress.on_fetch(node, offset, plog.flushed_offset, now)
         gate.release()
@@ -1209,8 +1290,8 @@ class NodeMember:
             gate.new_data.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(gate.new_data.wait(), wait)
-            if not gate.active or gate.meta.epoch != int(q["epoch"]):
-                return _answer(409, {"message": "E_STALE_EPOCH", "leader_epoch": None})
+            if not gate.active or gate.meta.epoch != epoch:
+                return 409, {"message": "E_STALE_EPOCH", "leader_epoch": None}, b""
         data, count = b"", 0
         commits = None
         if offset < plog.flushed_offset:
@@ -1240,28 +1321,38 @@ class NodeMember:
             head["channels"] = {c.name: c.cursor.confirmed for c in topic.channels.values()
                                 if not c.ephemeral}
             head["settings"] = export_settings(topic)  # TTL, tracing, max attempts
-        # The frames go to the socket as they are. A Response body would be copied with the
-        # head and again with the HTTP headers (aiohttp joins them: no writev on 3.11), and
-        # copying large buffers here costs more than one more send (copy 350 KB: ~125 us,
-        # send it: ~70 us); the small head goes with the HTTP headers.
-        # TCP_CORK holds the first (small) send until the frames follow: one transmission
-        # and one wakeup of the follower instead of two (py-spy --gil: the small send cost
-        # the leader as much as the frames' send).
-        line = orjson.dumps(head) + b"\n"
-        resp = _FramesResponse(headers={"Content-Type": "application/octet-stream"})
-        resp.content_length = len(line) + len(data)
-        sock = request.transport.get_extra_info("socket") if data and request.transport else None
-        corked = _cork(sock, 1)
-        try:
-            await resp.prepare(request)
-            await resp.write(line)
-            if data:
-                await resp.write(data)
-        finally:
-            if corked:
-                _cork(sock, 0)
-        await resp.write_eof()
-        return resp
+        return 200, head, data
+
+    async def h_stream(self, request: web.Request) -> web.StreamResponse:
+        """A follower's replication stream (nsqx.cluster.stream): the handshake is checked as
+        every internal request (signature, the signer is the node named, its registration is
+        alive), then its fetches of every partition this node leads for it."""
+        caller = await self._caller(request)
+        if isinstance(caller, web.Response):
+            return caller
+        node = request.query.get("node", "")
+        if self.verifier is not None and node != caller:
+            return self._refuse(request, Refused(
+                403, "E_NODE_MISMATCH", f"signed by {caller}, asks as {node}"))
+        if node not in self.nodes:
+            return self._refuse(request, Refused(
+                403, "E_NOT_REGISTERED", f"node {node} has no live registration in etcd"))
+        peer = request.remote or "?"
+
+        async def fetch(name: str, p: int, epoch: int, offset: int, max_bytes: int,
+                        wait: float) -> tuple[int, bytes, Any]:
+            gate = self._gate_of(name, p, epoch, peer, STREAM_PATH)
+            if not isinstance(gate, LeaderGate):
+                return 409, orjson.dumps(gate), b""
+            try:
+                status, head, data = await self._serve_fetch(gate, node, offset, wait,
+                                                             max_bytes)
+            except Refused as e:
+                self.refusals.record(e, peer, STREAM_PATH)
+                return e.status, orjson.dumps({"message": e.code, "detail": e.detail}), b""
+            return status, orjson.dumps(head), data
+
+        return await serve(request, fetch, self._served_streams)
 
     async def h_state(self, request: web.Request) -> web.Response:
         """This node's view: role, epoch, log end per partition (``nsqx topic describe``)."""
@@ -1281,6 +1372,8 @@ class NodeMember:
                                   "forwarded": self.forwarded, "partitions": out,
                                   "cluster_address": self.internal_address,
                                   "authenticated": self.verifier is not None,
+                                  "replication": self.replication,
+                                  "streams_served": len(self._served_streams),
                                   "refused": dict(self.refusals.counts)})
 
     # -- leader side: ISR upkeep -----------------------------------------------------------

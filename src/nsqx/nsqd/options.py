@@ -24,6 +24,7 @@ from nsqx.flags import (
     FlagError,
     Program,
     basic_flags,
+    choice_flag,
     cluster_flags,
     cluster_trust_flags,
     http_client_flags,
@@ -103,6 +104,7 @@ class Options:
     cluster_tls_cert: str = ""  # mutual TLS between members: this node's certificate,
     cluster_tls_key: str = ""  # its key,
     cluster_tls_ca: str = ""  # and the CA every member's certificate chains to
+    cluster_replication: str = "stream"  # followers fetch over one stream per leader, or HTTP
 
     # storage (upstream "diskqueue options", same names and meanings)
     data_path: str = field(default_factory=os.getcwd)
@@ -335,6 +337,10 @@ def _flags() -> list[Flag]:
         listen_flag("cluster-address", "", "[nsqx] <addr>:<port> of the listener serving other "
                     "members (replication, route calls); default: the HTTP host, a port the "
                     "OS picks, published in etcd"),
+        choice_flag("cluster-replication", ("stream", "http"), "[nsqx] how this node fetches "
+                    "as a follower: one authenticated stream per leader on its cluster "
+                    "listener, or one HTTP request per fetch (members that predate the stream "
+                    "are fetched from over HTTP either way)"),
         Flag("broadcast-cluster-port", INT, 0, "[nsqx] port of the cluster listener that will be "
              "registered in etcd (defaults to the port it listens on)"),
         Flag("topology-region", STR, "", "A region represents a larger domain, made up of one or "
