@@ -35,7 +35,8 @@
 
 ``GET /message/get?topic=T[&partition=P]&search_mode=id|count|virtual_offset&search_pos=X[&raw=1]``
     One message of a partition, found by id (``X`` the 16-hex-digit id a consumer sees, or
-    its value in decimal as Youzan's numeric ids; the partition comes from the id) or by
+    its value in decimal as Youzan's numeric ids; the partition comes from the id; a message
+    moved from Go nsqd by ``nsqx import`` is found by its Go id) or by
     log offset (``count`` and ``virtual_offset`` both: see above). 200 JSON::
 
         {"id": "000000000000002a", "partition": 0, "offset": 42, "queue_cnt_index": 42,
@@ -77,7 +78,7 @@ from nsqx.nsqd.http_publish import existing_topic, read_capped
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.routes import RouteError
 from nsqx.protocol.v2 import StartPosition, parse_start_position
-from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION, make_id
+from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
@@ -166,6 +167,19 @@ def _parse_id(pos: str) -> tuple[int, int]:
     return p, off
 
 
+def _imported(topic: Any, pid: int, offset: int) -> tuple[Any, int] | None:
+    """(partition, offset) of a message ``nsqx import`` moved from Go nsqd, by its Go id
+    (one whose top bits name no partition); None for any other id."""
+    if pid < len(topic.partitions):
+        return None
+    for part in topic.partitions:
+        imported = part.log.imported
+        found = imported.offsets_of(pid << 48 | offset) if imported is not None else ()
+        if found:
+            return part, found[0]
+    return None
+
+
 class _ReplayAPI:
     def __init__(self, nsqd: NodeAPI, authorize: Any = None) -> None:
         self.nsqd = nsqd
@@ -242,7 +256,9 @@ class _ReplayAPI:
             offset = int(pos)
         if self._authorize is not None:
             await self._authorize(request, tname, "subscribe")
-        part = partition_of(self._topic(tname), praw)
+        topic = self._topic(tname)
+        hit = _imported(topic, pid, offset) if mode == "id" else None
+        part, offset = hit or (partition_of(topic, praw), offset)
         plog = part.log
         try:
             frame = plog.read_frame(offset)
@@ -250,8 +266,7 @@ class _ReplayAPI:
             raise HTTPError(404, "MESSAGE_NOT_FOUND") from None
         if (_first(params, "raw") or "") in ("1", "true"):
             return web.Response(body=bytes(frame[34:]), content_type="application/octet-stream",
-                                headers={"X-Nsqx-Message-Id": make_id(part.partition, offset)
-                                         .decode(),
+                                headers={"X-Nsqx-Message-Id": bytes(frame[18:34]).decode(),
                                          "X-Nsqx-Partition": str(part.partition),
                                          "X-Nsqx-Offset": str(offset),
                                          "X-Nsqx-Timestamp": str(int.from_bytes(frame[8:16],
