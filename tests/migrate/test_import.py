@@ -286,9 +286,14 @@ def test_progress_lines_go_to_stderr(go_data: Path, tmp_path: Path) -> None:
     assert "msg/s" not in res.stdout
 
 
-def _write_go_queue(root: Path, name: str, bodies: list[bytes], attempts: int = 0) -> None:
+GO_ID = 0x18aa034205269000  # a Go id of 2026 (top 16 bits 6314)
+
+
+def _write_go_queue(root: Path, name: str, bodies: list[bytes], attempts: int = 0,
+                    ids: list[bytes] | None = None) -> None:
     """A one-file go-diskqueue holding ``bodies`` (timestamps 1000+i)."""
-    recs = [struct.pack(">qH16s", 1000 + i, attempts, b"%016x" % (0xabc000 + i)) + b
+    ids = ids or [b"%016x" % (GO_ID + i) for i in range(len(bodies))]
+    recs = [struct.pack(">qH16s", 1000 + i, attempts, ids[i]) + b
             for i, b in enumerate(bodies)]
     data = b"".join(struct.pack(">i", len(r)) + r for r in recs)
     (root / f"{name}.diskqueue.000000.dat").write_bytes(data)
@@ -323,3 +328,25 @@ def test_channel_blocks_and_the_topic_backlog_reach_the_right_channels(tmp_path:
     assert got["c1"] == [(b"c1-a", 1000, 4), (b"c1-b", 1001, 4), (b"t-a", 1000, 1),
                          (b"t-b", 1001, 1)]
     assert got["c2"] == [(b"c2-a", 1000, 1), (b"t-a", 1000, 1), (b"t-b", 1001, 1)]
+
+
+def test_a_go_id_that_reads_as_an_nsqx_id_is_replaced_and_kept_in_a_header(
+        tmp_path: Path) -> None:
+    """Ids of messages from before 2015 (top 16 bits below 1024) or not lowercase hex could
+    be taken for nsqx ids: those messages get nsqx's id, Go's goes to the go_id header, and
+    the import says so."""
+    go = tmp_path / "go"
+    go.mkdir()
+    (go / "nsqd.dat").write_text(json.dumps({"topics": [{"name": "t", "paused": False,
+                                                         "channels": []}]}))
+    old, upper, new = b"%016x" % (0x3ff << 48 | 7), b"18AA034205269001", b"%016x" % GO_ID
+    _write_go_queue(go, "t", [b"a", b"b", b"c"], ids=[old, upper, new])
+    target = tmp_path / "nsqx"
+    res = nsqx_import("--from-nsqd-data", go, "--data-path", target)
+    assert res.returncode == 1
+    assert "topic t: 2 message(s) got nsqx ids" in res.stderr, res.stderr
+    with PartitionLog(target / "topics" / "t-t" / "p0") as log_:
+        assert [bytes(log_.read_frame(o)[18:34]) for o in range(3)] == [
+            b"%016x" % 0, b"%016x" % 1, new]
+        assert [log_.headers(o) for o in range(3)] == [{"go_id": old}, {"go_id": upper}, None]
+        assert log_.imported is not None and log_.imported.offsets_of(GO_ID) == [2]
