@@ -332,7 +332,7 @@ def test_channel_blocks_and_the_topic_backlog_reach_the_right_channels(tmp_path:
 
 def test_a_go_id_that_reads_as_an_nsqx_id_is_replaced_and_kept_in_a_header(
         tmp_path: Path) -> None:
-    """Ids of messages from before 2015 (top 16 bits below 1024) or not lowercase hex could
+    """Ids of messages from before February 2015 (top 16 bits below 1024) or not lowercase hex could
     be taken for nsqx ids: those messages get nsqx's id, Go's goes to the go_id header, and
     the import says so."""
     go = tmp_path / "go"

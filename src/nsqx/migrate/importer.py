@@ -11,8 +11,8 @@ Each message keeps its body, timestamp, attempts (Go's count plus the delivery t
 its id: the frame carries Go's id, and the partition's ``imported-ids`` file
 (``nsqx.storage.imported_ids``) maps it to the offset, for the log's id checks and for
 nsqd's FIN/REQ/TOUCH. A Go id that could be read as an nsqx id (its top 16 bits below
-``FOREIGN_MIN_PARTITION``: a message from before 2015, or not lowercase hex) gets nsqx's id
-instead, with Go's in the record's ``go_id`` header, and is reported. Topics are written
+``FOREIGN_MIN_PARTITION``: a message from before February 2015, or not lowercase hex) gets
+nsqx's id instead, with Go's in the record's ``go_id`` header, and is reported. Topics are written
 under a staging directory and moved into place, then nsqd.dat is written last, so an
 interrupted import leaves no half topic behind.
 """
@@ -247,8 +247,8 @@ def _write_topic(go_path: Path, staging: Path, topic: GoTopic, report: Callable[
     progress.add(writer.next_offset % 1024)
     if writer.renamed:
         report(f"topic {topic.name}: {writer.renamed} message(s) got nsqx ids, their Go ids "
-               f"could be read as nsqx ids (written before 2015, or not lowercase hex); each "
-               f"keeps Go's id in its {GO_ID_HEADER} header")
+               "could be read as nsqx ids (written before February 2015, or not lowercase "
+               f"hex); each keeps Go's id in its {GO_ID_HEADER} header")
     if topic.channels:
         (tdir / "channels").mkdir(parents=True, exist_ok=True)
     for c in topic.channels:

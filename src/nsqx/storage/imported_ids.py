@@ -13,7 +13,7 @@ Which ids may be recorded: nsqx's own id for that offset, or an id whose top 16 
 least ``FOREIGN_MIN_PARTITION``, one more than the most partitions a topic may have
 (``partition_num`` 1..1024), so a recorded foreign id never decodes to a real partition.
 (Go's ids are ``(ns >> 20) - epoch(2012-10-28)`` shifted left by 22: the top 16 bits count
-~19.5-hour steps since then, past 1024 from January 2015 on.)
+~19.5-hour steps since then, past 1024 from 9 February 2015 on.)
 
 File (little-endian): ``b"NSQXIDS1"``, lo u64, n u64, n sorted ids u64, their n offsets
 u64, crc32 u32 of everything before. 16 bytes per imported message, in memory too.
