@@ -359,10 +359,7 @@ class Channel:
                     total += r.count
             else:
                 frame = log_.read_frame(d.offset)
-                attempts = d.attempts
-                if log_.imported is not None:  # an imported frame holds Go's count: go on
-                    attempts += int.from_bytes(frame[16:18], "big") - 1
-                chunks.append(patch_attempts(frame, attempts))
+                chunks.append(patch_attempts(frame, d.attempts))
                 total += 1
         if client.sample_rate:
             chunks = self._sample(client, chunks)
@@ -441,7 +438,11 @@ class Channel:
 
 
 def patch_attempts(frame: bytes, attempts: int) -> bytes:
-    """Rebuild a stored frame (attempts=1) for a redelivery."""
+    """Rebuild a stored frame for its redelivery number ``attempts``. Stored frames hold
+    attempts 1, except those nsqx import moved from Go nsqd: they hold Go's count + 1, and
+    redeliveries go on from it."""
+    if frame[16:18] != b"\0\x01":
+        attempts += int.from_bytes(frame[16:18], "big") - 1
     return b"".join((frame[:16], min(attempts, 0xFFFF).to_bytes(2, "big"), frame[18:]))
 
 

@@ -78,7 +78,7 @@ from nsqx.nsqd.http_publish import existing_topic, read_capped
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.routes import RouteError
 from nsqx.protocol.v2 import StartPosition, parse_start_position
-from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION
+from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION, make_id
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
@@ -167,16 +167,16 @@ def _parse_id(pos: str) -> tuple[int, int]:
     return p, off
 
 
-def _imported(topic: Any, pid: int, offset: int) -> tuple[Any, int] | None:
+def _imported(topic: Any, pid: int, offset: int) -> tuple[int, int] | None:
     """(partition, offset) of a message ``nsqx import`` moved from Go nsqd, by its Go id
-    (one whose top bits name no partition); None for any other id."""
-    if pid < len(topic.partitions):
+    (one whose top bits name no partition); None for any other id or no such topic."""
+    if topic is None or pid < len(topic.partitions):
         return None
     for part in topic.partitions:
         imported = part.log.imported
         found = imported.offsets_of(pid << 48 | offset) if imported is not None else ()
         if found:
-            return part, found[0]
+            return part.partition, found[0]
     return None
 
 
@@ -250,15 +250,16 @@ class _ReplayAPI:
                                                and len(praw) <= 5 and int(praw) == pid):
                 raise HTTPError(400, "E_BAD_PARTITION")
             praw = str(pid)
+            hit = _imported(self.nsqd.topics.get(tname), pid, offset)
+            if hit is not None:  # an imported message by its Go id
+                praw, offset = str(hit[0]), hit[1]
         else:
             if not (pos.isascii() and pos.isdigit()) or len(pos) > 20:
                 raise HTTPError(400, "E_INVALID")
             offset = int(pos)
         if self._authorize is not None:
             await self._authorize(request, tname, "subscribe")
-        topic = self._topic(tname)
-        hit = _imported(topic, pid, offset) if mode == "id" else None
-        part, offset = hit or (partition_of(topic, praw), offset)
+        part = partition_of(self._topic(tname), praw)
         plog = part.log
         try:
             frame = plog.read_frame(offset)
@@ -266,7 +267,8 @@ class _ReplayAPI:
             raise HTTPError(404, "MESSAGE_NOT_FOUND") from None
         if (_first(params, "raw") or "") in ("1", "true"):
             return web.Response(body=bytes(frame[34:]), content_type="application/octet-stream",
-                                headers={"X-Nsqx-Message-Id": bytes(frame[18:34]).decode(),
+                                headers={"X-Nsqx-Message-Id": make_id(part.partition, offset)
+                                         .decode(),
                                          "X-Nsqx-Partition": str(part.partition),
                                          "X-Nsqx-Offset": str(offset),
                                          "X-Nsqx-Timestamp": str(int.from_bytes(frame[8:16],
