@@ -10,9 +10,9 @@ memory, in-flight and deferred messages are in the files. ``expected.json`` is w
 delivered from a copy of that directory, per channel: id, timestamp, attempts, body.
 
 Here the directory is imported, nsqx's nsqd is started on the result and pynsq (a stock
-client) consumes every channel: the bodies, timestamps and attempts must be Go's, in Go's
-order. Ids are nsqx's own ((partition, offset): nsqx resolves FIN/REQ/TOUCH by them), and
-each record keeps Go's id in its ``go_id`` header, checked against expected.json.
+client) consumes every channel: the ids, bodies, timestamps and attempts must be Go's, in
+Go's order, and FIN, REQ and TOUCH by Go's ids must work, also after nsqd was killed
+(-9) and started again in the middle (the FINed ones are not delivered again).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -33,7 +34,6 @@ from nsqx.migrate.diskqueue import read_meta, read_queue
 from nsqx.protocol.frames import decode_message
 from nsqx.storage.cursor import ChannelCursor
 from nsqx.storage.log import PartitionLog
-from nsqx.storage.message_id import parse_id
 from tests.support.clients import pynsq_runner
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "go-1.3.0"
@@ -87,14 +87,18 @@ def test_import_then_a_stock_client_gets_each_channels_pending_messages(
     assert res.returncode == 0, res.stderr
     assert "imported 3 topics, 5 channels, 42 messages stored" in res.stdout
 
-    # Go's ids are kept beside each record (header go_id), in each channel's block
-    go_ids: dict[tuple[str, bytes], bytes] = {}  # (topic, nsqx id) -> Go id
+    # the frames carry Go's ids (no go_id header: only a message that cannot keep its id
+    # has one), each channel's block in Go's order
+    stored: dict[str, list[str]] = {}
     for topic in ("orders", "events", "lonely"):
         with PartitionLog(target / "topics" / f"t-{topic}" / "p0") as log_:
-            for off in range(log_.start_offset, log_.next_offset):
-                h = log_.headers(off)
-                assert h is not None and len(h["go_id"]) == 16
-                go_ids[topic, log_.read_frame(off)[18:34]] = h["go_id"]
+            stored[topic] = [bytes(log_.read_frame(off)[18:34]).decode()
+                             for off in range(log_.start_offset, log_.next_offset)]
+            assert all(log_.headers(off) is None
+                       for off in range(log_.start_offset, log_.next_offset))
+    assert stored["orders"] == [m["id"] for c in ("billing", "shipping", "audit")
+                                for m in EXPECTED["orders"][c]]
+    assert stored["events"] == [m["id"] for m in EXPECTED["events"]["a"]]
 
     nsqd = nsqd_factory.start(data_path=target)
     st = stats(nsqd)
@@ -105,26 +109,83 @@ def test_import_then_a_stock_client_gets_each_channels_pending_messages(
     assert {n: c["depth"] for n, c in chans.items()} == {"billing": 9, "shipping": 13,
                                                           "audit": 13}
     assert st["lonely"]["channels"] == []
+    assert_message_get_by_go_id(nsqd)
 
     http(nsqd, "POST", "/channel/unpause?topic=orders&channel=audit")
     http(nsqd, "POST", "/topic/unpause?topic=events")
     http(nsqd, "POST", "/channel/create?topic=lonely&channel=first")
     runner = pynsq_runner()
-    for topic, channels in EXPECTED.items():
-        for channel, want in channels.items():
-            got = runner.run("consume", {"nsqd": nsqd.tcp_address, "topic": topic,
-                                         "channel": channel, "expect": len(want),
-                                         "max_in_flight": 1, "idle_s": 0.5})
-            assert not got.timed_out and not got.errors, got.describe()
-            assert [(d.body, d.timestamp_ns, d.attempts) for d in got.deliveries] == [
-                (bytes.fromhex(m["body"]), m["timestamp"], m["attempts"]) for m in want
-            ], f"{topic}/{channel}"
-            ids = [d.id.encode() for d in got.deliveries]
-            assert all(parse_id(i)[0] == 0 for i in ids)
-            assert [go_ids[topic, i].decode() for i in ids] == [m["id"] for m in want]
+
+    def consume(topic: str, channel: str, expect: int, **kw):
+        got = runner.run("consume", {"nsqd": nsqd.tcp_address, "topic": topic,
+                                     "channel": channel, "expect": expect,
+                                     "max_in_flight": 1, "idle_s": 0.5, **kw})
+        assert not got.timed_out and not got.errors, got.describe()
+        return got
+
+    # audit: 5 FINed by Go's ids, then nsqd is killed (-9) and started again
+    audit = EXPECTED["orders"]["audit"]
+    got = consume("orders", "audit", 5, fin_limit=5)
+    assert [d.id for d in got.deliveries if d.action == "fin"] == [m["id"] for m in audit[:5]]
+    wait_persisted(target / "topics" / "t-orders" / "channels" / "c-audit.cursor",
+                   range(22, 27))  # audit's block follows billing's 9 and shipping's 13
+    nsqd.restart(graceful=False)
+    assert {c["channel_name"]: c["depth"] for c in stats(nsqd)["orders"]["channels"]} == {
+        "billing": 9, "shipping": 13, "audit": 8}
+    # the other 8, none of the FINed ones: each REQ'd by its Go id on its first delivery
+    # and FINed when it comes back, same id, attempts + 1
+    got = consume("orders", "audit", 8, mode="req")
+    want = [(m["id"], m["attempts"]) for m in audit[5:]]
+    assert [(d.id, d.attempts) for d in got.deliveries if d.action == "req"] == want
+    assert sorted((d.id, d.attempts) for d in got.deliveries if d.action == "fin") == sorted(
+        (i, a + 1) for i, a in want)
+    assert len(got.deliveries) == 16
+
+    # shipping: each TOUCHed twice by its Go id, FINed after longer than the message
+    # timeout (a TOUCH that missed would let it time out: delivered again, FIN failed)
+    ship = EXPECTED["orders"]["shipping"]
+    got = consume("orders", "shipping", len(ship), mode="touch", touches=2,
+                  touch_interval_ms=1000, max_in_flight=len(ship),
+                  conn={"msg_timeout_ms": 2000})
+    assert sorted((d.id, d.attempts, d.action) for d in got.deliveries) == sorted(
+        (m["id"], m["attempts"], "touch+fin") for m in ship)
+
+    for topic, channel in (("orders", "billing"), ("events", "a"), ("events", "b"),
+                           ("lonely", "first")):
+        want_ = EXPECTED[topic][channel]
+        got = consume(topic, channel, len(want_))
+        assert [(d.id, d.body, d.timestamp_ns, d.attempts) for d in got.deliveries] == [
+            (m["id"], bytes.fromhex(m["body"]), m["timestamp"], m["attempts"]) for m in want_
+        ], f"{topic}/{channel}"
     # every FIN was taken: nothing is left anywhere
     for t in stats(nsqd).values():
         assert all(c["depth"] == 0 and c["in_flight_count"] == 0 for c in t["channels"]), t
+    assert_message_get_by_go_id(nsqd)
+
+
+def assert_message_get_by_go_id(nsqd) -> None:
+    """/message/get finds an imported message by its Go id (the first copy of it)."""
+    m = EXPECTED["orders"]["billing"][2]
+    doc = json.loads(http(nsqd, "GET", f"/message/get?topic=orders&search_pos={m['id']}"))
+    assert (doc["id"], doc["offset"], doc["timestamp"]) == (m["id"], 2, m["timestamp"])
+    assert doc["body"] == bytes.fromhex(m["body"]).decode()
+
+
+def wait_persisted(cursor_file: Path, offsets: range, timeout: float = 15.0) -> None:
+    """Until nsqd's periodic pass has written the FINs of ``offsets`` to the cursor file
+    (read from a copy: loading a cursor may write beside it)."""
+    deadline = time.monotonic() + timeout
+    copy = cursor_file.parent.parent / "cursor-copy"
+    while True:
+        shutil.copyfile(cursor_file, copy)
+        cur = ChannelCursor(0, state_path=copy)
+        done = set(range(cur.confirmed)).union(
+            *(range(a, b) for a, b in cur.finished_ranges()))
+        cur.close()
+        if set(offsets) <= done:
+            return
+        assert time.monotonic() < deadline, f"FINs of {offsets} not persisted: {done}"
+        time.sleep(0.1)
 
 
 def test_a_corrupt_and_a_truncated_file_are_reported_and_the_rest_imported(
@@ -225,9 +286,14 @@ def test_progress_lines_go_to_stderr(go_data: Path, tmp_path: Path) -> None:
     assert "msg/s" not in res.stdout
 
 
-def _write_go_queue(root: Path, name: str, bodies: list[bytes], attempts: int = 0) -> None:
+GO_ID = 0x18aa034205269000  # a Go id of 2026 (top 16 bits 6314)
+
+
+def _write_go_queue(root: Path, name: str, bodies: list[bytes], attempts: int = 0,
+                    ids: list[bytes] | None = None) -> None:
     """A one-file go-diskqueue holding ``bodies`` (timestamps 1000+i)."""
-    recs = [struct.pack(">qH16s", 1000 + i, attempts, b"%016x" % (0xabc000 + i)) + b
+    ids = ids or [b"%016x" % (GO_ID + i) for i in range(len(bodies))]
+    recs = [struct.pack(">qH16s", 1000 + i, attempts, ids[i]) + b
             for i, b in enumerate(bodies)]
     data = b"".join(struct.pack(">i", len(r)) + r for r in recs)
     (root / f"{name}.diskqueue.000000.dat").write_bytes(data)
@@ -262,3 +328,25 @@ def test_channel_blocks_and_the_topic_backlog_reach_the_right_channels(tmp_path:
     assert got["c1"] == [(b"c1-a", 1000, 4), (b"c1-b", 1001, 4), (b"t-a", 1000, 1),
                          (b"t-b", 1001, 1)]
     assert got["c2"] == [(b"c2-a", 1000, 1), (b"t-a", 1000, 1), (b"t-b", 1001, 1)]
+
+
+def test_a_go_id_that_reads_as_an_nsqx_id_is_replaced_and_kept_in_a_header(
+        tmp_path: Path) -> None:
+    """Ids of messages from before February 2015 (top 16 bits below 1024) or not lowercase hex could
+    be taken for nsqx ids: those messages get nsqx's id, Go's goes to the go_id header, and
+    the import says so."""
+    go = tmp_path / "go"
+    go.mkdir()
+    (go / "nsqd.dat").write_text(json.dumps({"topics": [{"name": "t", "paused": False,
+                                                         "channels": []}]}))
+    old, upper, new = b"%016x" % (0x3ff << 48 | 7), b"18AA034205269001", b"%016x" % GO_ID
+    _write_go_queue(go, "t", [b"a", b"b", b"c"], ids=[old, upper, new])
+    target = tmp_path / "nsqx"
+    res = nsqx_import("--from-nsqd-data", go, "--data-path", target)
+    assert res.returncode == 1
+    assert "topic t: 2 message(s) got nsqx ids" in res.stderr, res.stderr
+    with PartitionLog(target / "topics" / "t-t" / "p0") as log_:
+        assert [bytes(log_.read_frame(o)[18:34]) for o in range(3)] == [
+            b"%016x" % 0, b"%016x" % 1, new]
+        assert [log_.headers(o) for o in range(3)] == [{"go_id": old}, {"go_id": upper}, None]
+        assert log_.imported is not None and log_.imported.offsets_of(GO_ID) == [2]

@@ -7,10 +7,14 @@ channel's cursor starts at 0 with the other channels' blocks marked finished, so
 own block and the topic block, nothing else. A topic without channels keeps its whole log as
 the backlog its first channel receives (``pending_from`` 0), as Go's topic would.
 
-Each message keeps its body, timestamp and attempts (Go's count plus the delivery to come);
-its id becomes nsqx's (partition, offset) id, which FIN/REQ/TOUCH resolve, and Go's id is kept
-as the record's ``go_id`` header. Topics are written under a staging directory and moved into
-place, then nsqd.dat is written last, so an interrupted import leaves no half topic behind.
+Each message keeps its body, timestamp, attempts (Go's count plus the delivery to come) and
+its id: the frame carries Go's id, and the partition's ``imported-ids`` file
+(``nsqx.storage.imported_ids``) maps it to the offset, for the log's id checks and for
+nsqd's FIN/REQ/TOUCH. A Go id that could be read as an nsqx id (its top 16 bits below
+``FOREIGN_MIN_PARTITION``: a message from before February 2015, or not lowercase hex) gets
+nsqx's id instead, with Go's in the record's ``go_id`` header, and is reported. Topics are written
+under a staging directory and moved into place, then nsqd.dat is written last, so an
+interrupted import leaves no half topic behind.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from nsqx.nsqd.routing import write_atomic
 from nsqx.nsqd.topic import topic_dir
 from nsqx.protocol.names import is_ephemeral, valid_channel_name, valid_topic_name
 from nsqx.storage.cursor import ChannelCursor
+from nsqx.storage.imported_ids import FOREIGN_MIN_PARTITION
 from nsqx.storage.log import LogConfig, PartitionLog
 from nsqx.storage.message_id import make_id
 
@@ -45,7 +50,8 @@ _STAGING = ".nsqx-import.tmp"
 _FRAME = struct.Struct(">IIqH")  # size, type 2 (message), timestamp, attempts
 _BATCH_BYTES = 1 << 20
 _BATCH_COUNT = 8192
-GO_ID_HEADER = "go_id"
+GO_ID_HEADER = "go_id"  # Go's id of a message that could not keep it (see _TopicWriter.add)
+_HEX = frozenset(b"0123456789abcdef")
 
 
 class ImportError_(Exception):  # noqa: N801 (ImportError is a builtin)
@@ -162,9 +168,11 @@ class _TopicWriter:
         self.offset = self.log.next_offset
         self._parts: list[bytes] = []
         self._lengths: list[int] = []
+        self._ids: list[int] = []
         self._headers: list[dict[str, bytes] | None] = []
         self._ts: list[int] = []
         self._bytes = 0
+        self.renamed = 0  # messages that got nsqx's id (Go's in their go_id header)
 
     @property
     def next_offset(self) -> int:
@@ -175,10 +183,17 @@ class _TopicWriter:
         size = 30 + len(m.body)
         # Go sends attempts+1 on the next delivery; nsqx sends a fresh frame as stored
         attempts = min(m.attempts + 1, 0xFFFF)
-        self._parts += (_FRAME.pack(size, 2, m.timestamp, attempts),
-                        make_id(0, self.next_offset), m.body)
+        mid = m.id
+        value = int(mid, 16) if len(mid) == 16 and _HEX.issuperset(mid) else -1
+        header = None
+        if value >> 48 < FOREIGN_MIN_PARTITION:  # would read as an nsqx id (or is not hex)
+            mid, header = make_id(0, self.next_offset), {GO_ID_HEADER: m.id}
+            value = int(mid, 16)
+            self.renamed += 1
+        self._parts += (_FRAME.pack(size, 2, m.timestamp, attempts), mid, m.body)
         self._lengths.append(size + 4)
-        self._headers.append({GO_ID_HEADER: m.id})
+        self._ids.append(value)
+        self._headers.append(header)
         self._ts.append(m.timestamp)
         self._bytes += size + 4
         if self._bytes >= _BATCH_BYTES or len(self._lengths) >= _BATCH_COUNT:
@@ -188,11 +203,13 @@ class _TopicWriter:
         if not self._lengths:
             return
         n = len(self._lengths)
+        self.log.record_imported(self._ids)
         self.log.append_frames(b"".join(self._parts), n, self._ts[0], headers=self._headers,
                                lengths=self._lengths, max_ts=max(self._ts))
         self.log.flush()
         self.offset += n
-        self._parts, self._lengths, self._headers, self._ts, self._bytes = [], [], [], [], 0
+        self._parts, self._lengths, self._ids, self._headers, self._ts = [], [], [], [], []
+        self._bytes = 0
 
     def close(self) -> None:
         self.flush()
@@ -228,6 +245,10 @@ def _write_topic(go_path: Path, staging: Path, topic: GoTopic, report: Callable[
     finally:
         writer.close()
     progress.add(writer.next_offset % 1024)
+    if writer.renamed:
+        report(f"topic {topic.name}: {writer.renamed} message(s) got nsqx ids, their Go ids "
+               "could be read as nsqx ids (written before February 2015, or not lowercase "
+               f"hex); each keeps Go's id in its {GO_ID_HEADER} header")
     if topic.channels:
         (tdir / "channels").mkdir(parents=True, exist_ok=True)
     for c in topic.channels:

@@ -384,10 +384,35 @@ class Channel:
         kept: list[bytes] = []
         for frame in split_frames(b"".join(chunks)):
             if random.randint(0, 99) > client.sample_rate:
-                self.cursor.finish(client.id, parse_id(frame[18:34])[1])
+                p, off = parse_id(frame[18:34])
+                if p != self.topic.partition:  # an imported message's original id
+                    off = self.imported_offset(client.id, p << 48 | off)
+                if off >= 0:
+                    self.cursor.finish(client.id, off)
             else:
                 kept.append(frame)
         return kept
+
+    def imported_offset(self, client_id: int, value: int) -> int:
+        """The offset of an imported message by its original id (``nsqx import`` keeps Go's
+        ids, see ``nsqx.storage.imported_ids``); -1 when ``value`` is not one.
+
+        Looked up only for an id whose top 16 bits name no partition of the topic (the
+        import records only such foreign ids), so nsqx's own ids never get here; a topic
+        without an import answers with one attribute test. Go stores a message once per
+        channel that owes it, with the same id: the offset this client holds in flight here
+        is taken, else one in flight at all (the cursor says "not owner"), else the first."""
+        imported = self.topic.log.imported
+        if imported is None or value >> 48 < len(self.topic.partitions):
+            return -1
+        offsets = imported.offsets_of(value)
+        if len(offsets) > 1:
+            owners = [self.cursor.owner_of(o) for o in offsets]
+            for want in (client_id, None):
+                for o, owner in zip(offsets, owners, strict=True):
+                    if owner == want or (want is None and owner is not None):
+                        return o
+        return offsets[0] if offsets else -1
 
     def record_finished(self, offset: int, count: int = 1) -> None:
         """e2e latency of a FIN (one sample stands for a batch of in-order FINs)."""
@@ -423,7 +448,11 @@ class Channel:
 
 
 def patch_attempts(frame: bytes, attempts: int) -> bytes:
-    """Rebuild a stored frame (attempts=1) for a redelivery."""
+    """Rebuild a stored frame for its redelivery number ``attempts``. Stored frames hold
+    attempts 1, except those nsqx import moved from Go nsqd: they hold Go's count + 1, and
+    redeliveries go on from it."""
+    if frame[16:18] != b"\0\x01":
+        attempts += int.from_bytes(frame[16:18], "big") - 1
     return b"".join((frame[:16], min(attempts, 0xFFFF).to_bytes(2, "big"), frame[18:]))
 
 

@@ -261,8 +261,13 @@ class ClientV2(asyncio.Protocol):
         if not _ID_HEX.issuperset(mid):
             return False  # not one of our ids (parse_id's rule): the general path answers
         v = int(mid, 16)
-        offset = v & MAX_OFFSET
-        if v >> 48 != ch.topic.partition or not ch.cursor.finish_head(self.id, offset):
+        if v >> 48 == ch.topic.partition:
+            offset = v & MAX_OFFSET
+        else:  # another partition's (general path), or an imported message's original id
+            offset = ch.imported_offset(self.id, v)
+            if offset < 0:
+                return False
+        if not ch.cursor.finish_head(self.id, offset):
             return False
         self._finished(ch, offset)
         ch.pump_now(self)
@@ -811,6 +816,10 @@ class ClientV2(asyncio.Protocol):
             return None, -1  # 16 bytes but not one of ours: "not in flight"
         for ch in self.subs:
             if ch.topic.partition == partition:
+                return ch, offset
+        for ch in self.subs:  # no partition of ours: an imported message's original id?
+            offset = ch.imported_offset(self.id, partition << 48 | offset)
+            if offset >= 0:
                 return ch, offset
         return None, -1
 

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from nsqx.protocol.names import valid_topic_name
 from nsqx.storage.cursor import Delivery, NotInFlight, NotOwner
-from nsqx.storage.message_id import make_id
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import ChannelView
@@ -119,9 +118,10 @@ def _dead_letter(channel: ChannelView, client_id: int,
         {**(log_.headers(off) or {}),
          "dlq_topic": topic.name.encode(), "dlq_channel": channel.name.encode(),
          "dlq_partition": b"%d" % topic.partition,
-         "dlq_id": make_id(topic.partition, off), "dlq_attempts": b"%d" % attempts,
+         # the id consumers saw: nsqx's, or Go's for a message nsqx import moved
+         "dlq_id": bytes(frame[18:34]), "dlq_attempts": b"%d" % attempts,
          "dlq_reason": (why or "unknown").encode()}
-        for off, attempts, why, _ in dead]
+        for off, attempts, why, frame in dead]
     offsets = [off for off, *_ in dead]
 
     def done(_base: int, exc: Exception | None) -> None:

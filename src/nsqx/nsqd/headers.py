@@ -42,6 +42,10 @@ def ext_frames(log_: Any, deliveries: Sequence[Any], chunks: Sequence[bytes | me
     hdrs = headers_of(log_, deliveries)
     out = []
     for frame in _frames(chunks):
-        h = hdrs.get(parse_id(bytes(frame[18:34]))[1]) if hdrs else None
+        h = None
+        if hdrs:
+            p, off = parse_id(bytes(frame[18:34]))
+            # an imported message keeps Go's id (no nsqx offset in it) and has no headers
+            h = hdrs.get(off) if p == log_.partition else None
         out.append(ext_message_frame(frame, ext_json(h) if h else b""))
     return out

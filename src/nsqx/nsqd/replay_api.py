@@ -35,7 +35,8 @@
 
 ``GET /message/get?topic=T[&partition=P]&search_mode=id|count|virtual_offset&search_pos=X[&raw=1]``
     One message of a partition, found by id (``X`` the 16-hex-digit id a consumer sees, or
-    its value in decimal as Youzan's numeric ids; the partition comes from the id) or by
+    its value in decimal as Youzan's numeric ids; the partition comes from the id; a message
+    moved from Go nsqd by ``nsqx import`` is found by its Go id) or by
     log offset (``count`` and ``virtual_offset`` both: see above). 200 JSON::
 
         {"id": "000000000000002a", "partition": 0, "offset": 42, "queue_cnt_index": 42,
@@ -168,6 +169,19 @@ def _parse_id(pos: str) -> tuple[int, int]:
     return p, off
 
 
+def _imported(topic: Any, pid: int, offset: int) -> tuple[int, int] | None:
+    """(partition, offset) of a message ``nsqx import`` moved from Go nsqd, by its Go id
+    (one whose top bits name no partition); None for any other id or no such topic."""
+    if topic is None or pid < len(topic.partitions):
+        return None
+    for part in topic.partitions:
+        imported = part.log.imported
+        found = imported.offsets_of(pid << 48 | offset) if imported is not None else ()
+        if found:
+            return part.partition, found[0]
+    return None
+
+
 class _ReplayAPI:
     def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
@@ -240,6 +254,9 @@ class _ReplayAPI:
                                                and len(praw) <= 5 and int(praw) == pid):
                 raise HTTPError(400, "E_BAD_PARTITION")
             praw = str(pid)
+            hit = _imported(self.nsqd.topics.get(tname), pid, offset)
+            if hit is not None:  # an imported message by its Go id
+                praw, offset = str(hit[0]), hit[1]
         else:
             if not (pos.isascii() and pos.isdigit()) or len(pos) > 20:
                 raise HTTPError(400, "E_INVALID")

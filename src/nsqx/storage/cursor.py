@@ -214,6 +214,14 @@ class ChannelCursor:
     def in_flight_of(self, client_id: int) -> int:
         return self._cif.get(client_id, 0)
 
+    def owner_of(self, offset: int) -> int | None:
+        """The client holding ``offset`` in flight, None when it is not in flight."""
+        e = self._entries.get(offset)
+        if e is not None:
+            return e.owner
+        run = self._find_run(offset)
+        return None if run is None else run.owner
+
     def drop_client(self, client_id: int) -> int:
         """Upstream: a gone client's messages stay in flight (owned, so a FIN from another
         client still gets NotOwner) until they time out; its counter is forgotten then."""

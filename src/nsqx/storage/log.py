@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nsqx.speedups import native
+from nsqx.storage import imported_ids
 from nsqx.storage.checksum import crc32
 from nsqx.storage.memlog import MemoryLog
 from nsqx.storage.message_id import ids_for_range
@@ -160,12 +161,19 @@ class PartitionLog:
         self.may_delete: Callable[[int], bool] | None = None
         try:
             self.path.mkdir(parents=True, exist_ok=True)
+            # frames that keep another broker's ids (nsqx import); None for every other log
+            try:
+                self.imported = imported_ids.load(self.path)
+            except ValueError as e:  # damaged: recovery would cut the frames it vouches for
+                raise LogError(f"opening log failed for {self.path}: {e}") from e
             self._recover()
         except OSError as e:
             for s in self._segments:
                 s.close()
             raise log_error("opening log", self.path, e) from e
         self._flushed = self._segments[-1].next_offset
+        if self.imported is not None:
+            self._settle_imported()
         self.next_offset = self._flushed
         self._synced = self._flushed  # what survived recovery is on disk
         self._commit_id = max(s.last_commit_id for s in self._segments) + 1
@@ -214,8 +222,42 @@ class PartitionLog:
                 p.unlink()
 
     def _segment(self, base: int) -> Segment:
-        return Segment(self.path, base, self.partition, self.config.index_interval_bytes,
-                       self.config.reclaim_files)
+        seg = Segment(self.path, base, self.partition, self.config.index_interval_bytes,
+                      self.config.reclaim_files)
+        seg.imported = self.imported
+        return seg
+
+    def _set_imported(self, imported: imported_ids.ImportedIds | None) -> None:
+        self.imported = imported
+        for s in self._segments:
+            s.imported = imported
+
+    def _settle_imported(self) -> None:
+        """After recovery: forget imported offsets the log no longer holds (a torn tail: new
+        frames there carry nsqx's ids; retention: nothing left to resolve)."""
+        imp = self.imported
+        assert imp is not None
+        try:
+            if self.start_offset >= imp.hi or self._flushed <= imp.lo:
+                self._set_imported(None)
+                (self.path / imported_ids.FILE_NAME).unlink(missing_ok=True)
+            elif self._flushed < imp.hi:
+                imp.cut(self._flushed)
+                imp.save(self.path)
+        except OSError as e:
+            raise log_error("opening log", self.path, e) from e
+
+    def record_imported(self, ids: Sequence[int]) -> None:
+        """Record the ids the next ``len(ids)`` frames carry (nsqx import: Go's ids, see
+        ``imported_ids``), before ``append_frames`` gets those frames; the record is written
+        (``imported-ids``) by the next ``sync()``, before the recovery point covers them."""
+        imp = self.imported
+        if imp is None:
+            imp = imported_ids.ImportedIds(self.next_offset)
+            self._set_imported(imp)
+        elif imp.hi != self.next_offset:
+            raise ValueError(f"imported range ends at {imp.hi}, the log at {self.next_offset}")
+        imp.extend(self.partition, ids)
 
     def _new_segment(self, base: int) -> Segment:
         seg = self._segment(base)
@@ -318,6 +360,8 @@ class PartitionLog:
         first = flen if flen else fl[0]
         for i, pos, size in ((0, 0, first), (count - 1, len(data) - last, last)):
             want = b"%016x" % ((self.partition << 48) | (base + i))
+            if data[pos + 18:pos + 34] != want and self.imported is not None:
+                want = self.imported.ids(self.partition, base + i, 1)  # nsqx import's frames
             if data[pos + 18:pos + 34] != want:
                 raise ValueError(f"frame {i} carries id {bytes(data[pos + 18:pos + 34])!r}, "
                                  f"expected {want!r}")
@@ -791,6 +835,11 @@ class PartitionLog:
         """fsync data + metadata of every written segment, then move the recovery point.
 
         Safe to run in a thread while the loop keeps appending (fds are dup'ed)."""
+        if self.imported is not None and self.imported.dirty:  # nsqx import: ids first
+            try:
+                self.imported.save(self.path)
+            except OSError as e:
+                raise log_error("writing imported ids", self.path, e) from e
         self.end_sync(self.begin_sync())
 
     def begin_sync(self) -> tuple:
@@ -864,6 +913,12 @@ class PartitionLog:
     def truncate_to(self, offset: int) -> None:
         """Drop records >= offset (replication divergence); pending batches above go too."""
         offset = max(offset, 0)
+        if self.imported is not None and offset < self.imported.hi:
+            self.imported.cut(offset)  # offsets above may get frames with nsqx's ids now
+            try:
+                self.imported.save(self.path)
+            except OSError as e:
+                raise log_error("truncating", self.path, e) from e
         self._pending = [p for p in self._pending if p.base + p.count <= offset]
         if offset < self._flushed and any(p.base >= offset for p in self._pending):
             self._pending = []

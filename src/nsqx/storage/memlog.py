@@ -30,6 +30,8 @@ __all__ = ["MemoryLog"]
 class MemoryLog:
     """Bounded in-memory log; sync/flush are trivial, retention is by message count."""
 
+    imported = None  # PartitionLog's imported range (nsqx import): never in memory
+
     def __init__(self, partition: int = 0, mem_queue_size: int = 10000,
                  config: LogConfig | None = None) -> None:
         self.partition = partition

@@ -28,7 +28,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from nsqx.storage.checksum import crc32
-from nsqx.storage.message_id import ids_for_range
+from nsqx.storage.imported_ids import ImportedIds, expected_ids
 from nsqx.storage.records import scan_positions
 
 log = logging.getLogger("nsqx.storage.log")
@@ -89,6 +89,10 @@ def open_segments() -> int:
 
 class Segment:
     """Files and in-memory lookup arrays of one segment (per-commit arrays, sparse indexes)."""
+
+    # the partition's imported range (nsqx import), set by the log: frames there carry the
+    # ids it records, which recovery's id checks take instead of nsqx's
+    imported: ImportedIds | None = None
 
     def __init__(self, directory: Path, base: int, partition: int, interval: int,
                  reclaim: Callable[[], object] | None = None) -> None:
@@ -615,7 +619,7 @@ class Segment:
             return False
         ids = b"".join([data[p + 18 : p + 34] for p in P[:-1]])
         types_ok = all(data[p + 4 : p + 8] == b"\0\0\0\2" for p in P[:-1])
-        return types_ok and ids == ids_for_range(self.partition, base, count)
+        return types_ok and ids == expected_ids(self.partition, base, count, self.imported)
 
     def _load(self, parsed: list[tuple]) -> None:
         self._reset_memory()
@@ -696,11 +700,12 @@ class Segment:
                     data = os.pread(self.log_fd, need, pos)
                     P = scan_positions(data)
             # keep the longest prefix of frames with the right type and id (recovery only)
+            want = expected_ids(self.partition, off, len(P) - 1, self.imported)
             k = 0
             while k < len(P) - 1:
                 p = P[k]
                 if (data[p + 4 : p + 8] != b"\0\0\0\2" or P[k + 1] - p < 34
-                        or data[p + 18 : p + 34] != b"%016x" % ((self.partition << 48) | (off + k))):
+                        or data[p + 18 : p + 34] != want[16 * k : 16 * k + 16]):
                     break
                 k += 1
             if k == 0:
