@@ -169,6 +169,11 @@ def assert_message_get_by_go_id(nsqd) -> None:
     doc = json.loads(http(nsqd, "GET", f"/message/get?topic=orders&search_pos={m['id']}"))
     assert (doc["id"], doc["offset"], doc["timestamp"]) == (m["id"], 2, m["timestamp"])
     assert doc["body"] == bytes.fromhex(m["body"]).decode()
+    req = urllib.request.Request(f"http://{nsqd.http_address}/message/get?topic=orders"
+                                 f"&search_pos={m['id']}&raw=1")
+    with urllib.request.urlopen(req, timeout=10) as r:  # the raw answer names Go's id too
+        assert r.headers["X-Nsqx-Message-Id"] == m["id"]
+        assert r.read() == bytes.fromhex(m["body"])
 
 
 def wait_persisted(cursor_file: Path, offsets: range, timeout: float = 15.0) -> None:

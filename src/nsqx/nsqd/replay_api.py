@@ -79,7 +79,7 @@ from nsqx.nsqd.http_publish import existing_topic, read_capped
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.routes import RouteError
 from nsqx.protocol.v2 import StartPosition, parse_start_position
-from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION, make_id
+from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION
 from nsqx.storage.records import LogError
 
 if TYPE_CHECKING:
@@ -271,8 +271,7 @@ class _ReplayAPI:
             raise HTTPError(500, str(exc)) from None
         if (_first(params, "raw") or "") in ("1", "true"):
             return web.Response(body=bytes(frame[34:]), content_type="application/octet-stream",
-                                headers={"X-Nsqx-Message-Id": make_id(part.partition, offset)
-                                         .decode(),
+                                headers={"X-Nsqx-Message-Id": bytes(frame[18:34]).decode(),
                                          "X-Nsqx-Partition": str(part.partition),
                                          "X-Nsqx-Offset": str(offset),
                                          "X-Nsqx-Timestamp": str(int.from_bytes(frame[8:16],
