@@ -32,7 +32,6 @@ from nsqx.flags import (
     parse_go_bool,
     peer_flag,
 )
-from nsqx.storage.archive import parse_url as parse_archive_url
 
 __all__ = [
     "LOG_LEVELS",
@@ -237,7 +236,9 @@ class Options:
                      "max_delay"):
             if getattr(self, name) < 0:
                 raise OptionsError(f"--{name.replace('_', '-')} must not be negative")
-        if self.archive_url:  # nsqx tiered storage
+        if self.archive_url:  # nsqx tiered storage (loaded only when asked for)
+            from nsqx.storage.archive import parse_url as parse_archive_url
+
             try:
                 parse_archive_url(self.archive_url)
             except ValueError as e:
