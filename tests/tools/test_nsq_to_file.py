@@ -155,6 +155,10 @@ def test_sigterm_finishes_written_and_requeues_rest(nsqd, tools, tmp_path) -> No
     t2 = tools.start("nsq_to_file", [
         "--topic=ntf_term", f"--nsqd-tcp-address={nsqd.tcp_address}", f"--output-dir={out}",
         "--sync-interval=200ms"])
+    # subscribed first (the first run may have written everything already, and a SIGTERM
+    # before the tool's handler is set ends it with -15), then nothing left to write
+    wait_for(lambda: channel_stats(nsqd.http_address, "ntf_term", "nsq_to_file")["clients"],
+             30, "the second run subscribed")
     wait_for(lambda: channel_stats(nsqd.http_address, "ntf_term", "nsq_to_file")["depth"] == 0
              and channel_stats(nsqd.http_address, "ntf_term", "nsq_to_file")[
                  "in_flight_count"] == 0, 30, "the rest written")
