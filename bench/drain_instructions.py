@@ -142,11 +142,17 @@ def run_once(tree: Path, env: dict[str, str], args: argparse.Namespace, grind: b
                "--compress-pos=no", *cmd]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     slow = 50 if grind else 1
+    idle = None
     try:
         wait_ping(http, 20 * slow)
         if proc.poll() is not None:
             raise RuntimeError("nsqd exited (a port taken by another process?)")
         addr = f"127.0.0.1:{tcp}"
+        if args.sub_first:  # a consumer with RDY 0 on the channel while it fills
+            idle = loadgen._connect(addr)
+            idle.sendall(v2.sub(TOPIC, CHANNEL))
+            loadgen._read_frames_until(idle, 1, bytearray())
+            time.sleep(2)  # past the node's delayed re-split of the memory budget
         prefill(addr, args.messages, args.size)
         # /stats answers once the HTTP API is loaded (newer nsqd imports aiohttp in a
         # thread after start): that import and the first /stats stay out of the window
@@ -177,6 +183,8 @@ def run_once(tree: Path, env: dict[str, str], args: argparse.Namespace, grind: b
             line += f", {instr:,.0f} instructions/msg (callgrind, {polls} /stats polls)"
         return line
     finally:
+        if idle is not None:
+            idle.close()
         proc.terminate()
         try:
             proc.wait(30 * slow)
@@ -196,6 +204,8 @@ def main() -> None:
     ap.add_argument("--rdy", type=int, default=2500)
     ap.add_argument("--mode", choices=("callgrind", "plain", "both"), default="both")
     ap.add_argument("--label", default=None)
+    ap.add_argument("--sub-first", action="store_true",
+                    help="subscribe an idle consumer (RDY 0) before the topic is filled")
     ap.add_argument("--keep", type=Path, help="copy the drain's callgrind dump here "
                     "(for callgrind_annotate)")
     args = ap.parse_args()
