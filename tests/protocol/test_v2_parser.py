@@ -400,3 +400,20 @@ def test_fin_batch_same_commands_with_and_without_the_split_cut(parts, cut):
             v2._fin_lines = real
 
     assert run(real) == run(lambda buf, pos: None)
+
+
+def test_fin_lines_tried_once_per_read(monkeypatch):
+    """A read of FINs mixed with other lines tries the whole-read cut once, not at every
+    FIN (each try copies the rest of the read: quadratic on a hostile 1 MB read)."""
+    calls = []
+    real = v2._fin_lines
+
+    def counting(buf, pos):
+        calls.append(pos)
+        return real(buf, pos)
+
+    monkeypatch.setattr(v2, "_fin_lines", counting)
+    data = (b"FIN " + ID + b"\n" + b"NOP\n") * 1000
+    out = parse(data, batch_fin=True)
+    assert out == [Command(b"FIN", [ID]), Command(b"NOP", [])] * 1000
+    assert calls == [0]

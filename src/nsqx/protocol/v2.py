@@ -307,13 +307,16 @@ class CommandParser:
         find = buf.find
         append = out.append
         batch_fin = self.batch_fin
+        whole_try = batch_fin
         while pos < end:
             if batch_fin and buf.startswith(b"FIN ", pos):
-                ids = _fin_lines(buf, pos)
-                if ids is not None:
-                    append(Command(FIN_BATCH, ids))
-                    pos = buf.rfind(b"\n") + 1
-                    continue
+                if whole_try:  # once per read: a failed try costs a copy of the rest
+                    whole_try = False
+                    ids = _fin_lines(buf, pos)
+                    if ids is not None:
+                        append(Command(FIN_BATCH, ids))
+                        pos = buf.rfind(b"\n") + 1
+                        continue
                 m = _FIN_RUN.match(buf, pos)
                 if m is not None:
                     ids = _FIN_ID.findall(buf, pos, m.end())
