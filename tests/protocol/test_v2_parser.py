@@ -1,6 +1,8 @@
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nsqx.protocol import v2
 from nsqx.protocol.errors import ProtocolError
@@ -351,3 +353,67 @@ def test_fin_batch_partial_line_waits():
     p = CommandParser(batch_fin=True)
     assert p.feed(b"FIN " + ID + b"\nFIN 0123") == [Command(b"FIN", [ID])]
     assert p.feed(b"456789abcdef\n") == [Command(b"FIN", [ID])]
+
+
+def test_fin_lines_cuts_a_clean_run_and_refuses_anything_else():
+    """The split-based cut takes only reads the regexes would take whole, same ids."""
+    ids = [b"%016x" % i for i in range(50)]
+    run = b"".join(b"FIN " + i + b"\n" for i in ids)
+    assert v2._fin_lines(run, 0) == ids
+    assert v2._fin_lines(b"RDY 1\n" + run + b"FIN 01", 6) == ids  # partial tail stays
+    bad = [
+        run + b"RDY 5\n",  # another command after the run
+        run[:-1] + b"\r\n",  # CR
+        run.replace(ids[3], b"0123 56789abcdef"),  # space inside an id
+        run.replace(b"FIN " + ids[3] + b"\nFIN " + ids[4], b"FIN " + ids[3] + b"x\nFIN "
+                    + ids[4][1:]),  # 17 + 15 bytes: right length overall, wrong lines
+        run.replace(ids[7], b"0123456\n89abcdef"[:16]),  # LF inside an id
+        b"FIN " + ids[0] + b"\n",  # one FIN: a plain FIN command, not a batch
+    ]
+    for data in bad:
+        assert v2._fin_lines(data, 0) is None, data
+
+
+_LINES = st.sampled_from([
+    b"FIN 0123456789abcdef\n", b"FIN 00000000000000ff\n", b"FIN 0123456789abcdef\r\n",
+    b"FIN short\n", b"FIN 0123456789abcdef extra\n", b"FIN 0123 56789abcdef\n",
+    b"FIN 0123456789abcdefg\n", b"RDY 5\n", b"NOP\n", b"FIN ", b"FIN 0123",
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(_LINES, max_size=40), cut=st.integers(min_value=0, max_value=900))
+def test_fin_batch_same_commands_with_and_without_the_split_cut(parts, cut):
+    """Whatever a read holds, the split cut changes no command: same as the regexes alone."""
+    data = b"".join(parts)
+    cut = min(cut, len(data))
+    real = v2._fin_lines
+
+    def run(cutter) -> list:
+        v2._fin_lines = cutter
+        try:
+            p = CommandParser(batch_fin=True)
+            return p.feed(data[:cut]) + p.feed(data[cut:])
+        except ProtocolError as e:
+            return [("error", e.code, str(e))]
+        finally:
+            v2._fin_lines = real
+
+    assert run(real) == run(lambda buf, pos: None)
+
+
+def test_fin_lines_tried_once_per_read(monkeypatch):
+    """A read of FINs mixed with other lines tries the whole-read cut once, not at every
+    FIN (each try copies the rest of the read: quadratic on a hostile 1 MB read)."""
+    calls = []
+    real = v2._fin_lines
+
+    def counting(buf, pos):
+        calls.append(pos)
+        return real(buf, pos)
+
+    monkeypatch.setattr(v2, "_fin_lines", counting)
+    data = (b"FIN " + ID + b"\n" + b"NOP\n") * 1000
+    out = parse(data, batch_fin=True)
+    assert out == [Command(b"FIN", [ID]), Command(b"NOP", [])] * 1000
+    assert calls == [0]

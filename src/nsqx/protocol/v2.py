@@ -109,6 +109,28 @@ _MASK64 = (1 << 64) - 1
 # a run of well-formed FIN lines (ids never contain space, CR or LF) and the ids in it
 _FIN_RUN = re.compile(rb"(?:FIN [^ \r\n]{16}\r?\n)+")
 _FIN_ID = re.compile(rb"FIN ([^ \r\n]{16})\r?\n")
+_FIN_LINE = 21  # b"FIN " + 16-byte id + b"\n"
+
+
+def _fin_lines(buf: bytes, pos: int) -> list[bytes] | None:
+    """The ids when everything from ``pos`` to the last LF of ``buf`` is FIN lines of
+    exactly ``FIN <16 bytes>\\n`` (a consumer's usual read), else None.
+
+    The same ids as ``_FIN_RUN``/``_FIN_ID`` there, cut by C calls (split, count) instead
+    of two regex passes: the regexes cost ~3,000 instructions per FIN, half of all nsqd
+    does per drained message (bench/drain_instructions.py)."""
+    last = buf.rfind(b"\n", pos)
+    k, rest = divmod(last + 1 - pos, _FIN_LINE)
+    if k < 2 or rest:
+        return None
+    run = buf[pos : last + 1]
+    # k lines of 21 bytes split into k parts of 16 by "\nFIN ": every LF and every space
+    # is a separator's, so no id holds one, and no CR anywhere
+    ids = run[4:-1].split(b"\nFIN ")
+    if (len(ids) != k or run.count(b"\n") != k or run.count(b" ") != k or b"\r" in run
+            or set(map(len, ids)) != {16}):
+        return None
+    return ids
 
 
 class Command:
@@ -285,8 +307,16 @@ class CommandParser:
         find = buf.find
         append = out.append
         batch_fin = self.batch_fin
+        whole_try = batch_fin
         while pos < end:
             if batch_fin and buf.startswith(b"FIN ", pos):
+                if whole_try:  # once per read: a failed try costs a copy of the rest
+                    whole_try = False
+                    ids = _fin_lines(buf, pos)
+                    if ids is not None:
+                        append(Command(FIN_BATCH, ids))
+                        pos = buf.rfind(b"\n") + 1
+                        continue
                 m = _FIN_RUN.match(buf, pos)
                 if m is not None:
                     ids = _FIN_ID.findall(buf, pos, m.end())
