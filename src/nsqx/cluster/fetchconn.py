@@ -44,6 +44,12 @@ class _Proto(asyncio.Protocol):
         if w is not None and not w.done():
             w.set_exception(self.lost)
 
+    def joined(self) -> bytes:
+        """The buffered bytes as one (kept buffered: joined once, not on every read)."""
+        buf = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks = [buf]
+        return buf
+
     def take(self) -> bytes:
         data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
         self.chunks = []
@@ -101,8 +107,7 @@ class FetchConnection:
         # the head: status line and headers
         await proto.wait_for(1)
         while True:
-            buf = b"".join(proto.chunks) if len(proto.chunks) > 1 else proto.chunks[0]
-            proto.chunks = [buf]
+            buf = proto.joined()
             end = buf.find(b"\r\n\r\n")
             if end >= 0:
                 break

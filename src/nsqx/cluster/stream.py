@@ -55,7 +55,6 @@ FETCH = struct.Struct(">IIIQQIH")  # length, id, partition, epoch, offset, max_b
 ANSWER = struct.Struct(">IIHI")  # length, id, status, head length
 MAX_FETCH_FRAME = FETCH.size + 1024  # a topic name is at most 64 bytes upstream
 MAX_ANSWER = 128 << 20  # the leader caps max_bytes at 64 MiB
-_MAX_HEAD = 64 << 10
 
 # (topic, partition, epoch, offset, max_bytes, wait seconds) -> (status, head, frames)
 FetchFn = Callable[[str, int, int, int, int, float], Awaitable[tuple[int, bytes, Any]]]
@@ -209,17 +208,12 @@ class _Proto(fetchconn._Proto):
         except ValueError as e:
             self._fail(e)
 
-    def _joined(self) -> bytes:
-        buf = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-        self.chunks = [buf]
-        return buf
-
     def _handshake(self) -> None:
         assert self.head is not None
-        buf = self._joined()
+        buf = self.joined()
         end = buf.find(b"\r\n\r\n")
         if end < 0:
-            if len(buf) > _MAX_HEAD:
+            if len(buf) > fetchconn._MAX_HEAD:
                 raise ValueError("handshake answer head too long")
             return
         head, self.head = self.head, None
@@ -244,14 +238,14 @@ class _Proto(fetchconn._Proto):
             if not self.want:
                 if self.size < ANSWER.size:
                     return
-                buf = self._joined()
+                buf = self.joined()
                 length = int.from_bytes(buf[:4], "big")
                 if not ANSWER.size - 4 <= length <= MAX_ANSWER:
                     raise ValueError(f"ANSWER frame of {length} bytes")
                 self.want = 4 + length
             if self.size < self.want:
                 return
-            buf = self._joined()  # one copy of a frame that came in several reads
+            buf = self.joined()  # one copy of a frame that came in several reads
             _, rid, status, hlen = ANSWER.unpack_from(buf)
             view = memoryview(buf)
             want, self.want = self.want, 0
