@@ -43,6 +43,26 @@ def build_kind() -> str:
     return "interpreted (C speedups not built)"
 
 
+def cluster_mode(opts: Any) -> str:
+    """The banner's mode of nsqd and nsqlookupd (their ``--cluster-leadership-address``)."""
+    if not opts.cluster_leadership_addresses:
+        return "standalone mode"
+    return "cluster mode (etcd " + ",".join(opts.cluster_leadership_addresses) + ")"
+
+
+def cluster_settings(opts: Any) -> tuple[list[str], bytes | None, Any]:
+    """(etcd endpoints, secret, (server, client) TLS contexts or None) from the cluster
+    options nsqd and nsqlookupd share; a bad secret or TLS file is a ValueError."""
+    from nsqx.cluster.trust import load_secret, tls_contexts
+
+    endpoints = [u for a in opts.cluster_leadership_addresses for u in a.split(",") if u]
+    secret = load_secret(opts.cluster_secret_file) if opts.cluster_secret_file else None
+    tls = None
+    if opts.cluster_tls_cert or opts.cluster_tls_key or opts.cluster_tls_ca:
+        tls = tls_contexts(opts.cluster_tls_cert, opts.cluster_tls_key, opts.cluster_tls_ca)
+    return endpoints, secret, tls
+
+
 @dataclass(frozen=True)
 class Banner:
     """What a server says at start, so that whoever reads its log knows what runs: who,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nsqx.cli.daemon import Banner, run_daemon
+from nsqx.cli.daemon import Banner, cluster_mode, cluster_settings, run_daemon
 from nsqx.nsqd.options import parse_args
 
 
@@ -27,15 +27,9 @@ def main(argv: list[str] | None = None) -> None:
         node = NSQD(opts)
         if opts.cluster_leadership_addresses:
             from nsqx.cluster.member import NodeMember
-            from nsqx.cluster.trust import load_secret, tls_contexts
 
-            endpoints = [u for a in opts.cluster_leadership_addresses for u in a.split(",") if u]
             try:  # a bad secret file or etcd endpoint option: a clear error, no start
-                secret = load_secret(opts.cluster_secret_file) if opts.cluster_secret_file else None
-                tls = None
-                if opts.cluster_tls_cert or opts.cluster_tls_key or opts.cluster_tls_ca:
-                    tls = tls_contexts(opts.cluster_tls_cert, opts.cluster_tls_key,
-                                       opts.cluster_tls_ca)
+                endpoints, secret, tls = cluster_settings(opts)
                 node.plugins.append(NodeMember(node, endpoints, opts.cluster_id,
                                                ttl=opts.cluster_node_ttl, secret=secret,
                                                cluster_address=opts.cluster_address, tls=tls))
@@ -43,9 +37,8 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(f"FATAL: {e}") from None
         return node
 
-    mode = ("cluster mode (etcd " + ",".join(opts.cluster_leadership_addresses) + ")"
-            if opts.cluster_leadership_addresses else "standalone mode")
-    run_daemon(opts, make, "nsqx.nsqd", Banner("nsqd", mode, opts.data_path or ".", _addresses))
+    run_daemon(opts, make, "nsqx.nsqd",
+               Banner("nsqd", cluster_mode(opts), opts.data_path or ".", _addresses))
 
 
 if __name__ == "__main__":
