@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from nsqx.cli.common import auth_headers
+from nsqx.cli.common import answer_failed, auth_headers
 
 __all__ = ["add_cluster_commands", "add_node_commands"]
 
@@ -38,12 +38,6 @@ def _lookupd(method: str, address: str, path: str) -> tuple[int, Any]:
             return e.code, json.loads(raw)
         except ValueError:
             return e.code, {"message": raw.decode(errors="replace")}
-
-
-def _fail(prog: str, status: int, body: Any) -> int:
-    from nsqx.cli.common import answer_failed
-
-    return answer_failed(prog, "nsqlookupd", status, body)
 
 
 # ------------------------------------------------------------------------------- cluster up
@@ -267,7 +261,7 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
     if status is None:
         return 1
     if status != 200:
-        return _fail("nsqx cluster status", status, body)
+        return answer_failed("nsqx cluster status", "nsqlookupd", status, body)
     if args.json:
         print(json.dumps(body, indent=2))
         return 0
@@ -299,7 +293,7 @@ def cmd_node_drain(args: argparse.Namespace) -> int:
     if status is None:
         return 1
     if status != 200:
-        return _fail(prog, status, body)
+        return answer_failed(prog, "nsqlookupd", status, body)
     what = "no longer draining" if args.undo else "draining: its partitions move to other nodes"
     print(f"{args.node}: {what}")
     return 0
