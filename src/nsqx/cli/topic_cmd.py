@@ -23,26 +23,15 @@ import argparse
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any
-from urllib.parse import urlencode
 
-from nsqx.cli.common import answer_failed, auth_headers
+from nsqx.cli.common import answer_failed, nsqd_http
 
 __all__ = ["add_topic_commands"]
 
 
 def _call(method: str, address: str, path: str, params: dict[str, str]) -> tuple[int, Any]:
-    base = address if "://" in address else f"http://{address}"
-    req = urllib.request.Request(f"{base.rstrip('/')}{path}?{urlencode(params)}", method=method,
-                                 headers=auth_headers())
-    try:
-        with urllib.request.urlopen(req, timeout=15) as r:
-            raw = r.read()
-            status = r.status
-    except urllib.error.HTTPError as e:
-        raw, status = e.read(), e.code
+    status, raw, _ = nsqd_http(method, address, path, params, timeout=15)
     try:
         return status, json.loads(raw) if raw else None
     except ValueError:
