@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from nsqx.storage.fileio import fsync_dir, write_durably
 from nsqx.storage.records import Chunk, LogError
 
 MANIFEST = "archive.json"
@@ -179,7 +180,7 @@ class Archive:
             with open(target, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(target, final)
-            _fsync_dir(parent)
+            fsync_dir(parent)
             return os.stat(final).st_size
         except BaseException as e:
             with contextlib.suppress(OSError):
@@ -229,14 +230,6 @@ class Archive:
         return sorted((i.path[len(self.root) + 1:], i.size) for i in infos
                       if i.type == fs_mod.FileType.File and i.path.endswith(".parquet")
                       and not i.base_name.startswith("."))
-
-
-def _fsync_dir(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- frames <-> rows ---------------------------------------------------------------------
@@ -382,15 +375,8 @@ class ArchiveTier:
         body = json.dumps({"url": self.archive.url, "topic": self.topic,
                            "partition": self.partition,
                            "files": [asdict(x) for x in files]}).encode()
-        tmp = self.manifest_path.with_name(f"{MANIFEST}.{threading.get_ident()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.manifest_path)
-        _fsync_dir(self.manifest_path.parent)
+        write_durably(self.manifest_path, body,
+                      self.manifest_path.with_name(f"{MANIFEST}.{threading.get_ident()}.tmp"))
         with self._lock:
             self.files = files
             self._index = (files, [x.base for x in files])
