@@ -37,10 +37,12 @@ from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from nsqx.storage.fileio import fsync_dir, write_durably
 from nsqx.storage.records import Chunk, LogError
 
 MANIFEST = "archive.json"
@@ -179,7 +181,7 @@ class Archive:
             with open(target, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(target, final)
-            _fsync_dir(parent)
+            fsync_dir(parent)
             return os.stat(final).st_size
         except BaseException as e:
             with contextlib.suppress(OSError):
@@ -229,14 +231,6 @@ class Archive:
         return sorted((i.path[len(self.root) + 1:], i.size) for i in infos
                       if i.type == fs_mod.FileType.File and i.path.endswith(".parquet")
                       and not i.base_name.startswith("."))
-
-
-def _fsync_dir(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- frames <-> rows ---------------------------------------------------------------------
@@ -358,6 +352,7 @@ class ArchiveTier:
         self._index = (self.files, [f.base for f in self.files])
         self._cache: dict[tuple[str, int], tuple[Chunk, dict]] = {}
         self._pf: dict[str, Any] = {}  # key -> ParquetFile (footer read once)
+        self._starts: dict[str, list[int]] = {}  # key -> first offset of each row group, end
         self._prefetch: tuple[tuple[str, int], Future] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -382,15 +377,8 @@ class ArchiveTier:
         body = json.dumps({"url": self.archive.url, "topic": self.topic,
                            "partition": self.partition,
                            "files": [asdict(x) for x in files]}).encode()
-        tmp = self.manifest_path.with_name(f"{MANIFEST}.{threading.get_ident()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.manifest_path)
-        _fsync_dir(self.manifest_path.parent)
+        write_durably(self.manifest_path, body,
+                      self.manifest_path.with_name(f"{MANIFEST}.{threading.get_ident()}.tmp"))
         with self._lock:
             self.files = files
             self._index = (files, [x.base for x in files])
@@ -473,19 +461,23 @@ class ArchiveTier:
                                      f"the manifest says {f.end - f.base}")
             if len(self._pf) > 16:
                 self._pf.clear()
+                self._starts.clear()
             self._pf[f.key] = pf
+            self._starts[f.key] = list(accumulate(
+                (md.row_group(g).num_rows for g in range(md.num_row_groups)), initial=f.base))
         return pf
 
     def _row_group_of(self, f: ArchivedFile, offset: int) -> tuple[int, int]:
         """(row group index, its first offset) holding offset: from row counts (the rows
         are the file's offsets in order), checked when the group is decoded."""
-        md = self._parquet(f).metadata
-        first = f.base
-        for g in range(md.num_row_groups):
-            n = md.row_group(g).num_rows
-            if offset < first + n:
-                return g, first
-            first += n
+        starts = self._starts.get(f.key)
+        if starts is None:  # footer not read yet (or dropped): read it under the lock
+            with self._io:
+                self._parquet_locked(f)
+                starts = self._starts[f.key]
+        g = bisect_right(starts, offset) - 1
+        if 0 <= g < len(starts) - 1:
+            return g, starts[g]
         raise ArchiveCorrupt(f"E_ARCHIVE_CORRUPT archive file {self.archive.describe(f.key)}: "
                              f"offset {offset} not in its row groups")
 
@@ -584,3 +576,4 @@ class ArchiveTier:
             self._pool = None
         self._cache.clear()
         self._pf.clear()
+        self._starts.clear()

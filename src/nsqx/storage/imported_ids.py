@@ -21,7 +21,6 @@ u64, crc32 u32 of everything before. 16 bytes per imported message, in memory to
 
 from __future__ import annotations
 
-import os
 import struct
 import sys
 from array import array
@@ -30,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nsqx.storage.checksum import crc32
+from nsqx.storage.fileio import write_durably
 from nsqx.storage.message_id import ids_for_range
 
 __all__ = ["FILE_NAME", "FOREIGN_MIN_PARTITION", "ImportedIds", "expected_ids", "load"]
@@ -136,19 +136,7 @@ class ImportedIds:
             keys.byteswap()
             offs.byteswap()
         data = _HEAD.pack(_MAGIC, self.lo, len(self)) + keys.tobytes() + offs.tobytes()
-        tmp = path.with_name(FILE_NAME + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data + _U32.pack(crc32(data)))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_durably(path, data + _U32.pack(crc32(data)))
         self.dirty = False
 
 
