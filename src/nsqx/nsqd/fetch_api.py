@@ -243,10 +243,6 @@ class _FetchAPI:
         self._indexes: dict[tuple[int, int], PubKeyIndex] = {}
 
     # -- common -----------------------------------------------------------------------
-    async def _authorize(self, request: web.Request, topic: str, permission: str,
-                         channel: str | None = None) -> None:
-        await self._authz.check(request, topic, permission, channel)
-
     def _topic(self, name: str) -> Any:
         return existing_topic(self.nsqd, name)
 
@@ -261,7 +257,7 @@ class _FetchAPI:
     async def offsets(self, request: web.Request) -> web.Response:
         params = _query(request)
         name = topic_arg(params)
-        await self._authorize(request, name, "subscribe", self._channel(params))
+        await self._authz.check(request, name, "subscribe", self._channel(params))
         ts = _first(params, "timestamp_ns")
         ts_ns: int | None = None
         if ts is not None:
@@ -285,7 +281,7 @@ class _FetchAPI:
     async def fetch(self, request: web.Request) -> web.Response:
         params = _query(request)
         name = topic_arg(params)
-        await self._authorize(request, name, "subscribe", self._channel(params))
+        await self._authz.check(request, name, "subscribe", self._channel(params))
         pid = _int_arg(params, "partition", 0, hi=(1 << 16) - 1)
         offset = _int_arg(params, "offset")
         end = _int_arg(params, "end", (1 << 63) - 1)
@@ -392,7 +388,7 @@ class _FetchAPI:
         key = ":".join(ids)
         pid = _int_arg(params, "partition", 0, hi=(1 << 16) - 1)
         keyed = (_first(params, "keys") or "") in ("1", "true")
-        await self._authorize(request, name, "publish")
+        await self._authz.check(request, name, "publish")
         body = await read_capped(request, o.max_body_size)
         if len(body) > o.max_body_size:
             raise HTTPError(413, "BODY_TOO_BIG")
