@@ -7,13 +7,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nsqx import httpauth
-from nsqx.httpauth import OPERATOR_RULES, AuthState, HTTPAuthorizer, parse_auth_response
+from nsqx.httpauth import OPERATOR_RULES, AuthState, HTTPAuthorizer
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeContext
 
-__all__ = ["OPERATOR_RULES", "AuthState", "HTTPAuthorizer", "http_authorizer",
-           "parse_auth_response", "query_auth"]
+__all__ = ["OPERATOR_RULES", "AuthState", "HTTPAuthorizer", "http_authorizer", "query_auth"]
 
 
 async def query_auth(nsqd: NodeContext, secret: str, remote_ip: str, tls: bool,

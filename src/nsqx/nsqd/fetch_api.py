@@ -73,7 +73,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from nsqx.httpapi import HTTPError
+from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.auth import http_authorizer
@@ -81,7 +81,6 @@ from nsqx.nsqd.http_publish import (
     existing_topic,
     parse_mpub_binary,
     read_capped,
-    topic_for_publish,
 )
 from nsqx.protocol.names import valid_channel_name
 
@@ -244,13 +243,6 @@ class _FetchAPI:
         self._indexes: dict[tuple[int, int], PubKeyIndex] = {}
 
     # -- common -----------------------------------------------------------------------
-    async def _authorize(self, request: web.Request, topic: str, permission: str,
-                         channel: str | None = None) -> None:
-        await self._authz.check(request, topic, permission, channel)
-
-    def _topic_name(self, params: dict[str, list[str]]) -> str:
-        return topic_for_publish(params)
-
     def _topic(self, name: str) -> Any:
         return existing_topic(self.nsqd, name)
 
@@ -264,8 +256,8 @@ class _FetchAPI:
     # -- offsets ----------------------------------------------------------------------
     async def offsets(self, request: web.Request) -> web.Response:
         params = _query(request)
-        name = self._topic_name(params)
-        await self._authorize(request, name, "subscribe", self._channel(params))
+        name = topic_arg(params)
+        await self._authz.check(request, name, "subscribe", self._channel(params))
         ts = _first(params, "timestamp_ns")
         ts_ns: int | None = None
         if ts is not None:
@@ -288,8 +280,8 @@ class _FetchAPI:
     # -- fetch ------------------------------------------------------------------------
     async def fetch(self, request: web.Request) -> web.Response:
         params = _query(request)
-        name = self._topic_name(params)
-        await self._authorize(request, name, "subscribe", self._channel(params))
+        name = topic_arg(params)
+        await self._authz.check(request, name, "subscribe", self._channel(params))
         pid = _int_arg(params, "partition", 0, hi=(1 << 16) - 1)
         offset = _int_arg(params, "offset")
         end = _int_arg(params, "end", (1 << 63) - 1)
@@ -384,7 +376,7 @@ class _FetchAPI:
         if (request.content_length or 0) > o.max_body_size:
             raise HTTPError(413, "BODY_TOO_BIG")
         params = _query(request)
-        name = self._topic_name(params)
+        name = topic_arg(params)
         ids = []
         for arg in ("writer", "batch", "task"):
             v = _first(params, arg)
@@ -396,7 +388,7 @@ class _FetchAPI:
         key = ":".join(ids)
         pid = _int_arg(params, "partition", 0, hi=(1 << 16) - 1)
         keyed = (_first(params, "keys") or "") in ("1", "true")
-        await self._authorize(request, name, "publish")
+        await self._authz.check(request, name, "publish")
         body = await read_capped(request, o.max_body_size)
         if len(body) > o.max_body_size:
             raise HTTPError(413, "BODY_TOO_BIG")

@@ -54,7 +54,6 @@ from nsqx.nsqd.http_publish import (
     read_message,
     route_version_arg,
     split_text_mpub,
-    topic_for_publish,
 )
 from nsqx.nsqd.metrics import memory_stats, prometheus_text
 from nsqx.nsqd.options import LOG_LEVELS, TLS_REQUIRED
@@ -139,7 +138,7 @@ class _Handlers:
     async def pub(self, request: web.Request) -> web.Response:
         body = await read_message(request, self.opts.max_msg_size)
         params = _query(request)
-        name = topic_for_publish(params)
+        name = topic_arg(params)
         defer_ms = 0
         ds = _first(params, "defer")
         if ds is not None:
@@ -158,7 +157,7 @@ class _Handlers:
         if (request.content_length or 0) > o.max_body_size:
             raise HTTPError(413, "BODY_TOO_BIG")
         params = _query(request)
-        name = topic_for_publish(params)
+        name = topic_arg(params)
         binary = False
         bv = _first(params, "binary")
         if bv is not None:

@@ -13,7 +13,7 @@ import logging
 import struct
 from typing import TYPE_CHECKING, Any
 
-from nsqx.httpbase import HTTPError, topic_arg
+from nsqx.httpbase import HTTPError
 from nsqx.httpbase import first as _first
 from nsqx.nsqd.topic import BadPartition, PublishRefused, SealedPartition
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
 
 __all__ = ["parse_mpub_binary", "partition_arg", "publish", "read_capped", "route_version_arg",
-           "split_text_mpub", "topic_for_publish"]
+           "split_text_mpub"]
 
 log = logging.getLogger("nsqx.nsqd.http")
 
@@ -117,11 +117,6 @@ def route_version_arg(params: dict[str, list[str]]) -> int | None:
     if not raw.isascii() or not raw.isdigit() or len(raw) > 9:
         raise HTTPError(400, "E_BAD_PARTITION")
     return int(raw)
-
-
-def topic_for_publish(params: dict[str, list[str]]) -> str:
-    """The ``topic`` parameter: 400 MISSING_ARG_TOPIC / INVALID_TOPIC as upstream."""
-    return topic_arg(params)
 
 
 def existing_topic(nsqd: NodeAPI, name: str) -> Any:

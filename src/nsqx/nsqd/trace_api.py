@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from nsqx.httpapi import HTTPError, trace_search_args
+from nsqx.httpapi import HTTPError, topic_arg, trace_search_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.httpapi import trace_id_arg as _trace_id
-from nsqx.nsqd.http_publish import partition_arg, publish, read_message, topic_for_publish
+from nsqx.nsqd.http_publish import partition_arg, publish, read_message
 from nsqx.nsqd.trace import TRACE_TOPIC, search_trace
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_topic_name
@@ -64,7 +64,7 @@ class _TraceAPI:
 
     async def _pub(self, request: web.Request, headers: dict[str, bytes] | None,
                    params: dict[str, list[str]], body: bytes) -> tuple[int, int]:
-        name = topic_for_publish(params)
+        name = topic_arg(params)
         if headers:
             topic = self.nsqd.topics.get(name)
             if topic is not None and not topic.ext and any(k[:2] != "##" for k in headers):
