@@ -34,10 +34,10 @@ from typing import IO, Any
 
 from nsqx import NSQ_VERSION
 from nsqx.migrate.diskqueue import GoMessage, queue_files, queue_name, read_queue
-from nsqx.nsqd.routing import write_atomic
 from nsqx.nsqd.topic import topic_dir
 from nsqx.protocol.names import is_ephemeral, valid_channel_name, valid_topic_name
 from nsqx.storage.cursor import ChannelCursor
+from nsqx.storage.fileio import write_durably
 from nsqx.storage.imported_ids import FOREIGN_MIN_PARTITION
 from nsqx.storage.log import LogConfig, PartitionLog
 from nsqx.storage.message_id import make_id
@@ -350,7 +350,7 @@ def run_import(go_path: str | Path, data_path: str | Path, *, dry_run: bool = Fa
                     os.rename(topic_dir(staging, t.name), topic_dir(data_path, t.name))
                 meta["topics"] += [_topic_metadata(t) for t in topics]
                 meta.setdefault("version", NSQ_VERSION)
-                write_atomic(data_path / "nsqd.dat", json.dumps(meta).encode())
+                write_durably(data_path / "nsqd.dat", json.dumps(meta).encode())
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
     _print_counts(topics, out, dry_run=dry_run)

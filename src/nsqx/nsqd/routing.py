@@ -50,6 +50,7 @@ from nsqx.protocol.barrier import (
     start,
 )
 from nsqx.protocol.routes import RouteError, RouteHistory, command_body, parse_command
+from nsqx.storage.fileio import write_durably
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import ChannelView, NodeContext
@@ -112,18 +113,9 @@ class MirroredRouteStore:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    """The whole file or the old one (storage's durable write), its directory made first."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_durably(path, data, path.with_name(f"{path.name}.{os.getpid()}.tmp"))
 
 
 class TopicRoutes:
