@@ -24,7 +24,6 @@ State (everything below ``confirmed`` is finished)::
 from __future__ import annotations
 
 import heapq
-import os
 import struct
 import sys
 import threading
@@ -38,6 +37,7 @@ from pathlib import Path
 
 from nsqx.storage.checksum import crc32
 from nsqx.storage.delaystore import DelayStore
+from nsqx.storage.fileio import write_durably
 
 __all__ = ["REQ", "TIMEOUT", "ChannelCursor", "Delivery", "NotInFlight", "NotOwner", "DelayStore"]
 
@@ -1132,7 +1132,7 @@ class ChannelCursor:
         with self._persist_lock:
             if gen <= self._written_gen:
                 return False
-            _write_atomically(path, data)
+            write_durably(path, data)
             self._written_gen = gen
             return True
 
@@ -1181,27 +1181,3 @@ class ChannelCursor:
         self._closed = True
         self._persist_if_durable()
         self._store.close()
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """tmp + fsync + rename + directory fsync (the file is whole or the old one)."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
