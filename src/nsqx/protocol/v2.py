@@ -315,7 +315,7 @@ class CommandParser:
                     ids = _fin_lines(buf, pos)
                     if ids is not None:
                         append(Command(FIN_BATCH, ids))
-                        pos = buf.rfind(b"\n") + 1
+                        pos += len(ids) * _FIN_LINE  # k whole lines, as checked
                         continue
                 m = _FIN_RUN.match(buf, pos)
                 if m is not None:
