@@ -166,3 +166,40 @@ def test_sample_rate_drops_are_finished_by_go_id(imported: Path,
             conn.close()
 
     asyncio.run(main())
+
+
+def test_trace_search_finds_an_imported_message_by_its_go_id(imported: Path) -> None:
+    """Delivery and FIN events of an imported message are found by the Go id a client saw,
+    and the answer names that id (not nsqx's id of the offset)."""
+    from nsqx.nsqd.trace import search_trace  # noqa: PLC0415
+
+    async def main() -> None:
+        async with running_node(imported, "--msg-timeout=600s", "--log-level=warn") as nsqd:
+            nsqd.tracer.set_traced(nsqd.topics["orders"], True)
+            want = go_ids("shipping")
+            ship = Conn(nsqd, "shipping", 1)
+            await turns()
+            [(mid, _, _)] = ship.messages()
+            assert mid == want[0]
+            await ship.send(b"FIN " + mid + b"\nNOP\n")
+            part, off = parse_id(mid)
+            for _ in range(100):  # trace events are written by a periodic flush
+                found = search_trace(nsqd, "orders", msg_id=(part, off))
+                kinds = {e.get("event") for m in found["messages"] for e in m["events"]}
+                if {"deliver", "fin"} <= kinds:
+                    break
+                await asyncio.sleep(0.05)
+            # one entry per stored copy (Go kept one per channel), each named by Go's id;
+            # the events are those of the copy shipping was given
+            copies = found["messages"]
+            assert len(copies) > 1 and all(m["id"] == mid.decode() for m in copies), copies
+            traced = [m for m in copies if m["events"]]
+            assert len(traced) == 1, copies
+            assert {e.get("event") for e in traced[0]["events"]} >= {"deliver", "fin"}, traced
+            assert {e.get("channel") for e in traced[0]["events"]} == {"shipping"}, traced
+            # an unknown foreign id finds nothing (not some other message)
+            none = search_trace(nsqd, "orders", msg_id=parse_id(b"18aa0342ffffffff"))
+            assert none["messages"] == []
+            ship.close()
+
+    asyncio.run(main())

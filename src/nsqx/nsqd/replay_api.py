@@ -79,6 +79,7 @@ from nsqx.nsqd.http_publish import existing_topic, read_capped
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.routes import RouteError
 from nsqx.protocol.v2 import StartPosition, parse_start_position
+from nsqx.storage.imported_ids import locate as locate_imported
 from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION
 from nsqx.storage.records import LogError
 
@@ -174,12 +175,7 @@ def _imported(topic: Any, pid: int, offset: int) -> tuple[int, int] | None:
     (one whose top bits name no partition); None for any other id or no such topic."""
     if topic is None or pid < len(topic.partitions):
         return None
-    for part in topic.partitions:
-        imported = part.log.imported
-        found = imported.offsets_of(pid << 48 | offset) if imported is not None else ()
-        if found:
-            return part.partition, found[0]
-    return None
+    return locate_imported(topic.partitions, pid << 48 | offset)
 
 
 class _ReplayAPI:

@@ -34,6 +34,7 @@ import orjson
 
 from nsqx.httpbase import TRACE_SCAN_DEFAULT, TRACE_SCAN_MAX
 from nsqx.protocol.v2 import TRACE_ID_KEY, TRACE_TOPIC
+from nsqx.storage.imported_ids import locate_all as locate_imported
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import ChannelView, NodeContext, TopicView
@@ -297,6 +298,9 @@ def search_trace(nsqd: NodeContext, topic_name: str, *, msg_id: tuple[int, int] 
     keys: set[tuple[int, int]] | None = None
     if msg_id is not None:
         keys = {msg_id}
+        if topic is not None and msg_id[0] >= len(topic.partitions):  # a Go id (nsqx import)
+            # every copy (Go stored one per channel, all with this id)
+            keys = set(locate_imported(topic.partitions, msg_id[0] << 48 | msg_id[1]))
     elif header is not None:
         keys = _header_matches(topic, header[0], header[1], limit) if topic is not None else set()
     events: dict[tuple[int, int], list[dict[str, Any]]] = {}
@@ -349,6 +353,7 @@ def search_trace(nsqd: NodeContext, topic_name: str, *, msg_id: tuple[int, int] 
         if part is not None and part.log.start_offset <= o < part.log.flushed_offset:
             frame = part.log.read_frame(o)
             m["timestamp"] = int.from_bytes(frame[8:16], "big")
+            m["id"] = bytes(frame[18:34]).decode("ascii", "replace")  # Go's, if imported
             h = part.log.headers(o) or {}
             m["headers"] = {k: v.decode("utf-8", "replace") for k, v in h.items()}
             tid = h.get(TRACE_ID_KEY)
