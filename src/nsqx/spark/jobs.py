@@ -38,13 +38,14 @@ def spark_session(master: str | None = None, app_name: str = "nsqx",
     (which decides the master itself)."""
     conf = dict(conf or {})
     # Spark would start its workers with ``python3`` from PATH, which lacks nsqx when the
-    # venv's python runs without the venv activated: the workers get this interpreter
-    # unless the user chose one (setting or PYSPARK_PYTHON)
-    # (the setting ranks above the environment, as in Spark)
-    worker = conf.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") \
-        or sys.executable
-    os.environ["PYSPARK_PYTHON"] = worker
-    conf["spark.pyspark.python"] = worker
+    # venv's python runs without the venv activated: register() gives them this interpreter
+    # unless the user chose one: --conf, PYSPARK_PYTHON (the setting ranks above the
+    # environment, as in Spark) or spark-defaults.conf, where a cluster's gateway names the
+    # executors' Python (so nothing is forced into the session here when nobody chose)
+    worker = conf.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+    if worker:
+        os.environ["PYSPARK_PYTHON"] = worker
+        conf["spark.pyspark.python"] = worker
     conf.setdefault("spark.pyspark.driver.python",
                     os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable)
     from pyspark.sql import SparkSession
