@@ -203,6 +203,12 @@ def test_archive_on_the_standalone_cluster(world: World) -> None:
     world.run("archive", "--lookupd", world.lookupd, "--topic", TOPIC, "--to", str(to),
               "--available-now")
     assert sorted(to.glob("date=*/hour=*/*.parquet")) == files
+    # the stats job over the archive (its executors read the Parquet files) count the same
+    out, _ = world.run("stats", "--archive", str(to), "--json")
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["total"]["messages"] == total(world)
+    assert [(r["partition"], r["messages"], r["last_offset"]) for r in res["per_partition"]] \
+        == [(p, len(bs), len(bs) - 1) for p, bs in sorted(world.sent.items())]
 
 
 def test_trace_report_on_the_standalone_cluster(world: World) -> None:
