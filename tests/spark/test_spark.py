@@ -218,7 +218,9 @@ def test_stats_job_over_topic_and_archive(spark: Any, nsqd: NsqdProcess,
     assert res["total"]["messages"] == 10 and res["total"]["bytes"] == 100
     assert sum(r["messages"] for r in res["per_minute"]) == 10
     assert [(bytes(r["key"]), r["messages"]) for r in res["top_keys"]] == [(b"a", 6), (b"b", 3)]
-    assert "top keys" in format_stats(res)
+    assert res["per_partition"] == [{"partition": 0, "messages": 10, "bytes": 100,
+                                     "first_offset": 0, "last_offset": 9}]
+    assert "top keys" in format_stats(res) and "0-9" in format_stats(res)
     out = tmp_path / "arch"
     archive(spark, nsqd=nsqd.http_address, topic="st", to=str(out), available_now=True
             ).awaitTermination()

@@ -108,3 +108,27 @@ def test_a_worker_python_chosen_by_setting_is_applied_and_checked(nsqd: NsqdProc
     assert refused, out.stdout[-2000:] + out.stderr[-4000:]
     assert "cannot import nsqx" in refused[0] and str(bare) in refused[0]
     assert "spark.pyspark.python" in refused[0]
+
+
+def test_the_jobs_take_the_worker_python_of_spark_defaults(nsqd: NsqdProcess,
+                                                           tmp_path: Path) -> None:
+    """``nsqx spark ...`` does not override the executors' Python a cluster's gateway names
+    in spark-defaults.conf: a bogus one there is refused, naming it (were it overridden with
+    the driver's, the job would run)."""
+    _need_java()
+    pytest.importorskip("pyspark")
+    urllib.request.urlopen(urllib.request.Request(
+        f"http://{nsqd.http_address}/pub?topic=jobs", data=b"one", method="POST"), timeout=10)
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        f"spark.pyspark.python {bare / 'bin' / 'python'}\n")
+    out = subprocess.run([str(Path(sys.executable).with_name("nsqx")), "spark", "stats",
+                          "--nsqd", nsqd.http_address, "--topic", "jobs",
+                          "--conf", "spark.ui.enabled=false"],
+                         env={**_env_without_venv(), "SPARK_CONF_DIR": str(conf_dir)},
+                         capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert out.returncode != 0, out.stdout
+    assert "cannot import nsqx" in out.stderr and str(bare) in out.stderr, out.stderr[-4000:]

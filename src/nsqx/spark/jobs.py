@@ -38,13 +38,14 @@ def spark_session(master: str | None = None, app_name: str = "nsqx",
     (which decides the master itself)."""
     conf = dict(conf or {})
     # Spark would start its workers with ``python3`` from PATH, which lacks nsqx when the
-    # venv's python runs without the venv activated: the workers get this interpreter
-    # unless the user chose one (setting or PYSPARK_PYTHON)
-    # (the setting ranks above the environment, as in Spark)
-    worker = conf.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") \
-        or sys.executable
-    os.environ["PYSPARK_PYTHON"] = worker
-    conf["spark.pyspark.python"] = worker
+    # venv's python runs without the venv activated: register() gives them this interpreter
+    # unless the user chose one: --conf, PYSPARK_PYTHON (the setting ranks above the
+    # environment, as in Spark) or spark-defaults.conf, where a cluster's gateway names the
+    # executors' Python (so nothing is forced into the session here when nobody chose)
+    worker = conf.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+    if worker:
+        os.environ["PYSPARK_PYTHON"] = worker
+        conf["spark.pyspark.python"] = worker
     conf.setdefault("spark.pyspark.driver.python",
                     os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable)
     from pyspark.sql import SparkSession
@@ -170,9 +171,12 @@ def stats(spark: Any, *, topic: str | None = None, nsqd: str | None = None,
           lookupd: str | None = None, archive_dir: str | None = None,
           start_ms: int | None = None, end_ms: int | None = None, top: int = 10,
           options: dict[str, str] | None = None) -> dict[str, Any]:
-    """Messages and bytes per minute and the top keys, over the topic or its archive.
+    """Messages and bytes per minute, per partition and the top keys, over the topic or its
+    archive.
 
-    Returns ``{"total": {...}, "per_minute": [...], "top_keys": [...]}`` (plain Python)."""
+    Returns ``{"total": {...}, "per_minute": [...], "per_partition": [...], "top_keys": [...]}``
+    (plain Python); per partition also its first and last offset, so a gap shows (a dense
+    range has ``messages == last_offset - first_offset + 1``)."""
     from pyspark.sql import functions as F
 
     if archive_dir:
@@ -193,7 +197,7 @@ def stats(spark: Any, *, topic: str | None = None, nsqd: str | None = None,
         df = (spark.read.format("nsq")
               .options(**source_options(nsqd=nsqd, lookupd=lookupd, topic=topic, extra=extra))
               .load())
-    df = df.select("timestamp", F.length("body").alias("nbytes"),
+    df = df.select("timestamp", "partition", "offset", F.length("body").alias("nbytes"),
                    *(["key"] if "key" in df.columns else [])).cache()
     try:
         total = df.agg(F.count(F.lit(1)).alias("messages"),
@@ -204,6 +208,11 @@ def stats(spark: Any, *, topic: str | None = None, nsqd: str | None = None,
             df.groupBy(F.date_trunc("minute", "timestamp").alias("minute"))
               .agg(F.count(F.lit(1)).alias("messages"), F.sum("nbytes").alias("bytes"))
               .orderBy("minute").collect())]
+        per_partition = [r.asDict() for r in (
+            df.groupBy("partition")
+              .agg(F.count(F.lit(1)).alias("messages"), F.sum("nbytes").alias("bytes"),
+                   F.min("offset").alias("first_offset"), F.max("offset").alias("last_offset"))
+              .orderBy("partition").collect())]
         top_keys: list[dict[str, Any]] = []
         if "key" in df.columns:
             top_keys = [r.asDict() for r in (
@@ -212,7 +221,8 @@ def stats(spark: Any, *, topic: str | None = None, nsqd: str | None = None,
                   .orderBy(F.desc("messages"), "key").limit(top).collect())]
     finally:
         df.unpersist()
-    return {"total": total, "per_minute": per_minute, "top_keys": top_keys}
+    return {"total": total, "per_minute": per_minute, "per_partition": per_partition,
+            "top_keys": top_keys}
 
 
 def format_stats(result: dict[str, Any]) -> str:
@@ -221,6 +231,11 @@ def format_stats(result: dict[str, Any]) -> str:
              f"last {t['last']}", "", "minute (UTC)          messages        bytes"]
     for r in result["per_minute"]:
         lines.append(f"{r['minute']!s:20}  {r['messages']:>8}  {r['bytes']:>11}")
+    if result.get("per_partition"):
+        lines += ["", "partition             messages        bytes  offsets"]
+        for r in result["per_partition"]:
+            lines.append(f"{r['partition']!s:20}  {r['messages']:>8}  {r['bytes']:>11}  "
+                         f"{r['first_offset']}-{r['last_offset']}")
     if result["top_keys"]:
         lines += ["", "top keys               messages        bytes"]
         for r in result["top_keys"]:

@@ -146,11 +146,29 @@ def trace_report(spark: Any, *, out: str, nsqd: str | None = None, lookupd: str 
         consumers.unpersist()
     finally:
         ev.unpersist()
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    with open(os.path.join(out, "summary.html"), "w") as f:
-        f.write(_html(summary))
+    write_text(spark, os.path.join(out, "summary.json"), json.dumps(summary, indent=1))
+    write_text(spark, os.path.join(out, "summary.html"), _html(summary))
     return summary
+
+
+def write_text(spark: Any, path: str, text: str) -> None:
+    """Write a small file next to the tables the executors wrote: a plain path with
+    ``open()``, a URI (``hdfs://``, ``s3a://``, ``file://``: what a job on a cluster is
+    given, as the executors' local disks are not the driver's) through Spark's Hadoop file
+    system, which ``open()`` cannot reach."""
+    if ":" not in path.split("/", 1)[0]:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    jvm = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    stream = fs.create(hpath, True)
+    try:
+        stream.write(bytearray(text.encode("utf-8")))
+    finally:
+        stream.close()
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:
