@@ -202,7 +202,7 @@ def compare(tmp: Path, args: argparse.Namespace, extra: list[str]) -> None:
             parts = set(n.split("+"))
             clusters[n] = Cluster(tmp, etcd, n.replace("+", "-"), args, extra,
                                   secret="secret" in parts, tls="tls" in parts)
-        runs: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
+        runs: dict[str, list[tuple[float, float, float, float]]] = {n: [] for n in names}
         for rnd in range(args.rounds):
             order = names if rnd % 2 == 0 else names[::-1]  # neither always goes first
             for n in order:
@@ -210,22 +210,22 @@ def compare(tmp: Path, args: argparse.Namespace, extra: list[str]) -> None:
                 m = r["messages"] / 1e6
                 lu, ls = split[0]
                 fol = sum(u + s for u, s in split[1:]) / max(len(split) - 1, 1) / m
-                runs[n].append((r.get("server_us_per_msg", 0), r["msgs_per_s"], fol))
+                runs[n].append((r.get("server_us_per_msg", 0), r["msgs_per_s"], fol, lu / m))
                 print(f"round {rnd + 1} {n:<11} {r['msgs_per_s']:>10,.0f} msgs/s  leader "
                       f"{r.get('server_us_per_msg', 0):.3f} us/msg (user {lu / m:.3f} + "
                       f"system {ls / m:.3f})  follower {fol:.3f} us/msg", flush=True)
                 if r.get("errors"):
                     print("  errors:", r["errors"])
-        base = statistics.median(x[0] for x in runs[names[0]])
-        base_rate = statistics.median(x[1] for x in runs[names[0]])
+        med = {n: [statistics.median(x[i] for x in runs[n]) for i in range(4)] for n in names}
         print(f"\nmedians of {args.rounds} interleaved rounds of {args.seconds:g} s "
-              f"({args.replication} replication):")
+              f"({args.replication} replication), ratio to {names[0]}:")
         for n in names:
-            us, rate, fol = (sorted(x[i] for x in runs[n]) for i in range(3))
-            print(f"  {n:<11} leader {statistics.median(us):.3f} us/msg ({us[0]:.3f}-{us[-1]:.3f},"
-                  f" x{statistics.median(us) / base:.3f})  {statistics.median(rate):>9,.0f} "
-                  f"msgs/s ({rate[0]:,.0f}-{rate[-1]:,.0f}, x{statistics.median(rate) / base_rate:.3f})"
-                  f"  follower {statistics.median(fol):.3f} us/msg")
+            us, rate, fol, user = (sorted(x[i] for x in runs[n]) for i in range(4))
+            m, b = med[n], med[names[0]]
+            print(f"  {n:<11} leader {m[0]:.3f} us/msg ({us[0]:.3f}-{us[-1]:.3f}, x{m[0] / b[0]:.3f})"
+                  f" user {m[3]:.3f} ({user[0]:.3f}-{user[-1]:.3f})  {m[1]:>9,.0f} msgs/s "
+                  f"({rate[0]:,.0f}-{rate[-1]:,.0f}, x{m[1] / b[1]:.3f})  follower {m[2]:.3f} "
+                  f"us/msg (x{m[2] / b[2]:.3f})")
     finally:
         for c in clusters.values():
             c.stop()
@@ -299,7 +299,7 @@ def main() -> None:
         if args.perf:  # CPU (not wall) samples of the three nodes, kernel included
             pids = ",".join(str(n[0].proc.pid) for n in (leader, *followers))
             spies.append(subprocess.Popen(
-                ["perf", "record", "-F", "499", "-g", "-p", pids, "-o", args.perf, "--",
+                ["perf", "record", "-F", "997", "-g", "-p", pids, "-o", args.perf, "--",
                  "sleep", str(int(args.seconds))],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             print(f"perf: leader pid {leader[0].proc.pid}, followers "
