@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/cluster_ingest.py [--seconds 10] [--replicas 3] [--sync-every N] [--secret] [--tls]
         [--replication stream|http]
+    .venv/bin/python bench/cluster_ingest.py --compare plain,secret+tls [--rounds 3] [--seconds 6]
 
 1. standalone: one nsqd (default durable settings), MPUB 200 B x 200 from two writer
    processes (the same load generator as bench/nsqd_compare.py);
@@ -23,6 +24,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -120,6 +122,116 @@ def member_tls(d: Path) -> list[str]:
             f"--cluster-tls-ca={d / 'ca.pem'}"]
 
 
+class Cluster:
+    """etcd (shared) + nsqlookupd + 3 nsqd of one trust configuration, a topic ``bench`` of
+    1 partition x ``replicas`` on it; ``leader`` and ``followers`` are (Proc, tcp, http)."""
+
+    def __init__(self, tmp: Path, etcd: EtcdServer, name: str, args: argparse.Namespace,
+                 extra: list[str], *, secret: bool, tls: bool) -> None:
+        self.tmp = tmp / name
+        self.procs: list[Proc] = []
+        self.tmp.mkdir()
+        flags = [f"--cluster-leadership-addresses={etcd.endpoint}", f"--cluster-id={name}"]
+        node_flags = [f"--cluster-replication={args.replication}"]
+        if secret:
+            from nsqx.cluster.trust import generate_secret_file
+
+            flags.append(f"--cluster-secret-file={generate_secret_file(self.tmp / 'secret')}")
+        if tls:
+            flags += member_tls(self.tmp / "tls")
+        lk_tcp, lk_http = free_port(), free_port()
+        self.lk_http = lk_http
+        self.procs.append(Proc([sys.executable, "-m", "nsqx.cli.nsqlookupd",
+                                f"--tcp-address=127.0.0.1:{lk_tcp}",
+                                f"--http-address=127.0.0.1:{lk_http}",
+                                "--broadcast-address=127.0.0.1", "--log-level=warn", *flags],
+                               self.tmp / "lookupd.log"))
+        self.nodes = []
+        for i in range(3):
+            np_, ntcp, nhttp = nsqd(self.tmp, f"node{i}", [
+                *extra, *flags, *node_flags, f"--lookupd-tcp-address=127.0.0.1:{lk_tcp}"])
+            self.procs.append(np_)
+            self.nodes.append((np_, ntcp, nhttp))
+        wait(lambda: len(self.stats().get("nodes", [])) == 3)
+        code, body = http("POST", f"http://127.0.0.1:{lk_http}/topic/create?topic=bench"
+                          f"&partition_num=1&replicator={args.replicas}")
+        assert code == 200, body
+        self.leader_id = json.loads(body)["partitions"][0]["leader"]
+        self.leader = self.node(self.leader_id)
+        self.followers = [n for n in self.nodes if n is not self.leader]
+        wait(lambda: http("POST", f"http://{self.leader[2]}/pub?topic=bench", b"warm")[0] == 200)
+
+    def node(self, node_id: str) -> tuple[Proc, str, str]:
+        return next(n for i, n in enumerate(self.nodes)
+                    if (self.tmp / f"node{i}" / "cluster-node-id").read_text().strip() == node_id)
+
+    def stats(self) -> dict:
+        code, body = http("GET", f"http://127.0.0.1:{self.lk_http}/cluster/stats")
+        return json.loads(body) if code == 200 else {}
+
+    def ingest(self, seconds: float, window: int) -> tuple[dict, list[tuple[float, float]]]:
+        """The leader's ingest result and (user, system) CPU seconds of leader, followers."""
+        members = (self.leader, *self.followers)
+        before = [cpu_split(n[0].proc.pid) for n in members]
+        r = scenarios.ingest(self.leader[1], "bench", seconds=seconds,
+                             pid=self.leader[0].proc.pid, window=window)
+        split = [(u1 - u0, s1 - s0) for n, (u0, s0) in zip(members, before, strict=True)
+                 for u1, s1 in [cpu_split(n[0].proc.pid)]]
+        return r, split
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+
+def compare(tmp: Path, args: argparse.Namespace, extra: list[str]) -> None:
+    """``--compare``: one cluster per configuration, all up at once; ingest runs against them
+    interleaved (a, b, a, b, ...) ``--rounds`` times, so a busy machine weighs on each alike.
+    Prints each run, then median and range of leader CPU/msg and msgs/s, and the ratio of
+    the medians to the first configuration's."""
+    names = args.compare.split(",")
+    for n in names:
+        if set(n.split("+")) - {"plain", "secret", "tls"}:
+            raise SystemExit(f"--compare: unknown configuration {n!r} (plain, secret, tls, "
+                             f"secret+tls)")
+    etcd = EtcdServer(tmp / "etcd")
+    etcd.start()
+    clusters: dict[str, Cluster] = {}
+    try:
+        for n in names:
+            parts = set(n.split("+"))
+            clusters[n] = Cluster(tmp, etcd, n.replace("+", "-"), args, extra,
+                                  secret="secret" in parts, tls="tls" in parts)
+        runs: dict[str, list[tuple[float, float, float, float]]] = {n: [] for n in names}
+        for rnd in range(args.rounds):
+            order = names if rnd % 2 == 0 else names[::-1]  # neither always goes first
+            for n in order:
+                r, split = clusters[n].ingest(args.seconds, args.window)
+                m = r["messages"] / 1e6
+                lu, ls = split[0]
+                fol = sum(u + s for u, s in split[1:]) / max(len(split) - 1, 1) / m
+                runs[n].append((r.get("server_us_per_msg", 0), r["msgs_per_s"], fol, lu / m))
+                print(f"round {rnd + 1} {n:<11} {r['msgs_per_s']:>10,.0f} msgs/s  leader "
+                      f"{r.get('server_us_per_msg', 0):.3f} us/msg (user {lu / m:.3f} + "
+                      f"system {ls / m:.3f})  follower {fol:.3f} us/msg", flush=True)
+                if r.get("errors"):
+                    print("  errors:", r["errors"])
+        med = {n: [statistics.median(x[i] for x in runs[n]) for i in range(4)] for n in names}
+        print(f"\nmedians of {args.rounds} interleaved rounds of {args.seconds:g} s "
+              f"({args.replication} replication), ratio to {names[0]}:")
+        for n in names:
+            us, rate, fol, user = (sorted(x[i] for x in runs[n]) for i in range(4))
+            m, b = med[n], med[names[0]]
+            print(f"  {n:<11} leader {m[0]:.3f} us/msg ({us[0]:.3f}-{us[-1]:.3f}, x{m[0] / b[0]:.3f})"
+                  f" user {m[3]:.3f} ({user[0]:.3f}-{user[-1]:.3f})  {m[1]:>9,.0f} msgs/s "
+                  f"({rate[0]:,.0f}-{rate[-1]:,.0f}, x{m[1] / b[1]:.3f})  follower {m[2]:.3f} "
+                  f"us/msg (x{m[2] / b[2]:.3f})")
+    finally:
+        for c in clusters.values():
+            c.stop()
+        etcd.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -134,6 +246,10 @@ def main() -> None:
     ap.add_argument("--replication", choices=("stream", "http"), default="stream",
                     help="the followers' fetches: one stream per leader or HTTP requests "
                     "(nsqd --cluster-replication)")
+    ap.add_argument("--compare", metavar="A,B,...", help="no standalone run nor failover: "
+                    "clusters of these configurations (plain, secret, tls, secret+tls) "
+                    "measured interleaved, --rounds times each; medians, ranges, ratios")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --compare (default 3)")
     ap.add_argument("--profile", metavar="DIR", help="py-spy record the standalone node, the leader "
                     "and a follower into DIR (needs py-spy)")
     ap.add_argument("--perf", metavar="FILE", help="perf record -g the three cluster nodes "
@@ -141,8 +257,16 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     extra = [f"--sync-every={args.sync_every}"] if args.sync_every else []
+    if args.compare:
+        try:
+            compare(tmp, args, extra)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     procs: list[Proc] = []
     out: dict[str, object] = {}
+    cluster: Cluster | None = None
+    etcd: EtcdServer | None = None
     try:
         p, tcp, http_addr = nsqd(tmp, "standalone", extra)
         procs.append(p)
@@ -165,58 +289,22 @@ def main() -> None:
 
         etcd = EtcdServer(tmp / "etcd")
         etcd.start()
-        flags = [f"--cluster-leadership-addresses={etcd.endpoint}", "--cluster-id=bench"]
-        node_flags = [f"--cluster-replication={args.replication}"]
-        if args.secret:
-            from nsqx.cluster.trust import generate_secret_file
-
-            flags.append(f"--cluster-secret-file={generate_secret_file(tmp / 'secret')}")
-        if args.tls:
-            flags += member_tls(tmp / "tls")
-        lk_tcp, lk_http = free_port(), free_port()
-        lk = Proc([sys.executable, "-m", "nsqx.cli.nsqlookupd", f"--tcp-address=127.0.0.1:{lk_tcp}",
-                   f"--http-address=127.0.0.1:{lk_http}", "--broadcast-address=127.0.0.1",
-                   "--log-level=warn", *flags], tmp / "lookupd.log")
-        procs.append(lk)
-        nodes = []
-        for i in range(3):
-            np_, ntcp, nhttp = nsqd(tmp, f"node{i}", [*extra, *flags, *node_flags,
-                                                     f"--lookupd-tcp-address=127.0.0.1:{lk_tcp}"])
-            procs.append(np_)
-            nodes.append((np_, ntcp, nhttp))
-
-        def stats() -> dict:
-            code, body = http("GET", f"http://127.0.0.1:{lk_http}/cluster/stats")
-            return json.loads(body) if code == 200 else {}
-
-        wait(lambda: len(stats().get("nodes", [])) == 3)
-        code, body = http("POST", f"http://127.0.0.1:{lk_http}/topic/create?topic=bench"
-                          f"&partition_num=1&replicator={args.replicas}")
-        assert code == 200, body
-        leader_id = json.loads(body)["partitions"][0]["leader"]
-        leader = next(n for n in nodes if (tmp / f"node{nodes.index(n)}" / "cluster-node-id")
-                      .read_text().strip() == leader_id)
-        wait(lambda: http("POST", f"http://{leader[2]}/pub?topic=bench", b"warm")[0] == 200)
+        cluster = Cluster(tmp, etcd, "bench", args, extra, secret=args.secret, tls=args.tls)
+        leader, followers = cluster.leader, cluster.followers
         spies = []
         if args.profile:
             os.makedirs(args.profile, exist_ok=True)
-            follower = next(n for n in nodes if n is not leader)
-            for who, n in (("leader", leader), ("follower", follower)):
+            for who, n in (("leader", leader), ("follower", followers[0])):
                 spies.append(_spy(n[0].proc.pid, args.seconds, f"{args.profile}/{who}.json"))
-        followers = [n for n in nodes if n is not leader]
         if args.perf:  # CPU (not wall) samples of the three nodes, kernel included
             pids = ",".join(str(n[0].proc.pid) for n in (leader, *followers))
             spies.append(subprocess.Popen(
-                ["perf", "record", "-F", "499", "-g", "-p", pids, "-o", args.perf, "--",
+                ["perf", "record", "-F", "997", "-g", "-p", pids, "-o", args.perf, "--",
                  "sleep", str(int(args.seconds))],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             print(f"perf: leader pid {leader[0].proc.pid}, followers "
                   f"{', '.join(str(n[0].proc.pid) for n in followers)}")
-        before = [cpu_split(n[0].proc.pid) for n in (leader, *followers)]
-        r = scenarios.ingest(leader[1], "bench", seconds=args.seconds,
-                             pid=leader[0].proc.pid, window=args.window)
-        split = [tuple(a - b for a, b in zip(cpu_split(n[0].proc.pid), b0, strict=True))
-                 for n, b0 in zip((leader, *followers), before, strict=True)]
+        r, split = cluster.ingest(args.seconds, args.window)
         out["replicated"] = r
         for spy in spies:
             spy.wait(30)
@@ -246,12 +334,11 @@ def main() -> None:
         t0 = time.monotonic()
         os.kill(leader[0].proc.pid, signal.SIGKILL)
         while True:
-            st = stats()
+            st = cluster.stats()
             parts = st.get("topics", {}).get("bench", {}).get("partitions", [{}])
             new = parts[0].get("leader")
-            if new and new != leader_id:
-                n = next(x for x in nodes if (tmp / f"node{nodes.index(x)}" / "cluster-node-id")
-                         .read_text().strip() == new)
+            if new and new != cluster.leader_id:
+                n = cluster.node(new)
                 if http("POST", f"http://{n[2]}/pub?topic=bench", b"after")[0] == 200:
                     break
             if time.monotonic() - t0 > 60:
@@ -260,8 +347,11 @@ def main() -> None:
         failover = time.monotonic() - t0
         print(f"failover    {failover:.2f} s from kill -9 of the leader to an acknowledged PUB "
               f"on the new one (target < 5 s)")
-        etcd.stop()
     finally:
+        if cluster is not None:
+            cluster.stop()
+        if etcd is not None:
+            etcd.stop()
         for p in reversed(procs):
             p.stop()
         shutil.rmtree(tmp, ignore_errors=True)

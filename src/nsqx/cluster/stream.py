@@ -125,7 +125,7 @@ async def serve(request: web.Request, fetch: FetchFn, active: set[asyncio.Future
     done: asyncio.Future[None] = loop.create_future()
     tasks: set[asyncio.Task[None]] = set()
     sock = transport.get_extra_info("socket")
-    can_cork = transport.get_extra_info("sslcontext") is None  # under TLS: one write anyway
+    tls = transport.get_extra_info("sslcontext") is not None
 
     async def answer(rid: int, topic: str, p: int, epoch: int, offset: int, max_bytes: int,
                      wait_ms: int) -> None:
@@ -141,9 +141,14 @@ async def serve(request: web.Request, fetch: FetchFn, active: set[asyncio.Future
         if not data:
             transport.write(prefix + head)
             return
+        if tls:
+            # one call: the SSL transport encrypts both into its buffer and sends them in
+            # one write (two write() calls: two sends, the follower woken for the head alone)
+            transport.writelines((prefix + head, data))
+            return
         # the frames go out as stored (no copy into a bigger buffer); TCP_CORK makes the
         # small prefix and the frames one transmission, as the HTTP answer's two sends
-        corked = can_cork and cork(sock, 1)
+        corked = cork(sock, 1)
         try:
             transport.write(prefix + head)
             transport.write(data)
