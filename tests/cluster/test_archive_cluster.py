@@ -36,7 +36,7 @@ def shared_archive(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  #
         arch = tmp_path / "archive"
 
         def offsets_dir() -> list[list[int]]:
-            files = sorted(arch.rglob("*.parquet"), key=lambda p: int(p.stem))
+            files = sorted(arch.rglob("*.parquet"), key=lambda p: int(p.name.split(".")[0]))
             return [pq.read_table(f, columns=["offset"]).column(0).to_pylist() for f in files]
 
         yield [f"--archive-url={arch}"], offsets_dir
