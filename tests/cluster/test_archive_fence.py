@@ -44,7 +44,7 @@ class Node:
         self.arch = Archiver(archive, throttle_bytes_per_sec=0, refresh_interval=0.001,
                              fence=self.fence, limit=self._limit)
         self.tier = self.arch.add("t", P, log)
-        self.upto = log.flushed_offset
+        self.upto = 1 << 62  # archive below this (and the flushed end)
 
     def _limit(self, plog: PartitionLog) -> int | None:
         return min(self.upto, plog.flushed_offset) if self.epoch is not None else None
@@ -204,3 +204,38 @@ def test_new_leader_removes_orphans_and_a_pre_fence_archive_is_kept(cluster, loo
         n.arch.join()
         n.log.close()
     old.join()
+
+
+def test_a_commit_without_answer_is_settled_by_the_next_adoption(cluster, loop, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """etcd does not answer a commit: the file may or may not be recorded. The next pass
+    adopts the record first: a recorded file is kept (and counts), another one is deleted."""
+    meta, lead, archive = cluster
+    a = Node("A", make_log(tmp_path / "a", segment_bytes=2048), archive, meta, loop)
+    fill(a.log)
+    lead("A", 1)
+    a.epoch = 1
+    real_commit = a.fence.commit
+    answers = iter([True, False])  # the first one went through, the second did not
+
+    def no_answer(tier, f):  # type: ignore[no-untyped-def]
+        if next(answers):
+            real_commit(tier, f)
+        raise ArchiveError("etcd: no answer")
+
+    a.fence.commit = no_answer  # type: ignore[method-assign]
+    with pytest.raises(ArchiveError):
+        a.arch.run_once()
+    first = record(meta, loop)
+    assert len(first) == 1 and a.tier.files == []
+    with pytest.raises(ArchiveError):
+        a.arch.run_once()  # adopts the first file, then the second commit is unanswered
+    assert a.tier.files == first
+    second = sorted(set(listed(archive)) - {f.key for f in first})
+    assert len(second) == 1
+    a.fence.commit = real_commit  # type: ignore[method-assign]
+    assert a.arch.run_once() > 0  # the second file was deleted, its range archived again
+    rec = record(meta, loop)
+    assert a.tier.files == rec and listed(archive) == sorted(f.key for f in rec)
+    assert rows(archive, listed(archive)) == list(range(rec[-1].end))
+    a.arch.join()
+    a.log.close()

@@ -269,8 +269,12 @@ class Archiver:
             e.extra["archiving"] = False  # adopted only once it worked (a leader must)
             before = {f.key for f in e.tier.files}
             self._adopt(e, self.fence.adopt(e.tier, leading=archiving))
-            n = len({f.key for f in e.tier.files} - before)
+            keys = {f.key for f in e.tier.files}
+            n = len(keys - before)
             e.extra["archiving"] = archiving
+            unsettled = e.extra.pop("unsettled", None)
+            if unsettled is not None and unsettled.key not in keys:
+                self._lost(e, unsettled)  # its commit failed unanswered and did not happen
         if n and self.on_archived is not None:
             self._on_owner(lambda: self.on_archived(e.log))  # retention may delete now
         return n
@@ -288,21 +292,25 @@ class Archiver:
         already covers f.base) deletes f unless the record holds that very key, adopts the
         record and looks again; nothing it wrote is ever read."""
         assert self.fence is not None
+        e.extra["archiving"] = False  # whatever happens: adopt the record before going on
         try:
             if self.fence.commit(e.tier, f):
+                e.extra["archiving"] = True
                 return True
         except ArchiveError:
-            e.extra["archiving"] = False  # the outcome is unknown: adopt before going on
+            e.extra["unsettled"] = f  # recorded or not: the next adoption tells
             raise
-        e.extra["archiving"] = False
+        recorded = self.fence.adopt(e.tier, leading=False)
+        if f.key not in {x.key for x in recorded}:
+            self._lost(e, f)
+        self._adopt(e, recorded)
+        return False
+
+    def _lost(self, e: _Entry, f: ArchivedFile) -> None:
         log.warning("archive of %s partition %d: offsets %d..%d lost the fence (not this "
                     "node's to record); deleting %s", e.topic, e.partition, f.base, f.end - 1,
                     self.archive.describe(f.key))
-        recorded = self.fence.adopt(e.tier, leading=False)
-        if f.key not in {x.key for x in recorded}:
-            self.archive.delete(f.key)
-        self._adopt(e, recorded)
-        return False
+        self.archive.delete(f.key)
 
     def archive_segment(self, e: _Entry, lo: int, hi: int) -> ArchivedFile | None:
         """Write offsets [lo, hi) of a closed segment as one file (not yet recorded); None
