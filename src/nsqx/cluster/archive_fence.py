@@ -40,6 +40,7 @@ from nsqx.cluster.etcd import Compare, EtcdError, KeyValue, Op
 from nsqx.cluster.metadata import ClusterMetadata
 from nsqx.cluster.model import PartitionMeta
 from nsqx.storage.archive import ArchivedFile, ArchiveError, ArchiveTier
+from nsqx.storage.archiver import Stopped
 
 log = logging.getLogger("nsqx.cluster.archive_fence")
 T = TypeVar("T")
@@ -180,7 +181,10 @@ class EtcdArchiveFence:
         async def run() -> T:
             return await aw
 
-        fut = asyncio.run_coroutine_threadsafe(run(), self.loop)
+        try:
+            fut = asyncio.run_coroutine_threadsafe(run(), self.loop)
+        except RuntimeError:  # the loop is closed: the node is gone
+            raise Stopped from None
         try:
             return fut.result(self.timeout)
         except EtcdError as e:
