@@ -42,8 +42,8 @@ class Node:
         self.epoch: int | None = None
         self.fence = EtcdArchiveFence(RecordStore(meta, lambda: name), loop,
                                       lambda t, p: self.epoch)
-        self.arch = Archiver(archive, throttle_bytes_per_sec=0, refresh_interval=0.001,
-                             fence=self.fence, limit=self._limit)
+        self.arch = Archiver(archive, throttle_bytes_per_sec=0, fence=self.fence,
+                             limit=self._limit)  # (a follower adopts at every pass)
         self.tier = self.arch.add("t", P, log)
         self.upto = 1 << 62  # archive below this (and the flushed end)
 
@@ -206,7 +206,6 @@ def test_new_leader_removes_orphans_and_a_pre_fence_archive_is_kept(cluster, loo
     assert rec[-1].end == b.log.closed_segments()[-1][1]
     # a follower adopts the record, and a node not leading in etcd may not take over
     a.epoch = None
-    a.arch.refresh_interval = 0.001
     a.fence.commit = EtcdArchiveFence.commit.__get__(a.fence)  # type: ignore[method-assign]
     a.arch.run_once()
     assert a.tier.files == rec

@@ -216,7 +216,8 @@ class Archiver:
                 except LogError:
                     break  # the log was closed (topic deleted)
                 try:
-                    if self.refresh_interval and self._refresh(e, archiving=lim is not None):
+                    if (self.refresh_interval or self.fence is not None) and self._refresh(
+                            e, archiving=lim is not None):
                         continue  # adopted what another node archived: look again
                 except ArchiveCorrupt as exc:  # a bad file of this partition: the others
                     e.last_error = str(exc)  # go on; this one waits for an operator
@@ -272,9 +273,11 @@ class Archiver:
             keys = {f.key for f in e.tier.files}
             n = len(keys - before)
             e.extra["archiving"] = archiving
-            unsettled = e.extra.pop("unsettled", None)
-            if unsettled is not None and unsettled.key not in keys:
-                self._lost(e, unsettled)  # its commit failed unanswered and did not happen
+            unsettled = e.extra.get("unsettled")
+            if unsettled is not None:  # written, its commit unanswered or its loss not acted on
+                if unsettled.key not in keys:
+                    self._lost(e, unsettled)
+                del e.extra["unsettled"]
         if n and self.on_archived is not None:
             self._on_owner(lambda: self.on_archived(e.log))  # retention may delete now
         return n
@@ -293,16 +296,15 @@ class Archiver:
         record and looks again; nothing it wrote is ever read."""
         assert self.fence is not None
         e.extra["archiving"] = False  # whatever happens: adopt the record before going on
-        try:
-            if self.fence.commit(e.tier, f):
-                e.extra["archiving"] = True
-                return True
-        except ArchiveError:
-            e.extra["unsettled"] = f  # recorded or not: the next adoption tells
-            raise
+        e.extra["unsettled"] = f  # until settled here (an error leaves it to the next adoption)
+        if self.fence.commit(e.tier, f):
+            del e.extra["unsettled"]
+            e.extra["archiving"] = True
+            return True
         recorded = self.fence.adopt(e.tier, leading=False)
         if f.key not in {x.key for x in recorded}:
             self._lost(e, f)
+        del e.extra["unsettled"]
         self._adopt(e, recorded)
         return False
 
