@@ -239,10 +239,11 @@ class EtcdClient:
         kvs = data.get("kvs") or []
         return KeyValue.from_json(kvs[0]) if kvs else None
 
-    async def get_prefix(self, prefix: bytes) -> tuple[list[KeyValue], int]:
-        """Every key under ``prefix`` (sorted) and the store revision they were read at."""
-        data = await self._call("/v3/kv/range",
-                                {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))})
+    async def get_prefix(self, prefix: bytes, *, start: bytes = b"") -> tuple[list[KeyValue], int]:
+        """Every key under ``prefix`` (sorted; from ``start`` on if given, a key under it)
+        and the store revision they were read at."""
+        data = await self._call("/v3/kv/range", {"key": _b64(start or prefix),
+                                                 "range_end": _b64(prefix_end(prefix))})
         kvs = [KeyValue.from_json(kv) for kv in data.get("kvs") or []]
         return kvs, int(data.get("header", {}).get("revision", 0))
 

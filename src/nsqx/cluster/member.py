@@ -49,6 +49,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from nsqx.cluster.archive_fence import fence_for
 from nsqx.cluster.etcd import EtcdClient, EtcdError
 from nsqx.cluster.fetchconn import FetchConnection
 from nsqx.cluster.forward import forward_command, traced_offset
@@ -374,6 +375,8 @@ class NodeMember:
         self.held_resets = HeldResets(Path(nsqd.data_path) / "cluster-reset-holds.json")
         nsqd.http_route_hooks.append(self.add_routes)
         nsqd.topic_hooks.append(self._on_new_topic)
+        if getattr(nsqd, "archiver", None) is not None:  # --archive-url: files count once
+            nsqd.archiver.use_fence(fence_for(self))  # recorded in etcd by the leader
 
     def __repr__(self) -> str:
         return f"<NodeMember {self.node_id}>"

@@ -100,6 +100,8 @@ class ClusterMetadata:
     async def delete_topic(self, name: str) -> int:
         n = await self.etcd.delete(self.keys.topic_partitions(name), prefix=True)
         n += await self.etcd.delete(self.keys.topic(name))
+        # its archive record too: a topic created again under the name starts a new one
+        await self.etcd.delete(self.keys.archive_topic(name), prefix=True)
         return n
 
     # -- partitions ---------------------------------------------------------------------------

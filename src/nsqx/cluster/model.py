@@ -13,6 +13,12 @@ and the tests agree on one layout. Keys (all under ``/nsqx/<cluster-id>/``):
 | ``moves/<topic>/<p>`` | :class:`MoveRequest` (one pending move per partition) | lookupd (put-if-absent), cleared by the coordinator |
 | ``routes/<topic>`` | a route-managed topic's ``RouteHistory`` (:mod:`nsqx.cluster.route_store`) | coordinator, CAS on mod revision |
 | ``route_passed/<topic>/<channel>/<p>`` | ``1``: the channel consumed p's command message | the node leading p |
+
+A partition's archived files (``--archive-url``) are recorded under ``/nsqx-archive/<cluster-id>/``
+(outside the root the members watch: the record grows with the archive's history), by the
+partition's leader, each write a transaction conditioned on the partition key
+(:mod:`nsqx.cluster.archive_fence`): ``<topic>/<p>`` holds the end of the recorded run,
+``<topic>/<p>/<base, 20 digits>`` one file each.
 """
 
 from __future__ import annotations
@@ -203,6 +209,22 @@ class ClusterKeys:
 
     def partition(self, name: str, p: int) -> bytes:
         return self.topic_partitions(name) + str(p).encode()
+
+    @property
+    def archive_root(self) -> bytes:
+        """Archive records (see module doc): not under ``root``, so not in the members' watch."""
+        return b"/nsqx-archive/" + self.root[len(b"/nsqx/"):]
+
+    def archive_topic(self, name: str) -> bytes:
+        return self.archive_root + name.encode() + b"/"
+
+    def archive_head(self, name: str, p: int) -> bytes:
+        """The end of partition p's recorded run of archived files."""
+        return self.archive_topic(name) + str(p).encode()
+
+    def archive_files(self, name: str, p: int) -> bytes:
+        """The prefix of partition p's recorded files (``<base, 20 digits>`` each)."""
+        return self.archive_head(name, p) + b"/"
 
     @property
     def moves(self) -> bytes:

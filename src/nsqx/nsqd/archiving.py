@@ -6,8 +6,9 @@ gets the archive as its lower tier, so channels reset below the local start read
 and retention deletes only archived segments. The archiver's worker thread reads the logs
 only through ``call_on_loop``. In cluster mode a partition is archived by its leader only
 (the write gate admits publishes here), up to the high watermark, so nothing a failover may
-truncate is archived; followers adopt the leader's files from the archive listing, and a
-new leader does so before it continues (same keys: no gap, no second file).
+truncate is archived; the member installs a fence (nsqx.cluster.archive_fence) through
+which files count only once recorded in etcd by the current leader, and followers and a
+new leader adopt the recorded files (no gap, no second file).
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ class NodeArchiver:
             except concurrent.futures.TimeoutError:
                 if self.archiver._stop.is_set():
                     raise Stopped from None
+
+    def use_fence(self, fence: Any) -> None:
+        """Cluster mode: record files through ``fence`` (an ArchiveFence of the cluster
+        layer, installed by the member before anything starts) instead of the listing."""
+        self.archiver.fence = fence
 
     def topic_added(self, topic: Any) -> None:
         """Topic hook: archive a new durable partition's log (a Topic; not imported, so

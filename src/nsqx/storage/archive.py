@@ -190,6 +190,22 @@ class Archive:
                 raise ArchiveError(f"archiving {self.describe(key)} failed: {e}") from e
             raise
 
+    def delete(self, key: str) -> None:
+        """Remove an archived file (cluster mode: one the fence did not record); a file
+        already gone is fine."""
+        fs_mod = __import__("pyarrow.fs", fromlist=["fs"])
+        try:
+            self.fs.delete_file(self.path(key))
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                if self.fs.get_file_info(self.path(key)).type == fs_mod.FileType.NotFound:
+                    return
+            raise ArchiveError(f"deleting {self.describe(key)} failed: {e}") from e
+        if self.local:
+            fsync_dir(self.path(key).rsplit("/", 1)[0])
+
     def open(self, key: str) -> Any:
         """A ParquetFile of an archived file (footer read), or ArchiveCorrupt/ArchiveError."""
         pq = __import__("pyarrow.parquet", fromlist=["parquet"])

@@ -10,6 +10,11 @@ Parquet writer's buffer. A byte-rate throttle keeps a large backlog from taking 
 Retention asks ``may_delete`` (installed on the log by ``add``): a segment goes only once its
 offsets are archived, so with the archive unreachable local deletion waits and ``lag``
 grows; nothing is lost.
+
+Cluster mode passes a ``fence`` (:class:`ArchiveFence`, kept in etcd by the cluster layer): a
+written file counts only once the fence records it, which it does only for the partition's
+current leader and only when the file starts where the record ends; a writer that loses
+deletes its file. Followers (and a new leader) adopt the recorded files, never the listing.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from nsqx.storage.archive import (
     ROW_GROUP_ROWS,
@@ -36,6 +41,27 @@ from nsqx.storage.records import LogError
 log = logging.getLogger("nsqx.storage.archiver")
 T = TypeVar("T")
 PIECE_BYTES = 4 << 20
+
+
+class ArchiveFence(Protocol):
+    """Where the cluster records each partition's archived files (its methods block; the
+    archiver's thread calls them; they raise ArchiveError when the record is unreachable)."""
+
+    def name(self, topic: str, partition: int, key: str) -> str:
+        """The key this node writes a file to: unique per writer (two writers never replace
+        each other's file, whatever their segment boundaries)."""
+        ...
+
+    def adopt(self, tier: ArchiveTier, *, leading: bool) -> list[ArchivedFile]:
+        """The recorded files from ``tier.end`` on. ``leading``: this node starts archiving
+        the partition: raises ArchiveError unless the record says it leads, and removes the
+        partition's files that are not recorded (orphans of a deposed or crashed writer)."""
+        ...
+
+    def commit(self, tier: ArchiveTier, f: ArchivedFile) -> bool:
+        """Record a written file: True only if this node still leads the partition at the
+        epoch it wrote the file in and the record ends at ``f.base``."""
+        ...
 
 
 class Stopped(Exception):
@@ -70,7 +96,7 @@ class Archiver:
                  poll_interval: float = 1.0,
                  on_archived: Callable[[PartitionLog], object] | None = None,
                  limit: Callable[[PartitionLog], int | None] | None = None,
-                 refresh_interval: float = 0.0) -> None:
+                 refresh_interval: float = 0.0, fence: ArchiveFence | None = None) -> None:
         self.archive = archive
         self._call = call
         self.throttle = throttle_bytes_per_sec
@@ -85,6 +111,7 @@ class Archiver:
         # cluster mode (> 0): how often a log that is not archived here adopts the files its
         # leader archived (ArchiveTier.refresh); a log becoming archivable here does at once
         self.refresh_interval = refresh_interval
+        self.fence = fence  # cluster mode: files count once recorded there (module doc)
         self._entries: dict[int, _Entry] = {}  # id(log) -> entry (swapped whole)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -189,7 +216,8 @@ class Archiver:
                 except LogError:
                     break  # the log was closed (topic deleted)
                 try:
-                    if self.refresh_interval and self._refresh(e, archiving=lim is not None):
+                    if (self.refresh_interval or self.fence is not None) and self._refresh(
+                            e, archiving=lim is not None):
                         continue  # adopted what another node archived: look again
                 except ArchiveCorrupt as exc:  # a bad file of this partition: the others
                     e.last_error = str(exc)  # go on; this one waits for an operator
@@ -205,6 +233,8 @@ class Archiver:
                     raise
                 if f is None:
                     break
+                if self.fence is not None and not self._commit(e, f):
+                    break  # another writer's range stands: adopt it, then look again
                 e.tier.record(f)
                 e.last_error = ""
                 self.last_error = ""
@@ -234,10 +264,55 @@ class Archiver:
                                    < self.refresh_interval):
             return 0
         e.extra["refreshed"] = now
-        n = e.tier.refresh()
+        if self.fence is None:
+            n = e.tier.refresh()
+        else:
+            e.extra["archiving"] = False  # adopted only once it worked (a leader must)
+            before = {f.key for f in e.tier.files}
+            self._adopt(e, self.fence.adopt(e.tier, leading=archiving))
+            keys = {f.key for f in e.tier.files}
+            n = len(keys - before)
+            e.extra["archiving"] = archiving
+            unsettled = e.extra.get("unsettled")
+            if unsettled is not None:  # written, its commit unanswered or its loss not acted on
+                if unsettled.key not in keys:
+                    self._lost(e, unsettled)
+                del e.extra["unsettled"]
         if n and self.on_archived is not None:
             self._on_owner(lambda: self.on_archived(e.log))  # retention may delete now
         return n
+
+    def _adopt(self, e: _Entry, files: list[ArchivedFile]) -> int:
+        """Record the fence's files the manifest lacks; how many."""
+        known = {f.key for f in e.tier.files}
+        new = [f for f in files if f.key not in known]
+        if new:
+            e.tier.record(*new)
+        return len(new)
+
+    def _commit(self, e: _Entry, f: ArchivedFile) -> bool:
+        """Cluster mode: have the fence record f. A loser (deposed, or another leader's file
+        already covers f.base) deletes f unless the record holds that very key, adopts the
+        record and looks again; nothing it wrote is ever read."""
+        assert self.fence is not None
+        e.extra["archiving"] = False  # whatever happens: adopt the record before going on
+        e.extra["unsettled"] = f  # until settled here (an error leaves it to the next adoption)
+        if self.fence.commit(e.tier, f):
+            del e.extra["unsettled"]
+            e.extra["archiving"] = True
+            return True
+        recorded = self.fence.adopt(e.tier, leading=False)
+        if f.key not in {x.key for x in recorded}:
+            self._lost(e, f)
+        del e.extra["unsettled"]
+        self._adopt(e, recorded)
+        return False
+
+    def _lost(self, e: _Entry, f: ArchivedFile) -> None:
+        log.warning("archive of %s partition %d: offsets %d..%d lost the fence (not this "
+                    "node's to record); deleting %s", e.topic, e.partition, f.base, f.end - 1,
+                    self.archive.describe(f.key))
+        self.archive.delete(f.key)
 
     def archive_segment(self, e: _Entry, lo: int, hi: int) -> ArchivedFile | None:
         """Write offsets [lo, hi) of a closed segment as one file (not yet recorded); None
@@ -248,6 +323,8 @@ class Archiver:
             return None
         first_ts = int.from_bytes(bytes(first.data[8:16]), "big")
         key = self.archive.key_for(e.topic, e.partition, lo, first_ts)
+        if self.fence is not None:
+            key = self.fence.name(e.topic, e.partition, key)
         bounds = {"min": first_ts, "max": first_ts, "bytes": 0}
 
         def pieces():
