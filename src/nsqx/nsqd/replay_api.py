@@ -74,7 +74,7 @@ from aiohttp import web
 from nsqx.httpapi import HTTPError, topic_arg, topic_channel_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
-from nsqx.nsqd.channel import NotLeader, SeekError
+from nsqx.nsqd.channel import NotLeader, SeekError, load_archived, load_position
 from nsqx.nsqd.http_publish import existing_topic, read_capped
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.routes import RouteError
@@ -207,6 +207,7 @@ class _ReplayAPI:
         if channel is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         try:
+            await load_position(part, pos)  # an archived row group: read in a thread
             res = channel.seek(pos, f"HTTP client {request.remote}")
         except NotLeader as exc:
             log.info("TOPIC(%s) CHANNEL(%s): setoffset refused - %s", tname, cname, exc)
@@ -264,6 +265,8 @@ class _ReplayAPI:
         part = partition_of(self._topic(tname), praw)
         plog = part.log
         try:
+            if offset >= 0:
+                await load_archived(plog, offset)  # an archived row group: in a thread
             frame = plog.read_frame(offset)
         except (KeyError, ValueError):
             raise HTTPError(404, "MESSAGE_NOT_FOUND") from None
