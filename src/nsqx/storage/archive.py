@@ -49,7 +49,6 @@ from nsqx.storage.records import Chunk, LogError
 MANIFEST = "archive.json"
 ROW_GROUP_ROWS = 8192  # a seek reads at most one row group of a file
 CACHED_GROUPS = 5  # decoded row groups kept per partition: being sent, next, redeliveries
-_PREFIX = struct.Struct(">IIqH")  # size, frame type, timestamp, attempts
 _U32 = struct.Struct(">I")
 
 
@@ -305,34 +304,56 @@ def frames_to_batch(data: bytes | memoryview, base: int, partition: int,
 
 def table_to_chunk(tbl: Any, expect_base: int, what: str) -> tuple[Chunk, dict[int, dict]]:
     """Frames of archived rows (their original ids, timestamps, attempts) as a Chunk, plus
-    their headers; ArchiveCorrupt unless the rows are exactly the offsets from expect_base."""
-    offs = tbl.column("offset").to_pylist()
-    n = len(offs)
-    if n == 0 or offs[0] != expect_base or offs[-1] != expect_base + n - 1 or (
-            n > 1 and any(b - a != 1 for a, b in zip(offs, offs[1:], strict=False))):
+    their headers; ArchiveCorrupt unless the rows are exactly the offsets from expect_base.
+
+    Speed: no step per row in Python. The 34-byte frame heads are one numpy structured
+    array; ``binary_join_element_wise(heads, bodies)`` concatenates head and body of every
+    row in C++, so its data buffer is the run of frames and its offsets their positions."""
+    import numpy as np  # noqa: PLC0415 - with pyarrow, the archive extra
+
+    pa = _pa()
+    pc = __import__("pyarrow.compute", fromlist=["compute"])
+    n = tbl.num_rows
+    cols = {k: tbl.column(k).combine_chunks() for k in
+            ("offset", "timestamp_ns", "attempts", "id", "body")}
+    offs = cols["offset"]
+    if n == 0 or offs.null_count or offs[0].as_py() != expect_base or (
+            n > 1 and not (np.diff(offs.to_numpy()) == 1).all()):
         raise ArchiveCorrupt(f"E_ARCHIVE_CORRUPT archive file {what}: rows are not offsets "
                              f"{expect_base}.. in order")
-    tss = tbl.column("timestamp_ns").to_pylist()
-    atts = tbl.column("attempts").to_pylist()
-    ids = tbl.column("id").to_pylist()
-    bodies = tbl.column("body").to_pylist()
-    pack = _PREFIX.pack
-    parts: list[bytes] = []
-    pos = array("q", [0])
-    p = 0
-    for ts, att, mid, body in zip(tss, atts, ids, bodies, strict=True):
-        if mid is None or len(mid) != 16 or body is None:
-            raise ArchiveCorrupt(f"E_ARCHIVE_CORRUPT archive file {what}: bad row")
-        parts.append(pack(len(body) + 30, 2, ts, att))
-        parts.append(mid.encode("ascii"))
-        parts.append(body)
-        p += len(body) + 34
-        pos.append(p)
+    ids, body = cols["id"], cols["body"]
+    if any(c.null_count for c in cols.values()) or pc.min_max(
+            pc.binary_length(ids)).as_py() != {"min": 16, "max": 16}:
+        raise ArchiveCorrupt(f"E_ARCHIVE_CORRUPT archive file {what}: bad row")
+    blen = pc.binary_length(body).to_numpy().astype(np.int64)
+    tss = cols["timestamp_ns"].to_numpy()
+    heads = np.empty(n, np.dtype([("size", ">u4"), ("type", ">u4"), ("ts", ">i8"),
+                                  ("att", ">u2"), ("id", "S16")]))  # packed: 34 bytes
+    heads["size"] = blen + 30
+    heads["type"] = 2
+    heads["ts"] = tss
+    heads["att"] = cols["attempts"].to_numpy()
+    io = np.frombuffer(ids.buffers()[1], np.int32, n + 1, ids.offset * 4)  # 16 bytes each
+    heads["id"] = np.frombuffer(ids.buffers()[2], "S16", n, int(io[0]))
+    lb = pa.large_binary()
+    head_col = pa.Array.from_buffers(lb, n, [None, pa.py_buffer(
+        np.arange(0, 34 * (n + 1), 34, dtype=np.int64)), pa.py_buffer(heads)])
+    frames = pc.binary_join_element_wise(head_col, body.cast(lb), pa.scalar(b"", lb))
+    fo = np.frombuffer(frames.buffers()[1], np.int64, n + 1, frames.offset * 8)
+    data = frames.buffers()[2].slice(int(fo[0]), int(fo[-1] - fo[0])).to_pybytes()
+    if blen.min() == blen.max():  # one frame size: positions implied
+        chunk = Chunk(expect_base, n, data, None, int(blen[0]) + 34, None, 0, int(tss.max()))
+    else:
+        chunk = Chunk(expect_base, n, data, array("q", (fo - fo[0]).tobytes()), 0, None, 0,
+                      int(tss.max()))
     headers: dict[int, dict] = {}
-    for i, h in enumerate(tbl.column("headers").to_pylist()):
-        if h:
-            headers[expect_base + i] = dict(h)
-    return Chunk(expect_base, n, b"".join(parts), pos, 0, None, 0, max(tss)), headers
+    hcol = tbl.column("headers")
+    if hcol.null_count < n:  # only the rows that have any
+        rows = np.flatnonzero(pc.is_valid(hcol).to_numpy(zero_copy_only=False))
+        for i, h in zip(rows.tolist(), hcol.take(pa.array(rows)).to_pylist(), strict=True):
+            if h:
+                headers[expect_base + i] = dict(h)
+    return chunk, headers
 
 
 # -- manifest and read side --------------------------------------------------------------
