@@ -96,6 +96,15 @@ async def load_archived(log_: Any, offset: int) -> None:
         await asyncio.to_thread(lower.chunk, offset)
 
 
+async def load_time(log_: Any, ts_ns: int) -> int | None:
+    """The archive's answer to a time seek, looked up in a thread (the tier keeps it, so
+    ``offset_for_time`` on the loop then reads nothing); None: not in the archive."""
+    lower = getattr(log_, "lower", None)
+    if lower is None or log_.earliest_offset >= log_.start_offset:
+        return None
+    return await asyncio.to_thread(lower.offset_for_time, ts_ns)
+
+
 async def load_position(topic: TopicView, pos: StartPosition) -> None:
     """``load_archived`` for the offset a position names (a time: its archive lookup too,
     whose answer the tier keeps), before ``resolve_position`` runs on the loop."""
@@ -104,7 +113,7 @@ async def load_position(topic: TopicView, pos: StartPosition) -> None:
     if lower is None or log_.earliest_offset >= log_.start_offset:
         return
     if pos.kind == "timestamp":
-        off = await asyncio.to_thread(lower.offset_for_time, pos.value * 1_000_000_000)
+        off = await load_time(log_, pos.value * 1_000_000_000)
         if off is None:
             return
     elif pos.kind == "latest":

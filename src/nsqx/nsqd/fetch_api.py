@@ -77,7 +77,7 @@ from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.auth import http_authorizer
-from nsqx.nsqd.channel import load_archived
+from nsqx.nsqd.channel import load_archived, load_time
 from nsqx.nsqd.http_publish import (
     existing_topic,
     parse_mpub_binary,
@@ -275,6 +275,8 @@ class _FetchAPI:
         out = []
         for pid, part in sorted(_partition_objects(topic).items()):
             plog = getattr(part, "log", part)
+            if ts_ns is not None:
+                await load_time(plog, ts_ns)  # the archive's part in a thread
             entry = {"partition": pid, "earliest": plog.earliest_offset,  # (archive too)
                      "latest": readable_end(part, uncommitted), "synced": plog.synced_offset}
             if ts_ns is not None:
