@@ -17,11 +17,13 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 from nsqx.cli.nsqx_cmd import main as nsqx_main  # noqa: E402
 from nsqx.nsqd.options import OptionsError, load  # noqa: E402
+from nsqx.protocol import v2  # noqa: E402
 from nsqx.storage.message_id import make_id  # noqa: E402
 from tests.support.clients import pynsq_runner  # noqa: E402
 from tests.support.cluster import wait_until  # noqa: E402
 from tests.support.http_api import request  # noqa: E402
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess  # noqa: E402
+from tests.support.rawclient import RawClient  # noqa: E402
 from tests.support.seaweed import seaweed_bucket, weed_binary  # noqa: E402
 
 N = 600  # 600 x ~140-byte frames over 4 KiB segments: ~20 segments
@@ -142,6 +144,24 @@ def test_corrupt_archive_file_is_refused_naming_it(nsqd_factory: NsqdFactory,
     assert r.status == 500
     msg = json.loads(r.body)["message"]
     assert "E_ARCHIVE_CORRUPT" in msg and str(first) in msg
+    with RawClient(nsqd.tcp_address) as c:  # SUB_ADVANCED to it fails the same way
+        c.send(v2.sub_advanced("t", "c", 0, "earliest"))
+        err = c.expect_error("E_ARCHIVE_CORRUPT", closed=True)
+    assert str(first) in str(err)
+
+
+def test_sub_advanced_into_the_archive(nsqd_factory: NsqdFactory, tmp_path: Path) -> None:
+    """SUB_ADVANCED by offset into the archive (its row group read in a thread before the
+    position is applied): the messages from there, across the seam, in order."""
+    nsqd, a = archived_node(nsqd_factory, tmp_path / "archive")
+    n, seam = 300, a["log_start"]
+    with RawClient(nsqd.tcp_address) as c:
+        c.send(v2.sub_advanced("t", "c", 0, f"offset:{seam - 40}"))
+        c.expect_ok()
+        c.send(v2.rdy(500))
+        got = c.read_messages(n - (seam - 40), timeout=30)
+    assert [m.id for m in got] == [make_id(0, i) for i in range(seam - 40, n)]
+    assert [m.body for m in got] == bodies(seam - 40, n)
 
 
 def test_kill_9_while_archiving_loses_nothing(nsqd_factory: NsqdFactory,
@@ -281,12 +301,19 @@ def test_a_hanging_store_never_stalls_the_node(nsqd_factory: NsqdFactory, tmp_pa
             reset = threading.Thread(target=lambda: got.update(
                 r=request("POST", url, b"earliest", timeout=90)))
             reset.start()
+            sub = RawClient(nsqd.tcp_address)  # and a SUB_ADVANCED into it, on channel d
+            sub.send(v2.sub_advanced("t", "d", 0, "earliest"))
             _node_answers(nsqd, bodies(n, n + 1)[0])
             assert reset.is_alive()  # (nothing of the archive was read before: it must wait)
+            sub.expect_nothing(0.2)  # (no OK before its position is known)
         finally:
             s3.resume()
         reset.join(90)
         assert got["r"].status == 200 and got["r"].json()["offset"] == 0, got["r"]
+        with sub:
+            sub.expect_ok(timeout=90)
+            sub.send(v2.rdy(500))
+            assert [m.body for m in sub.read_messages(n + 1, timeout=60)] == bodies(0, n + 1)
         # 2. after a restart (nothing decoded), delivery from the archive waits for the store
         nsqd.restart()
         s3.pause()

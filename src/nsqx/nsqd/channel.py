@@ -350,10 +350,12 @@ class Channel:
             if end < 0:
                 return
         log_ = self.topic.log
+        limited = False  # stopped at the end of the archived row groups decoded now
         if getattr(log_, "lower", None) is not None:  # tiered storage: never wait for it here
             lim = self._archive_limit(log_)
             if lim < 0 or (lim <= self.cursor.next_read and self.tags is not None):
                 return  # _archive_ready wakes us
+            limited = lim < end
             end = min(end, lim)
         if self.tags is not None:  # tag dispatch (tags.py): only while tagged consumers are here
             more = self.tags.pump(self, now_ms(), MAX_BATCH_PER_TURN)
@@ -368,6 +370,7 @@ class Channel:
         self._rr += 1
         t = now_ms()
         more = False
+        took = False
         for i in range(n):
             client = clients[(start + i) % n]
             room = client.ready_room()
@@ -380,11 +383,12 @@ class Channel:
             if not deliveries:
                 break  # nothing left for anyone this turn
             self.dirty = True
+            took = True
             self._send(client, deliveries)
             if want == MAX_BATCH_PER_TURN and client.ready_room() > 0:
                 more = True  # a busy client: continue next turn, after other work
-        if more:
-            self.wake()
+        if more or (limited and took and self.cursor.next_read >= end):
+            self.wake()  # (archived: the next row group, or a wait for the reader thread)
 
     def _archive_limit(self, log_: Any) -> int:
         """Where fresh delivery must stop so that no read waits for the archive (a channel
