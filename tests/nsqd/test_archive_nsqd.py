@@ -23,7 +23,7 @@ from tests.support.clients import pynsq_runner  # noqa: E402
 from tests.support.cluster import wait_until  # noqa: E402
 from tests.support.http_api import request  # noqa: E402
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess  # noqa: E402
-from tests.support.rawclient import RawClient  # noqa: E402
+from tests.support.rawclient import RawClient, consumer  # noqa: E402
 from tests.support.seaweed import seaweed_bucket, weed_binary  # noqa: E402
 
 N = 600  # 600 x ~140-byte frames over 4 KiB segments: ~20 segments
@@ -337,3 +337,32 @@ def test_a_hanging_store_never_stalls_the_node(nsqd_factory: NsqdFactory, tmp_pa
         assert [d["id"] for d in fins] == [make_id(0, i).decode() for i in range(n + 2)]
         assert [bytes.fromhex(d["body"]) for d in fins] == bodies(0, n + 2)
         nsqd.stop()
+
+
+def test_tag_dispatch_from_the_archive(nsqd_factory: NsqdFactory, tmp_path: Path) -> None:
+    """Tag dispatch reads archived row groups as they are decoded (never waiting on the
+    loop): after a reset to the archive start, a tagged and an untagged consumer (no FIN,
+    a wide RDY window) get their messages, each once."""
+    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                               f"--archive-url={tmp_path / 'archive'}"])
+    http(nsqd, "POST", "/topic/create?topic=t")
+    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+    items = [("a" if i % 3 == 0 else "", b"m%04d " % i + b"x" * 90) for i in range(300)]
+    with RawClient(nsqd.tcp_address) as c:
+        for k in range(0, len(items), 50):
+            c.send(v2.mpub_ext("t", [({"##client_dispatch_tag": t} if t else None, b)
+                                     for t, b in items[k:k + 50]]))
+            c.expect_ok()
+    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+    a = wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion",
+                   timeout=60)
+    assert a["log_start"] > 200
+    http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")
+    want_a = [b for t, b in items if t]
+    with consumer(nsqd.tcp_address, "t", "c", rdy=500, identify={"desired_tag": "a"}) as ca, \
+            consumer(nsqd.tcp_address, "t", "c", rdy=500) as cu:
+        got_a = [m.body for m in ca.read_messages(len(want_a), timeout=30)]
+        got_u = [m.body for m in cu.read_messages(len(items) - len(want_a), timeout=30)]
+        ca.expect_nothing(0.3)
+    assert sorted(got_a) == want_a
+    assert sorted(got_u) == [b for t, b in items if not t]

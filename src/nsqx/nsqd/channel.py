@@ -350,18 +350,20 @@ class Channel:
             if end < 0:
                 return
         log_ = self.topic.log
-        limited = False  # stopped at the end of the archived row groups decoded now
+        limited = False
         if getattr(log_, "lower", None) is not None:  # tiered storage: never wait for it here
             lim = self._archive_limit(log_)
-            if lim < 0 or (lim <= self.cursor.next_read and self.tags is not None):
+            if lim < 0:
                 return  # _archive_ready wakes us
-            limited = lim < end
+            # a decoded run that stops before the end: the next turn goes on past it (a
+            # run not decoded yet, lim == next_read: _archive_ready wakes the channel)
+            limited = self.cursor.next_read < lim < end
             end = min(end, lim)
         if self.tags is not None:  # tag dispatch (tags.py): only while tagged consumers are here
-            more = self.tags.pump(self, now_ms(), MAX_BATCH_PER_TURN)
+            more = self.tags.pump(self, now_ms(), MAX_BATCH_PER_TURN, end)
             if not self.tags.held:
                 retag(self)
-            if more:
+            if more or (limited and self.cursor.next_read >= end):
                 self.wake()
             return
         clients = list(self.clients.values())
