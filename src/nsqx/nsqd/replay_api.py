@@ -201,6 +201,12 @@ class _ReplayAPI:
         pos = split_position_arg(body, params)
         topic = self._topic(tname)
         if topic.routes is not None:  # route-managed: every partition, versions walked again
+            try:  # archived row groups the position names: read in a thread
+                for p in topic.partitions if pos.kind in ("earliest", "timestamp") else ():
+                    await load_position(p, pos)
+            except LogError as exc:
+                log.error("TOPIC(%s) CHANNEL(%s): setoffset failed - %s", tname, cname, exc)
+                raise HTTPError(500, str(exc)) from None
             return self._set_route_offset(topic, tname, cname, pos, request, params)
         part = partition_of(topic, _first(params, "partition"))
         channel = part.get_channel(cname, create=False)
