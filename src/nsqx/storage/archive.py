@@ -18,8 +18,11 @@ never read, and a crash between the write and the record re-archives to the same
 ``ArchiveTier`` is the read side handed to a ``PartitionLog`` (which knows it only by its
 methods): frames rebuilt from the rows, a row group at a time, with their original ids,
 timestamps and headers; a time seek from the manifest's per-file bounds plus the row groups'
-min/max statistics, never a scan. A file that cannot be read, or whose rows are not the
-offsets the manifest promises, raises ``ArchiveCorrupt`` naming it (``E_ARCHIVE_CORRUPT``).
+min/max statistics, never a scan. Footers and row groups are read in the tier's reader
+thread: ``ready`` tells an event loop, without waiting, how far reads go now and calls it
+back when the rest is decoded, so a slow store never stalls the loop. A file that cannot
+be read, or whose rows are not the offsets the manifest promises, raises ``ArchiveCorrupt``
+naming it (``E_ARCHIVE_CORRUPT``).
 
 pyarrow is imported on first use: a node without ``--archive-url`` never loads it.
 """
@@ -322,6 +325,8 @@ def table_to_chunk(tbl: Any, expect_base: int, what: str) -> tuple[Chunk, dict[i
         raise ArchiveCorrupt(f"E_ARCHIVE_CORRUPT archive file {what}: rows are not offsets "
                              f"{expect_base}.. in order")
     ids, body = cols["id"], cols["body"]
+    if ids.type != pa.string():  # (the buffers below are read as int32 offsets)
+        ids = ids.cast(pa.string())
     if any(c.null_count for c in cols.values()) or pc.min_max(
             pc.binary_length(ids)).as_py() != {"min": 16, "max": 16}:
         raise ArchiveCorrupt(f"E_ARCHIVE_CORRUPT archive file {what}: bad row")
@@ -384,7 +389,8 @@ class ArchiveTier:
         self._times: dict[int, int | None] = {}  # offset_for_time answers (this manifest)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
-        # one reader of the Parquet files at a time: the loop and the prefetch thread
+        # one reader of the Parquet files at a time: the reader thread, HTTP handlers'
+        # threads, and the loop when a caller reads without asking ``ready`` first
         self._io = threading.RLock()
 
     def _load(self) -> list[ArchivedFile]:
