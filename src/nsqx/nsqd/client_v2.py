@@ -22,7 +22,7 @@ import orjson
 
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
-from nsqx.nsqd.channel import NotLeader, SeekError, now_ms, resolve_position
+from nsqx.nsqd.channel import NotLeader, SeekError, load_position, now_ms, resolve_position
 from nsqx.nsqd.topic import BadPartition, SealedPartition
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
@@ -710,10 +710,32 @@ class ClientV2(asyncio.Protocol):
             raise Fatal("E_INVALID", "cannot SUB_ADVANCED with heartbeats disabled")
         topic, channel, partition, start = parse_sub_advanced(cmd.params)
         pending = self._check_auth(topic, channel, "subscribe", "SUB_ADVANCED")
-        if pending is not None:
-            return self._after(pending, lambda: self._subscribe(topic, channel, partition, start))
+        part = None
+        if start is not None:  # a position in the archive: its row group read in a thread
+            existing = self.nsqd.get_topic(topic, create=False)
+            if existing is not None and (partition or 0) < len(existing.partitions):
+                part = existing.partitions[partition or 0]
+                if getattr(part.log, "lower", None) is None:
+                    part = None
+        if pending is not None or part is not None:
+            return self._after(self._load_start(pending, part, start),
+                               lambda: self._subscribe(topic, channel, partition, start))
         self._subscribe(topic, channel, partition, start)
         return None
+
+    @staticmethod
+    async def _load_start(auth: Any, part: Any, start: StartPosition | None) -> None:
+        """SUB_ADVANCED: the authorization first, then the archived row group its position
+        names, read in a thread (``load_position``) so that resolving it on the loop waits
+        for no store; an unreadable file fails as resolving it would."""
+        if auth is not None:
+            await auth
+        if part is not None and start is not None:
+            try:
+                await load_position(part, start)
+            except LogError as exc:  # E_ARCHIVE_CORRUPT <file>, the store unreachable
+                raise Fatal(getattr(exc, "code", "E_SUB_FAILED"),
+                            f"SUB_ADVANCED {exc}") from None
 
     async def _after(self, coro: Any, then: Callable[[], None]) -> None:
         await coro

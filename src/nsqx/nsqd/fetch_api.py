@@ -77,6 +77,7 @@ from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.auth import http_authorizer
+from nsqx.nsqd.channel import load_archived, load_time
 from nsqx.nsqd.http_publish import (
     existing_topic,
     parse_mpub_binary,
@@ -103,6 +104,10 @@ _U32 = struct.Struct(">I")
 _HDR_ENTRY = struct.Struct(">QH")
 _U16 = struct.Struct(">H")
 _MAX_NAME = 256
+
+
+def _no_wait() -> None:
+    """ready_end's callback for a reader that does not wait (fetch: the client asks again)."""
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -270,6 +275,8 @@ class _FetchAPI:
         out = []
         for pid, part in sorted(_partition_objects(topic).items()):
             plog = getattr(part, "log", part)
+            if ts_ns is not None:
+                await load_time(plog, ts_ns)  # the archive's part in a thread
             entry = {"partition": pid, "earliest": plog.earliest_offset,  # (archive too)
                      "latest": readable_end(part, uncommitted), "synced": plog.synced_offset}
             if ts_ns is not None:
@@ -297,6 +304,10 @@ class _FetchAPI:
             raise HTTPError(416, "OFFSET_OUT_OF_RANGE")
         start = max(offset, earliest)
         limit = max(0, min(end, latest) - start)
+        if limit and getattr(plog, "lower", None) is not None and start < plog.start_offset:
+            # archived: decoded in a thread, and the read stops where the next group is not
+            await load_archived(plog, start)
+            limit = min(limit, max(1, plog.ready_end(start, _no_wait) - start))
         if limit:
             r = plog.read(start, max_bytes, limit)
             data, count, nxt = r.data, r.count, r.next_offset

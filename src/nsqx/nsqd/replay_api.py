@@ -74,7 +74,7 @@ from aiohttp import web
 from nsqx.httpapi import HTTPError, topic_arg, topic_channel_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
-from nsqx.nsqd.channel import NotLeader, SeekError
+from nsqx.nsqd.channel import NotLeader, SeekError, load_archived, load_position
 from nsqx.nsqd.http_publish import existing_topic, read_capped
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.routes import RouteError
@@ -197,12 +197,19 @@ class _ReplayAPI:
         pos = split_position_arg(body, params)
         topic = self._topic(tname)
         if topic.routes is not None:  # route-managed: every partition, versions walked again
+            try:  # archived row groups the position names: read in a thread
+                for p in topic.partitions if pos.kind in ("earliest", "timestamp") else ():
+                    await load_position(p, pos)
+            except LogError as exc:
+                log.error("TOPIC(%s) CHANNEL(%s): setoffset failed - %s", tname, cname, exc)
+                raise HTTPError(500, str(exc)) from None
             return self._set_route_offset(topic, tname, cname, pos, request, params)
         part = partition_of(topic, _first(params, "partition"))
         channel = part.get_channel(cname, create=False)
         if channel is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         try:
+            await load_position(part, pos)  # an archived row group: read in a thread
             res = channel.seek(pos, f"HTTP client {request.remote}")
         except NotLeader as exc:
             log.info("TOPIC(%s) CHANNEL(%s): setoffset refused - %s", tname, cname, exc)
@@ -260,6 +267,8 @@ class _ReplayAPI:
         part = partition_of(self._topic(tname), praw)
         plog = part.log
         try:
+            if offset >= 0:
+                await load_archived(plog, offset)  # an archived row group: in a thread
             frame = plog.read_frame(offset)
         except (KeyError, ValueError):
             raise HTTPError(404, "MESSAGE_NOT_FOUND") from None

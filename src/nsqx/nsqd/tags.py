@@ -49,9 +49,10 @@ class TagDispatch:
         self.held: deque[tuple[int, int, str, str]] = deque()
         self._rr = 0
 
-    def pump(self, ch: ChannelView, now: int, max_batch: int) -> bool:
-        """One turn: take what the open RDY windows allow, hand messages to their group.
-        Returns True when another turn should follow at once."""
+    def pump(self, ch: ChannelView, now: int, max_batch: int, end: int | None = None) -> bool:
+        """One turn: take what the open RDY windows allow (fresh ones below ``end``, default
+        the channel's end), hand messages to their group. Returns True when another turn
+        should follow at once."""
         clients = list(ch.clients.values())
         groups: dict[str, list[Session]] = {}
         room: dict[int, int] = {}
@@ -62,7 +63,8 @@ class TagDispatch:
         want = min(sum(room.values()), max_batch, HOLD_MAX - len(held))
         took = 0
         if want > 0:
-            deliveries = ch.cursor.take(DISPATCH, want, ch._end_offset(), now, HOLD_MS)
+            deliveries = ch.cursor.take(DISPATCH, want, ch._end_offset() if end is None
+                                        else end, now, HOLD_MS)
             if deliveries:
                 ch.dirty = True
                 hdrs = headers_of(ch.topic.log, deliveries)

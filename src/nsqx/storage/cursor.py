@@ -317,6 +317,12 @@ class ChannelCursor:
             self._end = end_offset
         self._store.flush()
 
+    def next_redelivery(self) -> int | None:
+        """The offset of the ready redelivery ``take`` hands out first (None: none ready)."""
+        if not self._ready_att or self._front_gate() is None:
+            return None
+        return self._ready[0][1]
+
     def _front_gate(self) -> int | None:
         ready, att, tok = self._ready, self._ready_att, self._ready_tok
         while ready:

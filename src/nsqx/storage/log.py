@@ -62,6 +62,7 @@ _LITTLE = sys.byteorder == "little"
 CHECKPOINT = "recovery-point"
 CHECKPOINT_INTERVAL = 5.0  # seconds between recovery-point moves after a syncfs pass
 READ_AHEAD = 1 << 20
+NO_LIMIT = 1 << 63  # ready_end: nothing to wait for
 _DISK_CACHE = 8  # read-ahead chunks kept for lagging readers
 
 
@@ -104,6 +105,7 @@ class LowerTier(Protocol):
     through the log below its local start."""
 
     def start_for(self, local_start: int) -> int: ...
+    def ready(self, offset: int, notify: Callable[[], None]) -> int: ...
     def chunk(self, offset: int) -> Chunk: ...
     def headers(self, offset: int) -> dict[str, bytes] | None: ...
     def offset_for_time(self, ts: int) -> int | None: ...
@@ -739,6 +741,21 @@ class PartitionLog:
         except OSError as e:
             raise log_error("reading", self.path, e) from e
         return seg.log_fd, start, nbytes, n
+
+    def ready_end(self, offset: int, notify: Callable[[], None]) -> int:
+        """Never blocks: reads from ``offset`` up to the answer need no archive I/O
+        (``NO_LIMIT`` from the local start on). ``offset`` itself: what it needs is being
+        read from the archive in a thread, which calls ``notify()`` once it is there, so an
+        event loop never waits for a slow store (see ArchiveTier.ready)."""
+        lower = self.lower
+        start = self._segments[0].base
+        if lower is None or offset >= start:
+            return NO_LIMIT
+        offset = max(offset, lower.start_for(start))
+        if offset >= start:
+            return NO_LIMIT
+        end = lower.ready(offset, notify)
+        return NO_LIMIT if end >= start else end
 
     def read_one(self, offset: int) -> bytes | memoryview:
         """The frame at a readable offset (start_offset <= offset < flushed): ``read(offset,
