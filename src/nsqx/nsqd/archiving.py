@@ -60,7 +60,7 @@ class NodeArchiver:
             try:
                 return fut.result(timeout=0.5)
             except concurrent.futures.TimeoutError:
-                if self.archiver._stop.is_set():
+                if self.archiver.stopping:
                     raise Stopped from None
 
     def topic_added(self, topic: Any) -> None:
