@@ -239,3 +239,35 @@ def test_file_corrupted_after_a_reset_is_never_delivered(nsqd_factory: NsqdFacto
     assert got == [make_id(0, i).decode() for i in range(bad_base)], res.describe()
     assert "E_ARCHIVE_CORRUPT" in nsqd.all_logs() and str(bad) in nsqd.all_logs()
     assert http(nsqd, "GET", "/ping") == b"OK"
+
+
+def test_archiver_yields_to_a_late_loop_only_while_its_backlog_is_small(tmp_path: Path
+                                                                        ) -> None:
+    """The node's pause policy (no fixed rate cap): the loop probe measures how late the
+    event loop runs; the archiver waits while it is late and little is pending, and never
+    once YIELD_BELOW is pending (the lag stays bounded)."""
+    import asyncio
+
+    from nsqx.nsqd import archiving
+
+    loop = asyncio.new_event_loop()
+    try:
+        node = archiving.NodeArchiver(loop, str(tmp_path / "arch"))
+        assert node.archiver.throttle == 0  # no cap
+        node.probe.start()
+        # the loop blocked past a tick: that tick is late by most of the block, and the
+        # next ticks (on time) let it decay only gradually
+        loop.call_soon(time.sleep, 10 * archiving.TICK)
+        loop.run_until_complete(asyncio.sleep(2 * archiving.TICK))
+        assert node.probe.late >= archiving.LATE
+        assert 0 < node.pause(0) <= archiving.MAX_PAUSE
+        assert node.pause(archiving.YIELD_BELOW) == 0.0
+        node.probe.late = 0.0  # on time: the archiver never waits
+        assert node.pause(0) == 0.0
+        node.probe.stop()
+        node.archiver.stop()
+        assert node.archiver.stopping
+        with pytest.raises(archiving.Stopped):  # a stopped archiver asks the loop nothing
+            node.call_on_loop(lambda: None)
+    finally:
+        loop.close()

@@ -281,8 +281,10 @@ def _split_frames_np(data: bytes | memoryview, max_count: int, max_bytes: int) -
             heads = buf[cand[:, None] + np.arange(8)]
             sizes = np.ascontiguousarray(heads[:, :4]).view(">u4").ravel()
             types = np.ascontiguousarray(heads[:, 4:]).view(">u4").ravel()
-            if (sizes == flen - 4).all() and (types == 2).all():
-                st, used = cand, k * flen
+            nxt = k * flen  # the walk would stop before a frame here too?
+            if (sizes == flen - 4).all() and (types == 2).all() and (
+                    k == max_count or n - nxt < 34 or not _takes(mv, nxt, n, max_bytes, k)):
+                st, used = cand, nxt
     if st is None:
         starts: list[int] = []
         pos = 0
@@ -309,6 +311,15 @@ def _split_frames_np(data: bytes | memoryview, max_count: int, max_bytes: int) -
     return (count, used, buf[:used][keep].tobytes(), boff.tobytes(),
             ts.astype(np.int64).tobytes(), att.astype(np.int32).tobytes(), ids.tobytes(),
             lo, hi)
+
+
+def _takes(mv: memoryview, pos: int, n: int, max_bytes: int, index: int) -> bool:
+    """Whether the split takes frame ``index`` (at pos, after others); ValueError when it
+    is malformed, as the walk would."""
+    flen = 4 + _U32.unpack_from(mv, pos)[0]
+    if flen < 34 or _U32.unpack_from(mv, pos + 4)[0] != 2:
+        raise ValueError(f"malformed frame {index}")
+    return flen <= n - pos and pos + flen <= max_bytes
 
 
 def frames_to_batch(data: bytes | memoryview, base: int, partition: int,

@@ -19,6 +19,7 @@ grows; nothing is lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -44,6 +45,7 @@ log = logging.getLogger("nsqx.storage.archiver")
 T = TypeVar("T")
 PIECE_BYTES = 4 << 20  # at most per row group (after its first frame)
 BLOCK_BYTES = 16 << 20  # one pread of a segment file
+THREAD_NAME = "nsqx-archiver"
 
 
 class Stopped(Exception):
@@ -57,6 +59,7 @@ class _Entry:
     log: PartitionLog
     tier: ArchiveTier
     archived_segments: int = 0
+    backlog: int = 0  # bytes of closed segments not archived when its segment began
     last_error: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -75,13 +78,14 @@ class Archiver:
                  on_archived: Callable[[PartitionLog], object] | None = None,
                  limit: Callable[[PartitionLog], int | None] | None = None,
                  refresh_interval: float = 0.0,
-                 pause: Callable[[], float] | None = None) -> None:
+                 pause: Callable[[int], float] | None = None) -> None:
         self.archive = archive
         self._call = call
         # an explicit cap in bytes of log per second (0: none)
         self.throttle = throttle_bytes_per_sec
-        # asked between row groups (in the thread): seconds to wait first, e.g. while the
-        # node's event loop is late (nsqd.archiving); nothing otherwise
+        # asked between row groups (in the thread) with the bytes of the partition still to
+        # archive: seconds to wait first (nsqd.archiving: while its event loop runs late
+        # and the backlog is small)
         self.pause = pause
         self.retry_interval = retry_interval
         self.poll_interval = poll_interval
@@ -147,7 +151,7 @@ class Archiver:
 
     # -- the worker ---------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="nsqx-archiver", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
     def wake(self) -> None:
@@ -171,6 +175,10 @@ class Archiver:
             e.tier.close()
 
     def _run(self) -> None:
+        # the OS thread name, so top -H and /proc/PID/task show the archiver's CPU (Linux)
+        with contextlib.suppress(OSError), open(
+                f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(THREAD_NAME)
         while not self._stop.is_set():
             self._wake.clear()
             try:
@@ -211,6 +219,7 @@ class Archiver:
                     break
                 if not todo:
                     break
+                e.backlog = sum(t[2] for t in todo)  # what ``pause`` weighs
                 base, end, _ = todo[0]
                 try:
                     f = self.archive_segment(e, max(base, e.tier.end), end)
@@ -317,16 +326,17 @@ class Archiver:
             cur += n
             at += used
             boff += used
-            self._throttle(t0, bounds["bytes"])
+            self._throttle(t0, bounds["bytes"], e.backlog - bounds["bytes"])
         if at != end:
             raise ValueError(f"{span[0]}: frames end at {at}, its commits at {end}")
 
-    def _throttle(self, t0: float, done: int) -> None:
+    def _throttle(self, t0: float, done: int, backlog: int) -> None:
         """Between row groups: the explicit cap (``throttle``, bytes of log per second),
-        then whatever ``pause`` asks for (the node: its event loop is late)."""
+        then whatever ``pause`` asks for given the bytes still to archive (the node: a
+        short wait while its event loop runs late and the backlog is small)."""
         wait = done / self.throttle - (time.monotonic() - t0) if self.throttle else 0.0
         if self.pause is not None:
-            wait = max(wait, self.pause())
+            wait = max(wait, self.pause(backlog))
         if wait > 0 and self._stop.wait(wait):
             raise Stopped
 
