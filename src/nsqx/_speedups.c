@@ -233,21 +233,50 @@ static inline int64_t be64(const unsigned char *p) {
 /* split_frames(data, max_count, max_bytes) -> (count, used, bodies, body_offsets, ts,
  *     attempts, ids, min_ts, max_ts)
  * The archiver's column split of NSQ message frames [4B size][4B type=2][8B ts][2B
- * attempts][16B id][body], in two passes without the GIL (so it runs beside the event
- * loop): the leading whole frames of data, at most max_count of them and, after the first,
- * at most max_bytes; used is the bytes they take (a partial frame at the end is left).
- * bodies back to back, body_offsets int32 (count + 1), ts int64, attempts int32 (all
- * native-endian bytes for numpy/pyarrow), ids 16 bytes each. ValueError "malformed frame
- * <k>" (k counted from 0) for a frame under 34 bytes or not of type 2. */
+ * attempts][16B id][body]: the leading whole frames of data, at most max_count of them
+ * and, after the first, at most max_bytes; used is the bytes they take (a partial frame at
+ * the end is left). bodies back to back, body_offsets int32 (count + 1), ts int64,
+ * attempts int32 (native-endian bytes for numpy/pyarrow), ids 16 bytes each. ValueError
+ * "malformed frame <k>" (k from 0) for a frame under 34 bytes or not of type 2.
+ * One pass without the GIL into outputs sized for the most it can take, shrunk after: the
+ * thread needs the GIL back once per call (each return waits for the busy event loop). */
 static PyObject *split_frames(PyObject *self, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t max_count, max_bytes;
     if (!PyArg_ParseTuple(args, "y*nn", &buf, &max_count, &max_bytes))
         return NULL;
     const unsigned char *p = (const unsigned char *)buf.buf;
-    Py_ssize_t len = buf.len, count = 0, pos = 0;
-    int bad = 0;
+    Py_ssize_t len = buf.len, count = 0, pos = 0, nbody = 0;
     PyObject *bodies = NULL, *boffs = NULL, *ts = NULL, *att = NULL, *ids = NULL, *res = NULL;
+    /* bounds: the bytes it may take (the first frame whole, then max_bytes), and frames */
+    Py_ssize_t cap = max_bytes;
+    if (len >= 4 && (Py_ssize_t)(4 + (int64_t)(uint32_t)be32(p)) > cap)
+        cap = (Py_ssize_t)(4 + (int64_t)(uint32_t)be32(p));
+    if (cap > len)
+        cap = len;
+    if (cap < 0)
+        cap = 0;
+    Py_ssize_t ccap = cap / 34 < max_count ? cap / 34 : max_count;
+    if (ccap < 0)
+        ccap = 0;
+    if (cap > 0x7fffffffLL) { /* int32 body offsets */
+        PyErr_SetString(PyExc_ValueError, "frames too large for one piece");
+        goto done;
+    }
+    bodies = PyBytes_FromStringAndSize(NULL, cap);
+    boffs = PyBytes_FromStringAndSize(NULL, 4 * (ccap + 1));
+    ts = PyBytes_FromStringAndSize(NULL, 8 * ccap);
+    att = PyBytes_FromStringAndSize(NULL, 4 * ccap);
+    ids = PyBytes_FromStringAndSize(NULL, 16 * ccap);
+    if (!bodies || !boffs || !ts || !att || !ids)
+        goto done;
+    unsigned char *bw = (unsigned char *)PyBytes_AS_STRING(bodies);
+    int32_t *ow = (int32_t *)PyBytes_AS_STRING(boffs);
+    int64_t *tw = (int64_t *)PyBytes_AS_STRING(ts);
+    int32_t *aw = (int32_t *)PyBytes_AS_STRING(att);
+    unsigned char *iw = (unsigned char *)PyBytes_AS_STRING(ids);
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    int bad = 0;
     Py_BEGIN_ALLOW_THREADS
     while (count < max_count && len - pos >= 34) {
         int64_t flen = 4 + (int64_t)(uint32_t)be32(p + pos);
@@ -257,50 +286,30 @@ static PyObject *split_frames(PyObject *self, PyObject *args) {
         }
         if (flen > len - pos || (count > 0 && pos + flen > max_bytes))
             break;
+        const unsigned char *f = p + pos;
+        Py_ssize_t blen = (Py_ssize_t)flen - 34;
+        int64_t t = be64(f + 8);
+        lo = t < lo ? t : lo;
+        hi = t > hi ? t : hi;
+        tw[count] = t;
+        aw[count] = (int32_t)(((uint32_t)f[16] << 8) | f[17]);
+        memcpy(iw + 16 * count, f + 18, 16);
+        ow[count] = (int32_t)nbody;
+        memcpy(bw + nbody, f + 34, (size_t)blen);
+        nbody += blen;
         pos += (Py_ssize_t)flen;
         count++;
     }
+    ow[count] = (int32_t)nbody;
     Py_END_ALLOW_THREADS
     if (bad) {
         PyErr_Format(PyExc_ValueError, "malformed frame %zd", count);
         goto done;
     }
-    Py_ssize_t nbody = pos - 34 * count;
-    if (nbody > 0x7fffffffLL) {
-        PyErr_SetString(PyExc_ValueError, "frames too large for one piece");
+    if (_PyBytes_Resize(&bodies, nbody) < 0 || _PyBytes_Resize(&boffs, 4 * (count + 1)) < 0 ||
+        _PyBytes_Resize(&ts, 8 * count) < 0 || _PyBytes_Resize(&att, 4 * count) < 0 ||
+        _PyBytes_Resize(&ids, 16 * count) < 0)
         goto done;
-    }
-    bodies = PyBytes_FromStringAndSize(NULL, nbody);
-    boffs = PyBytes_FromStringAndSize(NULL, 4 * (count + 1));
-    ts = PyBytes_FromStringAndSize(NULL, 8 * count);
-    att = PyBytes_FromStringAndSize(NULL, 4 * count);
-    ids = PyBytes_FromStringAndSize(NULL, 16 * count);
-    if (!bodies || !boffs || !ts || !att || !ids)
-        goto done;
-    unsigned char *bw = (unsigned char *)PyBytes_AS_STRING(bodies);
-    int32_t *ow = (int32_t *)PyBytes_AS_STRING(boffs);
-    int64_t *tw = (int64_t *)PyBytes_AS_STRING(ts);
-    int32_t *aw = (int32_t *)PyBytes_AS_STRING(att);
-    unsigned char *iw = (unsigned char *)PyBytes_AS_STRING(ids);
-    int64_t lo = INT64_MAX, hi = INT64_MIN;
-    Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t at = 0;
-    int32_t o = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        int32_t blen = (int32_t)((uint32_t)be32(p + at) - 30);
-        int64_t t = be64(p + at + 8);
-        lo = t < lo ? t : lo;
-        hi = t > hi ? t : hi;
-        tw[i] = t;
-        aw[i] = (int32_t)(((uint32_t)p[at + 16] << 8) | p[at + 17]);
-        memcpy(iw + 16 * i, p + at + 18, 16);
-        ow[i] = o;
-        memcpy(bw + o, p + at + 34, (size_t)blen);
-        o += blen;
-        at += 34 + blen;
-    }
-    ow[count] = o;
-    Py_END_ALLOW_THREADS
     res = Py_BuildValue("(nnNNNNNLL)", count, pos, bodies, boffs, ts, att, ids,
                         (long long)lo, (long long)hi);
     bodies = boffs = ts = att = ids = NULL; /* stolen by "N", also when it fails */

@@ -46,6 +46,7 @@ T = TypeVar("T")
 PIECE_BYTES = 4 << 20  # at most per row group (after its first frame)
 BLOCK_BYTES = 16 << 20  # one pread of a segment file
 THREAD_NAME = "nsqx-archiver"
+BUSY_POLL = 0.1  # seconds to the next pass after one that archived something
 
 
 class Stopped(Exception):
@@ -182,8 +183,10 @@ class Archiver:
         while not self._stop.is_set():
             self._wake.clear()
             try:
-                self.run_once()
-                delay = self.poll_interval
+                # more closed segments are likely soon after a pass that found some: look
+                # again shortly rather than after a whole poll_interval
+                delay = min(self.poll_interval, BUSY_POLL) if self.run_once() else \
+                    self.poll_interval
             except Stopped:
                 return
             except ArchiveError as exc:
