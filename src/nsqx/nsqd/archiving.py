@@ -8,9 +8,6 @@ only through ``call_on_loop``. In cluster mode a partition is archived by its le
 (the write gate admits publishes here), up to the high watermark, so nothing a failover may
 truncate is archived; followers adopt the leader's files from the archive listing, and a
 new leader does so before it continues (same keys: no gap, no second file).
-
-No fixed rate cap: the archiver's heavy work runs without the GIL on another core, and
-it yields while the loop runs late and its backlog is small (``pause``).
 """
 
 from __future__ import annotations
@@ -64,7 +61,10 @@ class LoopProbe:
 
 
 class NodeArchiver:
-    """The node's archiver (see module doc); ``stats(log)`` feeds /stats and /metrics."""
+    """The node's archiver (see module doc); ``stats(log)`` feeds /stats and /metrics.
+
+    No fixed rate cap: the archiver's heavy work runs without the GIL on another core, and
+    it yields while the loop runs late and its backlog is small (``pause``)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, url: str, s3_endpoint: str = "",
                  *, cluster: bool = False) -> None:
@@ -101,17 +101,6 @@ class NodeArchiver:
                 if self.archiver.stopping:
                     raise Stopped from None
 
-    def pause(self, backlog: int) -> float:
-        """In the archiver's thread, between row groups: seconds to leave the CPU to the
-        event loop. Its work is GIL-free, so it slows publishes only by taking a core the
-        loop (or its clients) need: while the loop runs late, yield, as long as less than
-        YIELD_BELOW is pending; beyond that run flat out, so the lag stays bounded (on a
-        machine short of CPU, publishes then slow to what the archiver keeps up with)."""
-        late = self.probe.late
-        if late < LATE or backlog >= YIELD_BELOW:
-            return 0.0
-        return min(late, MAX_PAUSE)
-
     def topic_added(self, topic: Any) -> None:
         """Topic hook: archive a new durable partition's log (a Topic; not imported, so
         this module stays out of nsqd's import circle)."""
@@ -135,6 +124,17 @@ class NodeArchiver:
         topic = self._topics.get(id(plog))
         if topic is not None and topic.log is plog and not topic.exiting:
             topic.apply_retention()
+
+    def pause(self, backlog: int) -> float:
+        """In the archiver's thread, between row groups: seconds to leave the CPU to the
+        event loop. Its work is GIL-free, so it slows publishes only by taking a core the
+        loop (or its clients) need: while the loop runs late, yield, as long as less than
+        YIELD_BELOW is pending; beyond that run flat out, so the lag stays bounded (on a
+        machine short of CPU, publishes then slow to what the archiver keeps up with)."""
+        late = self.probe.late
+        if late < LATE or backlog >= YIELD_BELOW:
+            return 0.0
+        return min(late, MAX_PAUSE)
 
     def stats(self, plog: Any) -> dict[str, Any]:
         return self.archiver.stats(plog) if isinstance(plog, PartitionLog) else {}

@@ -76,10 +76,10 @@ class Archiver:
     def __init__(self, archive: Archive, *, call: Callable[[Callable[[], Any]], Any] = direct_call,
                  throttle_bytes_per_sec: float = 0, retry_interval: float = 5.0,
                  poll_interval: float = 1.0,
+                 pause: Callable[[int], float] | None = None,
                  on_archived: Callable[[PartitionLog], object] | None = None,
                  limit: Callable[[PartitionLog], int | None] | None = None,
-                 refresh_interval: float = 0.0,
-                 pause: Callable[[int], float] | None = None) -> None:
+                 refresh_interval: float = 0.0) -> None:
         self.archive = archive
         self._call = call
         # an explicit cap in bytes of log per second (0: none)
