@@ -269,14 +269,15 @@ class Archiver:
         """Write offsets [lo, hi) of a closed segment as one file (not yet recorded); None
         when the log changed under it (truncated, closed).
 
-        The owner only says where the frames are (file, positions) plus their headers and
-        epochs; the thread reads the bytes through its own descriptor and splits them
-        without the GIL (split_frames), so the loop does nothing per byte."""
+        The owner only says where the frames are (file, positions) and their epochs (and,
+        a row group at a time, their extension headers if the segment has any); the thread
+        reads the bytes through its own descriptor and splits them without the GIL
+        (split_frames), so the loop does nothing per byte."""
         plog = e.log
         plan = self._on_owner(lambda: _plan(plog, lo, hi))
         if plan is None:
             return None
-        span, headers, epochs = plan
+        span, epochs = plan
         try:
             fd = os.open(span[0], os.O_RDONLY)
         except FileNotFoundError:
@@ -288,8 +289,8 @@ class Archiver:
             first_ts = int.from_bytes(head[8:16], "big")
             key = self.archive.key_for(e.topic, e.partition, lo, first_ts)
             bounds = {"min": first_ts, "max": first_ts, "bytes": 0}
-            size = self.archive.write(key, self._pieces(e, fd, span, lo, hi, headers,
-                                                        epochs, bounds))
+            size = self.archive.write(key, self._pieces(e, fd, span, lo, hi, epochs,
+                                                        bounds))
         finally:
             os.close(fd)
         if self._on_owner(lambda: plog.closed_span(lo, hi)) != span:
@@ -297,13 +298,15 @@ class Archiver:
         self.archived_log_bytes += bounds["bytes"]
         return ArchivedFile(lo, hi, key, size, bounds["min"], bounds["max"])
 
-    def _pieces(self, e: _Entry, fd: int, span: tuple[Any, int, int], lo: int, hi: int,
-                headers: dict[int, dict[str, bytes]], epochs: list[tuple[int, int]],
-                bounds: dict[str, int]) -> Iterator[Any]:
+    def _pieces(self, e: _Entry, fd: int, span: tuple[Any, int, int, bool], lo: int,
+                hi: int, epochs: list[tuple[int, int]], bounds: dict[str, int]
+                ) -> Iterator[Any]:
         """Record batches of one row group each (at most ROW_GROUP_ROWS frames, and
         PIECE_BYTES after the first), read in blocks of BLOCK_BYTES: memory stays bounded
-        by a block plus one row group."""
-        _, at, end = span
+        by a block plus one row group. Headers come from the owner per row group (a whole
+        segment's could hold the loop for long), only where the segment has any."""
+        _, at, end, has_headers = span
+        plog = e.log
         cur = lo
         block, boff = b"", 0
         t0 = time.monotonic()
@@ -325,6 +328,8 @@ class Archiver:
             bounds["min"] = min(bounds["min"], split[7])
             bounds["max"] = max(bounds["max"], split[8])
             bounds["bytes"] += used
+            headers = self._on_owner(
+                lambda c=cur, k=n: plog.headers_range(c, c + k)) if has_headers else {}
             yield split_to_batch(split, cur, e.partition, headers, epochs)
             cur += n
             at += used
@@ -345,11 +350,10 @@ class Archiver:
 
 
 def _plan(plog: PartitionLog, lo: int, hi: int
-          ) -> tuple[tuple[Any, int, int], dict[int, dict[str, bytes]], list[tuple[int, int]]
-                     ] | None:
-    """On the log owner's thread: where [lo, hi) is (closed_span), its extension headers,
-    and (first offset, epoch) where the epoch changes; None when it is not one closed
-    segment any more. Python per commit, nothing per message or byte."""
+          ) -> tuple[tuple[Any, int, int, bool], list[tuple[int, int]]] | None:
+    """On the log owner's thread: where [lo, hi) is (closed_span) and (first offset, epoch)
+    where the epoch changes; None when it is not one closed segment any more. Python per
+    commit, nothing per message or byte."""
     span = plog.closed_span(lo, hi)
     if span is None:
         return None
@@ -359,4 +363,4 @@ def _plan(plog: PartitionLog, lo: int, hi: int
             break
         if not epochs or epochs[-1][1] != b.epoch:
             epochs.append((max(b.base_offset, lo), b.epoch))
-    return span, plog.headers_range(lo, hi), epochs
+    return span, epochs
