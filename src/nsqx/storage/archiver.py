@@ -3,8 +3,8 @@ Parquet file in the archive (nsqx.storage.archive), oldest first, one segment at
 
 It runs in one worker thread. The log's state is touched only through ``call`` (nsqd passes
 a function that runs it on the event loop and waits), a few times per segment: which file
-and positions hold the frames, their headers and epochs, and afterwards whether the segment
-is still there. The bytes of a closed segment never change, so the thread preads them
+and positions hold the frames and their epochs, afterwards whether the segment is still
+there (and its extension headers per row group, only if it has any). The bytes of a closed segment never change, so the thread preads them
 through its own descriptor, splits them into columns in C without the GIL
 (``split_frames``), and Parquet encodes, compresses and writes without it too: the work
 runs on another core beside the event loop. Memory is bounded by one read block
