@@ -212,35 +212,6 @@ def test_done_when_s3(nsqd_factory: NsqdFactory, tmp_path: Path,
         nsqd.stop()
 
 
-def test_nsqd_flags_are_checked_before_start(tmp_path: Path) -> None:
-    opts, _ = load([f"--archive-url={tmp_path}", "--archive-s3-endpoint=127.0.0.1:9000"])
-    assert opts.archive_url == str(tmp_path) and opts.archive_s3_endpoint == "127.0.0.1:9000"
-    with pytest.raises(OptionsError, match="absolute path"):
-        load(["--archive-url=relative/dir"])
-    with pytest.raises(OptionsError, match="s3://bucket"):
-        load(["--archive-url=gs://b/p"])
-
-
-def test_file_corrupted_after_a_reset_is_never_delivered(nsqd_factory: NsqdFactory,
-                                                         tmp_path: Path) -> None:
-    arch = tmp_path / "archive"
-    nsqd, _ = archived_node(nsqd_factory, arch)
-    assert http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")["offset"] == 0
-    files = sorted(arch.rglob("*.parquet"))
-    assert len(files) > 4
-    bad = files[3]  # not read yet (the reset read the first file, delivery prefetches one ahead)
-    bad_base = int(bad.stem)
-    bad.write_bytes(b"PAR1" + b"\0" * 200 + b"PAR1")
-    res = pynsq_runner().run("consume", {"nsqd": nsqd.tcp_address, "topic": "t",
-                                         "channel": "c", "expect": bad_base + 1,
-                                         "max_in_flight": 10, "deadline_s": 15})
-    got = [d["id"] for d in res.raw["deliveries"]]
-    assert res.timed_out, res.describe()  # stuck before the bad file: nothing from it
-    assert got == [make_id(0, i).decode() for i in range(bad_base)], res.describe()
-    assert "E_ARCHIVE_CORRUPT" in nsqd.all_logs() and str(bad) in nsqd.all_logs()
-    assert http(nsqd, "GET", "/ping") == b"OK"
-
-
 def test_archiver_yields_to_a_late_loop_only_while_its_backlog_is_small(tmp_path: Path
                                                                         ) -> None:
     """The node's pause policy (no fixed rate cap): the loop probe measures how late the
@@ -271,3 +242,33 @@ def test_archiver_yields_to_a_late_loop_only_while_its_backlog_is_small(tmp_path
             node.call_on_loop(lambda: None)
     finally:
         loop.close()
+
+
+def test_nsqd_flags_are_checked_before_start(tmp_path: Path) -> None:
+    opts, _ = load([f"--archive-url={tmp_path}", "--archive-s3-endpoint=127.0.0.1:9000"])
+    assert opts.archive_url == str(tmp_path) and opts.archive_s3_endpoint == "127.0.0.1:9000"
+    with pytest.raises(OptionsError, match="absolute path"):
+        load(["--archive-url=relative/dir"])
+    with pytest.raises(OptionsError, match="s3://bucket"):
+        load(["--archive-url=gs://b/p"])
+
+
+def test_file_corrupted_after_a_reset_is_never_delivered(nsqd_factory: NsqdFactory,
+                                                         tmp_path: Path) -> None:
+    arch = tmp_path / "archive"
+    nsqd, _ = archived_node(nsqd_factory, arch)
+    assert http(nsqd, "POST", "/channel/setoffset?topic=t&channel=c", b"earliest")["offset"] == 0
+    files = sorted(arch.rglob("*.parquet"))
+    assert len(files) > 4
+    bad = files[3]  # not read yet (the reset read the first file, delivery prefetches one ahead)
+    bad_base = int(bad.stem)
+    bad.write_bytes(b"PAR1" + b"\0" * 200 + b"PAR1")
+    res = pynsq_runner().run("consume", {"nsqd": nsqd.tcp_address, "topic": "t",
+                                         "channel": "c", "expect": bad_base + 1,
+                                         "max_in_flight": 10, "deadline_s": 15})
+    got = [d["id"] for d in res.raw["deliveries"]]
+    assert res.timed_out, res.describe()  # stuck before the bad file: nothing from it
+    assert got == [make_id(0, i).decode() for i in range(bad_base)], res.describe()
+    assert "E_ARCHIVE_CORRUPT" in nsqd.all_logs() and str(bad) in nsqd.all_logs()
+    assert http(nsqd, "GET", "/ping") == b"OK"
+
