@@ -271,4 +271,3 @@ def test_file_corrupted_after_a_reset_is_never_delivered(nsqd_factory: NsqdFacto
     assert got == [make_id(0, i).decode() for i in range(bad_base)], res.describe()
     assert "E_ARCHIVE_CORRUPT" in nsqd.all_logs() and str(bad) in nsqd.all_logs()
     assert http(nsqd, "GET", "/ping") == b"OK"
-
