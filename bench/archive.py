@@ -3,13 +3,14 @@ become Parquet, how many bytes a message takes there against the local log, how 
 archived messages are read back as frames, and how long a time seek into the archive takes.
 
     .venv/bin/python bench/archive.py [--messages 300000] [--body-bytes 200]
-    .venv/bin/python bench/archive.py --nsqd [--seconds 5]
+    .venv/bin/python bench/archive.py --nsqd [--seconds 5] [--replay]
 
-``--nsqd``: a real nsqd with ``--archive-url``: 200-byte MPUB ingest at full rate while a
-consumer drains (does archiving keep up: lag at the end, time to catch up, the node's
-CPU), then the channel reset to the archive start after retention deleted the local
-copy, and a stock-protocol reader (nsqx.benchmark's, SUB/RDY/FIN) drains it: msgs/s
-from the archive against the same drain from the local log in the same run.
+``--nsqd``: a real nsqd, first without then with ``--archive-url``, the same load: 200-byte
+MPUB ingest at full rate (2 writers) while a consumer drains and one client PUBs a message
+at a time (latency): ingest, drain and PUB latency on/off, the archive lag every second,
+msgs/s archived, time to catch up, the archiver thread's CPU (its OS thread name).
+``--replay``: then drain the rest, reset the channel to the archive start and replay it with
+a stock-protocol reader (nsqx.benchmark's, SUB/RDY/FIN).
 
 Bodies are JSON-like events (a few fields, 32 random hex digits each), so compression has
 something realistic to work on; ``--random`` makes them incompressible random bytes.
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -31,9 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nsqd_compare import server  # noqa: E402  (bench/: starts an nsqd on free ports)
-from nsqx.benchmark import scenarios  # noqa: E402
+from nsqx.benchmark import loadgen, scenarios  # noqa: E402
 from nsqx.storage.archive import Archive  # noqa: E402
-from nsqx.storage.archiver import Archiver  # noqa: E402
+from nsqx.storage.archiver import THREAD_NAME, Archiver  # noqa: E402
 from nsqx.storage.log import LogConfig, PartitionLog  # noqa: E402
 
 BATCH = 500
@@ -67,33 +70,104 @@ def wait(pred, timeout: float = 300.0) -> float:  # type: ignore[no-untyped-def]
     return time.monotonic() - t0
 
 
-def node_bench(seconds: float) -> None:
-    arch = tempfile.mkdtemp(prefix="nsqx-bench-archive-")
+def thread_cpu(pid: int, name: str = THREAD_NAME) -> float:
+    """CPU seconds of the process's threads called ``name`` (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() != name:
+                continue
+            fields = (task / "stat").read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def node_run(archiving: bool, seconds: float, replay: bool) -> dict:
+    """One nsqd: `seconds` of MPUB ingest (2 writers, 200 x 200 B per MPUB) while a reader
+    drains and one client PUBs one message at a time (publish latency); with archiving,
+    the lag sampled every second, then how long the archiver takes to catch up."""
+    arch = tempfile.mkdtemp(prefix="nsqx-bench-archive-") if archiving else ""
+    flags = ["--max-bytes-per-file=16777216"] + ([f"--archive-url={arch}"] if arch else [])
+    out: dict = {"archiving": archiving, "lag": []}
     try:
-        with server("nsqx", None, [f"--archive-url={arch}", "--max-bytes-per-file=16777216"]
-                    ) as (tcp, http, pid):
+        with server("nsqx", None, flags) as (tcp, http, pid), \
+                mp.get_context("fork").Pool(4) as pool:
             scenarios.http_post(http, "/topic/create?topic=bench")
             scenarios.http_post(http, "/channel/create?topic=bench&channel=ch")
-            w = scenarios.ingest(tcp, "bench", size=200, batch=200, seconds=seconds, pid=pid)
-            n = w["messages"]
-            a = archive_stats(http)
-            print(f"ingest: {w['msgs_per_s']:,.0f} msgs/s for {seconds:.0f} s "
-                  f"(node CPU {w.get('server_cpu_s', 0):.1f} s); archive lag at the end: "
-                  f"{a['archive_lag_segments']} segments, {a['archive_lag_bytes'] / 2**20:.0f} MB")
-            r = scenarios.drain(tcp, "bench", "ch", expect=n, seconds=120, pid=pid)
-            print(f"drain from the local log: {r['msgs_per_s']:,.0f} msgs/s")
-            caught = wait(lambda: archive_stats(http)["archive_lag_segments"] == 0)
-            a = archive_stats(http)
-            print(f"archive caught up {caught:.1f} s after the drain; local log starts at "
-                  f"{a['log_start']:,} of {n:,}, {a['archived_bytes'] / 2**20:.0f} MB archived "
-                  f"({a['archived_bytes'] / max(a['archive_end'], 1):.1f} B/msg)")
-            scenarios.http_post(http, "/channel/setoffset?topic=bench&channel=ch&to=earliest")
-            r = scenarios.drain(tcp, "bench", "ch", expect=n, seconds=120, pid=pid)
-            print(f"replay from the archive start (reset to earliest): "
-                  f"{r['msgs_per_s']:,.0f} msgs/s, node CPU {r.get('server_us_per_msg', 0):.1f}"
-                  f" us/msg ({a['log_start'] / n:.0%} of it from Parquet)")
+            cpu0, acpu0, t0 = loadgen.proc_stats(pid)["cpu_s"], thread_cpu(pid), time.monotonic()
+            writers = pool.starmap_async(loadgen.run_writer, [
+                (tcp, "bench", 200, 200, seconds, None, 8, False)] * 2)
+            reader = pool.apply_async(loadgen.run_reader,
+                                      (tcp, "bench", "ch", 1 << 40, seconds, 2500, False))
+            pub = pool.apply_async(loadgen.run_pub_latency, (tcp, "bench", 200, seconds))
+            while archiving and not writers.ready():
+                writers.wait(1.0)
+                a = archive_stats(http)
+                out["lag"].append((round(time.monotonic() - t0), a["archive_lag_segments"],
+                                   a["archive_end"]))
+            w = scenarios._sum(writers.get(), seconds)  # noqa: SLF001 - bench/ is nsqx's
+            r, p = reader.get(), pub.get()
+            wall = time.monotonic() - t0
+            n = w["messages"] + p.messages
+            out.update(ingest=w["msgs_per_s"], drained=r.rate, node_cpu=(
+                loadgen.proc_stats(pid)["cpu_s"] - cpu0) / wall, messages=n,
+                pub_p50_us=statistics.median(p.latencies_us),
+                pub_p99_us=sorted(p.latencies_us)[int(0.99 * len(p.latencies_us))])
+            if archiving:
+                a = archive_stats(http)
+                out.update(lag_end=a["archive_lag_segments"],
+                           lag_end_mb=a["archive_lag_bytes"] / 2**20,
+                           archived_in_ingest=a["archive_end"] / wall)
+                # everything closed is archived (the newest segment stays open)
+                caught = wait(lambda: archive_stats(http)["archive_lag_segments"] == 0, 120)
+                a = archive_stats(http)
+                busy = wall + caught
+                cpu = thread_cpu(pid) - acpu0
+                out.update(caught_up_s=caught, archived=a["archive_end"],
+                           archived_per_s=a["archive_end"] / busy,
+                           archiver_cpu=cpu / busy, archiver_us_per_msg=cpu / a["archive_end"] * 1e6,
+                           archiver_mb_per_cpu_s=a["archive_end"] * 234 / 2**20 / cpu,
+                           parquet_bytes_per_msg=a["archived_bytes"] / a["archive_end"])
+                if replay:
+                    scenarios.drain(tcp, "bench", "ch", expect=n - r.messages, seconds=120)
+                    wait(lambda: archive_stats(http)["log_start"] > 0, 30)
+                    scenarios.http_post(
+                        http, "/channel/setoffset?topic=bench&channel=ch&to=earliest")
+                    start = archive_stats(http)["log_start"]
+                    rr = scenarios.drain(tcp, "bench", "ch", expect=n, seconds=120, pid=pid)
+                    out.update(replay=rr["msgs_per_s"], replay_from_parquet=start / n)
     finally:
-        shutil.rmtree(arch, ignore_errors=True)
+        if arch:
+            shutil.rmtree(arch, ignore_errors=True)
+    return out
+
+
+def node_bench(seconds: float, replay: bool) -> None:
+    """Archiving off, then on, same load (see node_run); printed side by side."""
+    off = node_run(False, seconds, replay=False)
+    on = node_run(True, seconds, replay)
+    for r in (off, on):
+        print(f"archiving {'on ' if r['archiving'] else 'off'}: ingest {r['ingest']:,.0f} msgs/s"
+              f" while draining {r['drained']:,.0f} msgs/s; PUB latency p50 "
+              f"{r['pub_p50_us']:.0f} us, p99 {r['pub_p99_us']:.0f} us; node CPU "
+              f"{r['node_cpu']:.2f} cores")
+    print(f"on/off: ingest {on['ingest'] / off['ingest']:.2f}, drain "
+          f"{on['drained'] / off['drained']:.2f}, PUB p99 {on['pub_p99_us'] / off['pub_p99_us']:.2f}")
+    print("archive lag during the ingest (s, segments behind, archived offsets): "
+          + " ".join(f"{t}:{lag}/{end:,}" for t, lag, end in on["lag"]))
+    print(f"archived {on['archived']:,} msgs: {on['archived_in_ingest']:,.0f} msgs/s during the "
+          f"ingest ({on['archived_in_ingest'] * 234 / 2**20:.0f} MB/s of log), lag at its end "
+          f"{on['lag_end']} segments ({on['lag_end_mb']:.0f} MB), caught up "
+          f"{on['caught_up_s']:.1f} s later; overall {on['archived_per_s']:,.0f} msgs/s")
+    print(f"archiver thread: {on['archiver_cpu']:.2f} of a core, {on['archiver_us_per_msg']:.2f}"
+          f" us/msg ({on['archiver_mb_per_cpu_s']:.0f} MB of log per CPU second); "
+          f"Parquet {on['parquet_bytes_per_msg']:.1f} B/msg")
+    if "replay" in on:
+        print(f"replay from the archive start: {on['replay']:,.0f} msgs/s "
+              f"({on['replay_from_parquet']:.0%} of it from Parquet)")
 
 
 def main() -> None:
@@ -104,9 +178,11 @@ def main() -> None:
     ap.add_argument("--random", action="store_true", help="incompressible bodies")
     ap.add_argument("--nsqd", action="store_true", help="through a real nsqd (see above)")
     ap.add_argument("--seconds", type=float, default=5.0, help="--nsqd: ingest time")
+    ap.add_argument("--replay", action="store_true",
+                    help="--nsqd: then drain, reset to the archive start and replay")
     a = ap.parse_args()
     if a.nsqd:
-        node_bench(a.seconds)
+        node_bench(a.seconds, a.replay)
         return
     tmp = Path(tempfile.mkdtemp(prefix="nsqx-bench-archive-"))
     try:

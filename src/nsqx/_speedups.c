@@ -11,6 +11,9 @@
  * build_frames_mixed(bodies, ids, timestamp_ns) -> bytes
  *     NSQ message frames [4B size][4B type=2][8B ts][2B attempts=1][16B id][body] for a
  *     batch, ids being the 16-byte ids back to back.
+ * split_frames(data, max_count, max_bytes) -> tuple
+ *     The archiver's split of frames into Parquet columns, without the GIL (twin: the
+ *     numpy path of nsqx.storage.archive.split_frames).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -223,6 +226,103 @@ done:
     return res;
 }
 
+static inline int64_t be64(const unsigned char *p) {
+    return (int64_t)(((uint64_t)(uint32_t)be32(p) << 32) | (uint64_t)(uint32_t)be32(p + 4));
+}
+
+/* split_frames(data, max_count, max_bytes) -> (count, used, bodies, body_offsets, ts,
+ *     attempts, ids, min_ts, max_ts)
+ * The archiver's column split of NSQ message frames [4B size][4B type=2][8B ts][2B
+ * attempts][16B id][body]: the leading whole frames of data, at most max_count of them
+ * and, after the first, at most max_bytes; used is the bytes they take (a partial frame at
+ * the end is left). bodies back to back, body_offsets int32 (count + 1), ts int64,
+ * attempts int32 (native-endian bytes for numpy/pyarrow), ids 16 bytes each. ValueError
+ * "malformed frame <k>" (k from 0) for a frame under 34 bytes or not of type 2.
+ * One pass without the GIL into outputs sized for the most it can take, shrunk after: the
+ * thread needs the GIL back once per call (each return waits for the busy event loop). */
+static PyObject *split_frames(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t max_count, max_bytes;
+    if (!PyArg_ParseTuple(args, "y*nn", &buf, &max_count, &max_bytes))
+        return NULL;
+    const unsigned char *p = (const unsigned char *)buf.buf;
+    Py_ssize_t len = buf.len, count = 0, pos = 0, nbody = 0;
+    PyObject *bodies = NULL, *boffs = NULL, *ts = NULL, *att = NULL, *ids = NULL, *res = NULL;
+    /* bounds: the bytes it may take (the first frame whole, then max_bytes), and frames */
+    Py_ssize_t cap = max_bytes;
+    if (len >= 4 && (Py_ssize_t)(4 + (int64_t)(uint32_t)be32(p)) > cap)
+        cap = (Py_ssize_t)(4 + (int64_t)(uint32_t)be32(p));
+    if (cap > len)
+        cap = len;
+    if (cap < 0)
+        cap = 0;
+    Py_ssize_t ccap = cap / 34 < max_count ? cap / 34 : max_count;
+    if (ccap < 0)
+        ccap = 0;
+    if (cap > 0x7fffffffLL) { /* int32 body offsets */
+        PyErr_SetString(PyExc_ValueError, "frames too large for one piece");
+        goto done;
+    }
+    bodies = PyBytes_FromStringAndSize(NULL, cap);
+    boffs = PyBytes_FromStringAndSize(NULL, 4 * (ccap + 1));
+    ts = PyBytes_FromStringAndSize(NULL, 8 * ccap);
+    att = PyBytes_FromStringAndSize(NULL, 4 * ccap);
+    ids = PyBytes_FromStringAndSize(NULL, 16 * ccap);
+    if (!bodies || !boffs || !ts || !att || !ids)
+        goto done;
+    unsigned char *bw = (unsigned char *)PyBytes_AS_STRING(bodies);
+    int32_t *ow = (int32_t *)PyBytes_AS_STRING(boffs);
+    int64_t *tw = (int64_t *)PyBytes_AS_STRING(ts);
+    int32_t *aw = (int32_t *)PyBytes_AS_STRING(att);
+    unsigned char *iw = (unsigned char *)PyBytes_AS_STRING(ids);
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (count < max_count && len - pos >= 34) {
+        int64_t flen = 4 + (int64_t)(uint32_t)be32(p + pos);
+        if (flen < 34 || be32(p + pos + 4) != 2) {
+            bad = 1;
+            break;
+        }
+        if (flen > len - pos || (count > 0 && pos + flen > max_bytes))
+            break;
+        const unsigned char *f = p + pos;
+        Py_ssize_t blen = (Py_ssize_t)flen - 34;
+        int64_t t = be64(f + 8);
+        lo = t < lo ? t : lo;
+        hi = t > hi ? t : hi;
+        tw[count] = t;
+        aw[count] = (int32_t)(((uint32_t)f[16] << 8) | f[17]);
+        memcpy(iw + 16 * count, f + 18, 16);
+        ow[count] = (int32_t)nbody;
+        memcpy(bw + nbody, f + 34, (size_t)blen);
+        nbody += blen;
+        pos += (Py_ssize_t)flen;
+        count++;
+    }
+    ow[count] = (int32_t)nbody;
+    Py_END_ALLOW_THREADS
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "malformed frame %zd", count);
+        goto done;
+    }
+    if (_PyBytes_Resize(&bodies, nbody) < 0 || _PyBytes_Resize(&boffs, 4 * (count + 1)) < 0 ||
+        _PyBytes_Resize(&ts, 8 * count) < 0 || _PyBytes_Resize(&att, 4 * count) < 0 ||
+        _PyBytes_Resize(&ids, 16 * count) < 0)
+        goto done;
+    res = Py_BuildValue("(nnNNNNNLL)", count, pos, bodies, boffs, ts, att, ids,
+                        (long long)lo, (long long)hi);
+    bodies = boffs = ts = att = ids = NULL; /* stolen by "N", also when it fails */
+done:
+    Py_XDECREF(bodies);
+    Py_XDECREF(boffs);
+    Py_XDECREF(ts);
+    Py_XDECREF(att);
+    Py_XDECREF(ids);
+    PyBuffer_Release(&buf);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"frames", frames, METH_VARARGS,
      "frames(bodies, partition, base, timestamp_ns) -> (data, flen, rel, sizes)"},
@@ -230,6 +330,9 @@ static PyMethodDef methods[] = {
      "split_mixed(body, count, max_msg_size) -> list[bytes] | None: cut a mixed-size MPUB body"},
     {"build_frames_mixed", build_frames_mixed, METH_VARARGS,
      "build_frames_mixed(bodies, ids, timestamp_ns) -> bytes: NSQ message frames of a batch"},
+    {"split_frames", split_frames, METH_VARARGS,
+     "split_frames(data, max_count, max_bytes) -> (count, used, bodies, body_offsets, ts, "
+     "attempts, ids, min_ts, max_ts): the archiver's column split of message frames"},
     {NULL, NULL, 0, NULL},
 };
 

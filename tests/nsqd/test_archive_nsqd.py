@@ -233,6 +233,38 @@ def test_done_when_s3(nsqd_factory: NsqdFactory, tmp_path: Path,
         nsqd.stop()
 
 
+def test_archiver_yields_to_a_late_loop_only_while_its_backlog_is_small(tmp_path: Path
+                                                                        ) -> None:
+    """The node's pause policy (no fixed rate cap): the loop probe measures how late the
+    event loop runs; the archiver waits while it is late and little is pending, and never
+    once YIELD_BELOW is pending (the lag stays bounded)."""
+    import asyncio
+
+    from nsqx.nsqd import archiving
+
+    loop = asyncio.new_event_loop()
+    try:
+        node = archiving.NodeArchiver(loop, str(tmp_path / "arch"))
+        assert node.archiver.throttle == 0  # no cap
+        node.probe.start()
+        # the loop blocked past a tick: that tick is late by most of the block, and the
+        # next ticks (on time) let it decay only gradually
+        loop.call_soon(time.sleep, 10 * archiving.TICK)
+        loop.run_until_complete(asyncio.sleep(2 * archiving.TICK))
+        assert node.probe.late >= archiving.LATE
+        assert 0 < node.pause(0) <= archiving.MAX_PAUSE
+        assert node.pause(archiving.YIELD_BELOW) == 0.0
+        node.probe.late = 0.0  # on time: the archiver never waits
+        assert node.pause(0) == 0.0
+        node.probe.stop()
+        node.archiver.stop()
+        assert node.archiver.stopping
+        with pytest.raises(archiving.Stopped):  # a stopped archiver asks the loop nothing
+            node.call_on_loop(lambda: None)
+    finally:
+        loop.close()
+
+
 def test_nsqd_flags_are_checked_before_start(tmp_path: Path) -> None:
     opts, _ = load([f"--archive-url={tmp_path}", "--archive-s3-endpoint=127.0.0.1:9000"])
     assert opts.archive_url == str(tmp_path) and opts.archive_s3_endpoint == "127.0.0.1:9000"

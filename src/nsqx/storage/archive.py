@@ -162,10 +162,7 @@ class Archive:
         parent, name = final.rsplit("/", 1)
         if not self.local:
             sink = pa.BufferOutputStream()
-            with pq.ParquetWriter(sink, schema(), compression="zstd",
-                                  write_statistics=True) as w:
-                for b in batches:
-                    w.write_batch(b, row_group_size=ROW_GROUP_ROWS)
+            _write_parquet(pq, sink, batches)
             buf = sink.getvalue()
             try:
                 with self.fs.open_output_stream(final) as out:
@@ -178,12 +175,13 @@ class Archive:
             os.makedirs(parent, exist_ok=True)
             for stale in Path(parent).glob(f".{name}.*.tmp"):  # of a writer killed mid-way
                 stale.unlink()
-            with open(target, "wb") as out, pq.ParquetWriter(
-                    out, schema(), compression="zstd", write_statistics=True) as w:
-                for b in batches:
-                    w.write_batch(b, row_group_size=ROW_GROUP_ROWS)
-            with open(target, "rb") as f:
-                os.fsync(f.fileno())
+            with pa.OSFile(target, "wb") as out:  # native: writes need no GIL
+                _write_parquet(pq, out, batches)
+            fd = os.open(target, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(target, final)
             fsync_dir(parent)
             return os.stat(final).st_size
@@ -253,71 +251,141 @@ class Archive:
                       and not i.base_name.startswith("."))
 
 
-# -- frames <-> rows ---------------------------------------------------------------------
-def frames_to_batch(data: bytes | memoryview, base: int, partition: int,
-                    headers: dict[int, dict[str, bytes]], epochs: Sequence[tuple[int, int]]
-                    ) -> Any:
-    """A record batch of the frames in ``data`` (offsets from ``base``); ``epochs`` is
-    (first offset, epoch) of each commit in order. Raises ValueError on a malformed run.
+# Columns with min/max statistics: the fixed-width ones (the seeks use offset and
+# timestamp_ns; Spark and DuckDB prune on timestamp); none for body, id and headers, whose
+# statistics cost time and say nothing.
+STATS_COLUMNS = ["partition", "offset", "timestamp", "timestamp_ns", "attempts", "epoch"]
 
-    Speed: numpy gathers; one Python step per frame only for a run of mixed sizes."""
+
+def _write_parquet(pq: Any, sink: Any, batches: Iterator[Any]) -> None:
+    """Encode batches into sink, one row group each: zstd level 1 and no dictionary
+    (bodies and ids are nearly unique: a dictionary is built, then abandoned, and the file
+    is larger than plain + zstd)."""
+    with pq.ParquetWriter(sink, schema(), compression="zstd", compression_level=1,
+                          use_dictionary=False, write_statistics=STATS_COLUMNS) as w:
+        for b in batches:
+            w.write_batch(b, row_group_size=ROW_GROUP_ROWS)
+
+
+# -- frames <-> rows ---------------------------------------------------------------------
+_NO_TS = ((1 << 63) - 1, -(1 << 63))  # (min, max) timestamps of no frame
+
+
+def split_frames(data: bytes | memoryview, max_count: int, max_bytes: int) -> tuple:
+    """The leading whole frames of ``data`` split into columns: at most ``max_count`` frames
+    and, after the first, at most ``max_bytes``; a partial frame at the end is left.
+
+    (count, bytes used, bodies back to back, body offsets int32 (count + 1), timestamps
+    int64, attempts int32, ids 16 bytes each, min ts, max ts), arrays as native-endian
+    bytes. ValueError "malformed frame K" (K from 0) for a frame under 34 bytes or not a
+    message. nsqx._speedups does it in C without the GIL (beside the event loop); this
+    numpy twin runs where it was not built (tests compare the two)."""
+    native = __import__("nsqx.speedups", fromlist=["native"]).native
+    if native is not None:
+        return native.split_frames(data, max_count, max_bytes)
+    return _split_frames_np(data, max_count, max_bytes)
+
+
+def _split_frames_np(data: bytes | memoryview, max_count: int, max_bytes: int) -> tuple:
     import numpy as np  # noqa: PLC0415 - with pyarrow, the archive extra
 
-    pa = _pa()
-    mv = memoryview(data)
+    mv = memoryview(data).cast("B")
     n = len(mv)
     buf = np.frombuffer(mv, dtype=np.uint8)
     st = None
-    if n >= 34:
+    if n >= 34 and max_count > 0:
         flen = 4 + _U32.unpack_from(mv, 0)[0]
-        if flen >= 34 and n % flen == 0:  # one frame length (fixed-size bodies): no walk
-            cand = np.arange(0, n, flen, dtype=np.int64)
-            sizes = np.ascontiguousarray(buf[cand[:, None] + np.arange(4)]).view(">u4")
-            if (sizes.ravel() == flen - 4).all():
-                st = cand
+        k = min(n // flen, max_count, max(1, max_bytes // flen)) if flen >= 34 else 0
+        if k:  # one frame length (fixed-size bodies): no walk when every size agrees
+            cand = np.arange(0, k * flen, flen, dtype=np.int64)
+            heads = buf[cand[:, None] + np.arange(8)]
+            sizes = np.ascontiguousarray(heads[:, :4]).view(">u4").ravel()
+            types = np.ascontiguousarray(heads[:, 4:]).view(">u4").ravel()
+            nxt = k * flen  # the walk would stop before a frame here too?
+            if (sizes == flen - 4).all() and (types == 2).all() and (
+                    k == max_count or n - nxt < 34 or not _takes(mv, nxt, n, max_bytes, k)):
+                st, used = cand, nxt
     if st is None:
         starts: list[int] = []
         pos = 0
         unpack = _U32.unpack_from
-        while pos < n:
-            if n - pos < 34:
-                raise ValueError(f"truncated frame at offset {base + len(starts)}")
+        while len(starts) < max_count and n - pos >= 34:
+            flen = 4 + unpack(mv, pos)[0]
+            if flen < 34 or unpack(mv, pos + 4)[0] != 2:
+                raise ValueError(f"malformed frame {len(starts)}")
+            if flen > n - pos or (starts and pos + flen > max_bytes):
+                break
             starts.append(pos)
-            pos += 4 + unpack(mv, pos)[0]
-        if pos != n:
-            raise ValueError(f"truncated frame at offset {base + len(starts) - 1}")
-        st = np.array(starts, dtype=np.int64)
+            pos += flen
+        st, used = np.array(starts, dtype=np.int64), pos
     count = len(st)
-    ends = np.append(st[1:], n)
-    if ((ends - st) < 34).any() or (buf[st[:, None] + np.arange(4, 8)]
-                                    != np.array([0, 0, 0, 2], np.uint8)).any():
-        raise ValueError(f"malformed frame in offsets {base}..{base + count - 1}")
+    ends = np.append(st[1:], used).astype(np.int64)
     ts = np.ascontiguousarray(buf[st[:, None] + np.arange(8, 16)]).view(">i8").ravel()
     att = np.ascontiguousarray(buf[st[:, None] + np.arange(16, 18)]).view(">u2").ravel()
     ids = np.ascontiguousarray(buf[st[:, None] + np.arange(18, 34)])
-    boff = np.zeros(count + 1, dtype=np.int64)
+    boff = np.zeros(count + 1, dtype=np.int32)
     np.cumsum(ends - st - 34, out=boff[1:])
-    keep = np.ones(n, dtype=bool)  # every byte but the frames' 34-byte heads: the bodies
+    keep = np.ones(used, dtype=bool)  # every byte but the frames' 34-byte heads: the bodies
     keep[st[:, None] + np.arange(34)] = False
-    body = pa.Array.from_buffers(pa.large_binary(), count,
-                                 [None, pa.py_buffer(boff), pa.py_buffer(buf[keep])])
-    id_off = np.arange(0, 16 * (count + 1), 16, dtype=np.int32)
-    id_col = pa.Array.from_buffers(pa.string(), count,
-                                   [None, pa.py_buffer(id_off), pa.py_buffer(ids.tobytes())])
+    lo, hi = (int(ts.min()), int(ts.max())) if count else _NO_TS
+    return (count, used, buf[:used][keep].tobytes(), boff.tobytes(),
+            ts.astype(np.int64).tobytes(), att.astype(np.int32).tobytes(), ids.tobytes(),
+            lo, hi)
+
+
+def _takes(mv: memoryview, pos: int, n: int, max_bytes: int, index: int) -> bool:
+    """Whether the split takes frame ``index`` (at pos, after others); ValueError when it
+    is malformed, as the walk would."""
+    flen = 4 + _U32.unpack_from(mv, pos)[0]
+    if flen < 34 or _U32.unpack_from(mv, pos + 4)[0] != 2:
+        raise ValueError(f"malformed frame {index}")
+    return flen <= n - pos and pos + flen <= max_bytes
+
+
+def frames_to_batch(data: bytes | memoryview, base: int, partition: int,
+                    headers: dict[int, dict[str, bytes]], epochs: Sequence[tuple[int, int]]
+                    ) -> Any:
+    """A record batch of the frames in ``data`` (offsets from ``base``); ``epochs`` is
+    (first offset, epoch) of each commit in order. Raises ValueError naming the offset of
+    a truncated or malformed frame."""
+    n = len(memoryview(data).cast("B"))
+    try:
+        split = split_frames(data, n // 34 + 1, n)
+    except ValueError as e:
+        k = int(str(e).rsplit(" ", 1)[1])
+        raise ValueError(f"malformed frame at offset {base + k}") from None
+    if split[1] != n:
+        raise ValueError(f"truncated frame at offset {base + split[0]}")
+    return split_to_batch(split, base, partition, headers, epochs)
+
+
+def split_to_batch(split: tuple, base: int, partition: int,
+                   headers: dict[int, dict[str, bytes]], epochs: Sequence[tuple[int, int]]
+                   ) -> Any:
+    """The record batch of ``split_frames``' columns (offsets from ``base``): the buffers
+    are wrapped, not copied; Python per commit and per message with headers only."""
+    import numpy as np  # noqa: PLC0415 - with pyarrow, the archive extra
+
+    pa = _pa()
+    count, _, bodies, boffs, ts, att, ids = split[:7]
+    ts_us = np.frombuffer(ts, dtype=np.int64) // 1000
+
+    def wrap(typ: Any, *bufs: Any) -> Any:
+        return pa.Array.from_buffers(typ, count, [None, *(pa.py_buffer(b) for b in bufs)])
+
     ep = np.zeros(count, dtype=np.int64)
     for first, epoch in epochs:  # commits: few per piece
         ep[max(0, first - base):] = epoch
-    hdrs = None
+    mtype = pa.map_(pa.string(), pa.binary())
+    hdrs = pa.nulls(count, mtype)
     if headers:
-        hdrs = [list(h.items()) if (h := headers.get(base + k)) else None
-                for k in range(count)]
-    ts64 = ts.astype(np.int64)
+        hdrs = pa.array([list(h.items()) if (h := headers.get(base + k)) else None
+                         for k in range(count)], mtype)
     cols = [pa.array(np.full(count, partition, np.int32)),
-            pa.array(np.arange(base, base + count, dtype=np.int64)), id_col,
-            pa.array(ts64 // 1000).cast(pa.timestamp("us", tz="UTC")),
-            body.cast(pa.binary()), pa.array(ts64), pa.array(att.astype(np.int32)),
-            pa.array(hdrs if hdrs is not None else [None] * count,
-                     pa.map_(pa.string(), pa.binary())), pa.array(ep)]
+            pa.array(np.arange(base, base + count, dtype=np.int64)),
+            wrap(pa.string(), np.arange(0, 16 * (count + 1), 16, dtype=np.int32), ids),
+            wrap(pa.timestamp("us", tz="UTC"), ts_us), wrap(pa.binary(), boffs, bodies),
+            wrap(pa.int64(), ts), wrap(pa.int32(), att), hdrs, pa.array(ep)]
     return pa.RecordBatch.from_arrays(cols, schema=schema())
 
 

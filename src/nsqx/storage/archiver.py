@@ -1,11 +1,16 @@
 """The background archiver: every closed, fsynced segment of the logs it is given becomes one
 Parquet file in the archive (nsqx.storage.archive), oldest first, one segment at a time.
 
-It runs in one worker thread. The log itself is touched only through ``call`` (nsqd passes
-a function that runs it on the event loop and waits), a slice of at most ``PIECE_BYTES`` at a
-time, so the loop never waits for Parquet encoding or the network; encoding, upload and the
-manifest write happen in the thread. Memory is bounded by one row group's frames plus the
-Parquet writer's buffer. A byte-rate throttle keeps a large backlog from taking the machine.
+It runs in one worker thread. The log's state is touched only through ``call`` (nsqd passes
+a function that runs it on the event loop and waits), a few times per segment: which file
+and positions hold the frames and their epochs, afterwards whether the segment is still
+there (and its extension headers per row group, only if it has any). The bytes of a closed segment never change, so the thread preads them
+through its own descriptor, splits them into columns in C without the GIL
+(``split_frames``), and Parquet encodes, compresses and writes without it too: the work
+runs on another core beside the event loop. Memory is bounded by one read block
+(``BLOCK_BYTES``) plus one row group and the Parquet writer's buffer. Between row groups
+the thread asks ``pause`` (nsqd: wait while the event loop is late) and honours an optional
+byte-rate cap.
 
 Retention asks ``may_delete`` (installed on the log by ``add``): a segment goes only once its
 offsets are archived, so with the archive unreachable local deletion waits and ``lag``
@@ -19,10 +24,12 @@ deletes its file. Followers (and a new leader) adopt the recorded files, never t
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -33,14 +40,18 @@ from nsqx.storage.archive import (
     ArchivedFile,
     ArchiveError,
     ArchiveTier,
-    frames_to_batch,
+    split_frames,
+    split_to_batch,
 )
 from nsqx.storage.log import PartitionLog
 from nsqx.storage.records import LogError
 
 log = logging.getLogger("nsqx.storage.archiver")
 T = TypeVar("T")
-PIECE_BYTES = 4 << 20
+PIECE_BYTES = 4 << 20  # at most per row group (after its first frame)
+BLOCK_BYTES = 16 << 20  # one pread of a segment file
+THREAD_NAME = "nsqx-archiver"
+BUSY_POLL = 0.1  # seconds to the next pass after one that archived something
 
 
 class ArchiveFence(Protocol):
@@ -68,10 +79,6 @@ class Stopped(Exception):
     """The archiver was closed while it waited for the log's owner."""
 
 
-class _Changed(Exception):
-    """The segment being archived changed under the archiver (truncated, log closed)."""
-
-
 @dataclass
 class _Entry:
     topic: str
@@ -79,6 +86,7 @@ class _Entry:
     log: PartitionLog
     tier: ArchiveTier
     archived_segments: int = 0
+    backlog: int = 0  # bytes of closed segments not archived when its segment began
     last_error: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -92,14 +100,20 @@ class Archiver:
     """Archives closed segments of registered partition logs (see module doc)."""
 
     def __init__(self, archive: Archive, *, call: Callable[[Callable[[], Any]], Any] = direct_call,
-                 throttle_bytes_per_sec: float = 64 << 20, retry_interval: float = 5.0,
+                 throttle_bytes_per_sec: float = 0, retry_interval: float = 5.0,
                  poll_interval: float = 1.0,
+                 pause: Callable[[int], float] | None = None,
                  on_archived: Callable[[PartitionLog], object] | None = None,
                  limit: Callable[[PartitionLog], int | None] | None = None,
                  refresh_interval: float = 0.0, fence: ArchiveFence | None = None) -> None:
         self.archive = archive
         self._call = call
+        # an explicit cap in bytes of log per second (0: none)
         self.throttle = throttle_bytes_per_sec
+        # asked between row groups (in the thread) with the bytes of the partition still to
+        # archive: seconds to wait first (nsqd.archiving: while its event loop runs late
+        # and the backlog is small)
+        self.pause = pause
         self.retry_interval = retry_interval
         self.poll_interval = poll_interval
         # run through ``call`` after a log's segment is recorded: the owner may apply
@@ -165,11 +179,16 @@ class Archiver:
 
     # -- the worker ---------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="nsqx-archiver", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
     def wake(self) -> None:
         self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether stop() was called (a ``call`` waiting for the owner gives up then)."""
+        return self._stop.is_set()
 
     def stop(self) -> None:
         """Ask the worker to stop (it finishes or abandons the file it writes: an
@@ -184,11 +203,17 @@ class Archiver:
             e.tier.close()
 
     def _run(self) -> None:
+        # the OS thread name, so top -H and /proc/PID/task show the archiver's CPU (Linux)
+        with contextlib.suppress(OSError), open(
+                f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(THREAD_NAME)
         while not self._stop.is_set():
             self._wake.clear()
             try:
-                self.run_once()
-                delay = self.poll_interval
+                # more closed segments are likely soon after a pass that found some: look
+                # again shortly rather than after a whole poll_interval
+                delay = min(self.poll_interval, BUSY_POLL) if self.run_once() else \
+                    self.poll_interval
             except Stopped:
                 return
             except ArchiveError as exc:
@@ -225,6 +250,7 @@ class Archiver:
                     break
                 if not todo:
                     break
+                e.backlog = sum(t[2] for t in todo)  # what ``pause`` weighs
                 base, end, _ = todo[0]
                 try:
                     f = self.archive_segment(e, max(base, e.tier.end), end)
@@ -316,61 +342,102 @@ class Archiver:
 
     def archive_segment(self, e: _Entry, lo: int, hi: int) -> ArchivedFile | None:
         """Write offsets [lo, hi) of a closed segment as one file (not yet recorded); None
-        when the log changed under it (truncated, closed)."""
+        when the log changed under it (truncated, closed).
+
+        The owner only says where the frames are (file, positions) and their epochs (and,
+        a row group at a time, their extension headers if the segment has any); the thread
+        reads the bytes through its own descriptor and splits them without the GIL
+        (split_frames), so the loop does nothing per byte."""
         plog = e.log
-        first = self._on_owner(lambda: plog.read(lo, 1 << 16, 1))
-        if first.count != 1 or first.start != lo:
+        plan = self._on_owner(lambda: _plan(plog, lo, hi))
+        if plan is None:
             return None
-        first_ts = int.from_bytes(bytes(first.data[8:16]), "big")
-        key = self.archive.key_for(e.topic, e.partition, lo, first_ts)
-        if self.fence is not None:
-            key = self.fence.name(e.topic, e.partition, key)
-        bounds = {"min": first_ts, "max": first_ts, "bytes": 0}
-
-        def pieces():
-            cur = lo
-            t0 = time.monotonic()
-            while cur < hi:
-                got = self._on_owner(lambda c=cur: _read_piece(plog, c, hi))
-                if got is None:
-                    raise _Changed
-                data, n, headers, epochs = got
-                batch = frames_to_batch(data, cur, e.partition, headers, epochs)
-                ts = batch.column("timestamp_ns")
-                bounds["min"] = min(bounds["min"], _pc().min(ts).as_py())
-                bounds["max"] = max(bounds["max"], _pc().max(ts).as_py())
-                bounds["bytes"] += len(data)
-                yield batch
-                cur += n
-                if self.throttle:
-                    ahead = bounds["bytes"] / self.throttle - (time.monotonic() - t0)
-                    if ahead > 0 and self._stop.wait(ahead):
-                        raise Stopped
-
+        span, epochs = plan
         try:
-            size = self.archive.write(key, pieces())
-        except (_Changed, LogError) as exc:
-            if isinstance(exc, ArchiveError):
-                raise
-            return None
+            fd = os.open(span[0], os.O_RDONLY)
+        except FileNotFoundError:
+            return None  # deleted with its topic meanwhile
+        try:
+            head = os.pread(fd, 16, span[1])
+            if len(head) != 16:
+                return None
+            first_ts = int.from_bytes(head[8:16], "big")
+            key = self.archive.key_for(e.topic, e.partition, lo, first_ts)
+            if self.fence is not None:  # cluster mode: each writer its own name
+                key = self.fence.name(e.topic, e.partition, key)
+            bounds = {"min": first_ts, "max": first_ts, "bytes": 0}
+            size = self.archive.write(key, self._pieces(e, fd, span, lo, hi, epochs,
+                                                        bounds))
+        finally:
+            os.close(fd)
+        if self._on_owner(lambda: plog.closed_span(lo, hi)) != span:
+            return None  # truncated or closed meanwhile: the file is not recorded
         self.archived_log_bytes += bounds["bytes"]
         return ArchivedFile(lo, hi, key, size, bounds["min"], bounds["max"])
 
+    def _pieces(self, e: _Entry, fd: int, span: tuple[Any, int, int, bool], lo: int,
+                hi: int, epochs: list[tuple[int, int]], bounds: dict[str, int]
+                ) -> Iterator[Any]:
+        """Record batches of one row group each (at most ROW_GROUP_ROWS frames, and
+        PIECE_BYTES after the first), read in blocks of BLOCK_BYTES: memory stays bounded
+        by a block plus one row group. Headers come from the owner per row group (a whole
+        segment's could hold the loop for long), only where the segment has any."""
+        _, at, end, has_headers = span
+        plog = e.log
+        cur = lo
+        block, boff = b"", 0
+        t0 = time.monotonic()
+        while cur < hi:
+            if len(block) - boff < PIECE_BYTES and at + len(block) - boff < end:
+                block, boff = os.pread(fd, min(BLOCK_BYTES, end - at), at), 0
+            rows = min(ROW_GROUP_ROWS, hi - cur)
+            try:
+                split = split_frames(memoryview(block)[boff:], rows, PIECE_BYTES)
+                if split[0] == 0 and len(block) - boff >= 4:  # one frame over a block
+                    need = 4 + int.from_bytes(block[boff:boff + 4], "big")
+                    block, boff = os.pread(fd, min(need, end - at), at), 0
+                    split = split_frames(block, 1, need)
+            except ValueError as exc:
+                raise ValueError(f"{span[0]}: frames from offset {cur}: {exc}") from None
+            n, used = split[0], split[1]
+            if n == 0:
+                raise ValueError(f"{span[0]}: truncated frame at offset {cur}")
+            bounds["min"] = min(bounds["min"], split[7])
+            bounds["max"] = max(bounds["max"], split[8])
+            bounds["bytes"] += used
+            headers = self._on_owner(
+                lambda c=cur, k=n: plog.headers_range(c, c + k)) if has_headers else {}
+            yield split_to_batch(split, cur, e.partition, headers, epochs)
+            cur += n
+            at += used
+            boff += used
+            self._throttle(t0, bounds["bytes"], e.backlog - bounds["bytes"])
+        if at != end:
+            raise ValueError(f"{span[0]}: frames end at {at}, its commits at {end}")
 
-def _pc() -> Any:
-    return __import__("pyarrow.compute", fromlist=["compute"])
+    def _throttle(self, t0: float, done: int, backlog: int) -> None:
+        """Between row groups: the explicit cap (``throttle``, bytes of log per second),
+        then whatever ``pause`` asks for given the bytes still to archive (the node: a
+        short wait while its event loop runs late and the backlog is small)."""
+        wait = done / self.throttle - (time.monotonic() - t0) if self.throttle else 0.0
+        if self.pause is not None:
+            wait = max(wait, self.pause(backlog))
+        if wait > 0 and self._stop.wait(wait):
+            raise Stopped
 
 
-def _read_piece(plog: PartitionLog, lo: int, hi: int):
-    """On the log owner's thread: up to PIECE_BYTES / one row group of frames from lo (below
-    hi), their headers and the (first offset, epoch) of their commits; None if lo is gone."""
-    r = plog.read(lo, PIECE_BYTES, min(hi - lo, ROW_GROUP_ROWS))
-    if r.count == 0 or r.start != lo:
+def _plan(plog: PartitionLog, lo: int, hi: int
+          ) -> tuple[tuple[Any, int, int, bool], list[tuple[int, int]]] | None:
+    """On the log owner's thread: where [lo, hi) is (closed_span) and (first offset, epoch)
+    where the epoch changes; None when it is not one closed segment any more. Python per
+    commit, nothing per message or byte."""
+    span = plog.closed_span(lo, hi)
+    if span is None:
         return None
-    nxt = lo + r.count
-    epochs = []
+    epochs: list[tuple[int, int]] = []
     for b in plog.batches(lo):
-        if b.base_offset >= nxt:
+        if b.base_offset >= hi:
             break
-        epochs.append((max(b.base_offset, lo), b.epoch))
-    return bytes(r.data), r.count, plog.headers_range(lo, nxt), epochs
+        if not epochs or epochs[-1][1] != b.epoch:
+            epochs.append((max(b.base_offset, lo), b.epoch))
+    return span, epochs

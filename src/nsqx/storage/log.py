@@ -294,6 +294,20 @@ class PartitionLog:
         return [(s.base, s.next_offset, s.size) for s in self._segments[:-1]
                 if not synced_only or s.next_offset <= synced]
 
+    def closed_span(self, lo: int, hi: int) -> tuple[Path, int, int, bool] | None:
+        """(log file, position of lo, position of hi, whether any commit of the segment has
+        extension headers) when [lo, hi) lies in one closed segment, else None: an archiver
+        reads those bytes itself, in its own thread and through its own descriptor (a
+        closed segment's frames never change; retention deletes the file only once it is
+        archived)."""
+        if self._closed or not self.start_offset <= lo < hi:
+            return None
+        seg = self._segment_for(lo)
+        if seg is self._segments[-1] or hi > seg.next_offset:
+            return None
+        end = seg.log_end if hi == seg.next_offset else seg.position_of(hi)
+        return seg.paths[0], seg.position_of(lo), end, bool(seg.sizes[4])
+
     def size_bytes(self) -> int:
         return sum(s.size for s in self._segments)
 
