@@ -199,4 +199,5 @@ def test_a_segment_truncated_while_written_is_not_recorded(tmp_path):
     tier = arch.add("t", 0, lg)
     assert arch.run_once() == 0
     assert tier.end == 0 and tier.files == []
+    assert arch.archive.list("t") == []  # the written file is gone too (Spark reads the dir)
     lg.close()

@@ -371,9 +371,22 @@ class Archiver:
         finally:
             os.close(fd)
         if self._on_owner(lambda: plog.closed_span(lo, hi)) != span:
-            return None  # truncated or closed meanwhile: the file is not recorded
+            # truncated or closed meanwhile: the file is never recorded, so it goes (else
+            # Spark, reading the directory, sees rows the log no longer holds)
+            self._discard(e, key, lo, hi)
+            return None
         self.archived_log_bytes += bounds["bytes"]
         return ArchivedFile(lo, hi, key, size, bounds["min"], bounds["max"])
+
+    def _discard(self, e: _Entry, key: str, lo: int, hi: int) -> None:
+        """Delete a written file that will not be recorded; a failure is only logged (an
+        unrecorded file is never read by nsqx)."""
+        log.warning("archive of %s partition %d: offsets %d..%d changed while written; "
+                    "deleting %s", e.topic, e.partition, lo, hi - 1, self.archive.describe(key))
+        try:
+            self.archive.delete(key)
+        except ArchiveError as exc:
+            log.warning("archive of %s partition %d: %s", e.topic, e.partition, exc)
 
     def _pieces(self, e: _Entry, fd: int, span: tuple[Any, int, int, bool], lo: int,
                 hi: int, epochs: list[tuple[int, int]], bounds: dict[str, int]
