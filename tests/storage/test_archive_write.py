@@ -201,3 +201,25 @@ def test_a_segment_truncated_while_written_is_not_recorded(tmp_path):
     assert tier.end == 0 and tier.files == []
     assert arch.archive.list("t") == []  # the written file is gone too (Spark reads the dir)
     lg.close()
+
+
+def test_a_log_closed_while_its_headers_are_read_is_no_archive_error(tmp_path):
+    lg = PartitionLog(tmp_path / "log", 0, LogConfig(segment_bytes=4000))
+    while not lg.closed_segments(synced_only=False):
+        lg.append([b"m" * 50] * 5, T0, headers=[{"h": b"1"}] * 5)
+        lg.flush()
+    lg.sync()
+    calls = 0
+
+    def call(fn):
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # (pending, plan,) then the first row group's headers: topic deleted
+            lg.close()
+        return fn()
+
+    arch = Archiver(Archive(str(tmp_path / "arch")), call=call)
+    tier = arch.add("t", 0, lg)
+    assert arch.run_once() == 0  # not ArchiveError ("archive unreachable")
+    assert arch.last_error == "" and arch.stats(lg)["archive_error"] == ""
+    assert tier.files == [] and arch.archive.list("t") == []

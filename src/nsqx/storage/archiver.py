@@ -79,6 +79,11 @@ class Stopped(Exception):
     """The archiver was closed while it waited for the log's owner."""
 
 
+class _Changed(Exception):
+    """The segment being archived went away under the archiver (its log closed): not an
+    archive failure (an OSError out of the batches would read as one)."""
+
+
 @dataclass
 class _Entry:
     topic: str
@@ -366,8 +371,11 @@ class Archiver:
             if self.fence is not None:  # cluster mode: each writer its own name
                 key = self.fence.name(e.topic, e.partition, key)
             bounds = {"min": first_ts, "max": first_ts, "bytes": 0}
-            size = self.archive.write(key, self._pieces(e, fd, span, lo, hi, epochs,
-                                                        bounds))
+            try:
+                size = self.archive.write(key, self._pieces(e, fd, span, lo, hi, epochs,
+                                                            bounds))
+            except _Changed:
+                return None  # the write left nothing at key
         finally:
             os.close(fd)
         if self._on_owner(lambda: plog.closed_span(lo, hi)) != span:
@@ -418,8 +426,11 @@ class Archiver:
             bounds["min"] = min(bounds["min"], split[7])
             bounds["max"] = max(bounds["max"], split[8])
             bounds["bytes"] += used
-            headers = self._on_owner(
-                lambda c=cur, k=n: plog.headers_range(c, c + k)) if has_headers else {}
+            try:
+                headers = self._on_owner(
+                    lambda c=cur, k=n: plog.headers_range(c, c + k)) if has_headers else {}
+            except (OSError, LogError) as exc:  # closed meanwhile (topic deleted)
+                raise _Changed from exc
             yield split_to_batch(split, cur, e.partition, headers, epochs)
             cur += n
             at += used
