@@ -223,3 +223,22 @@ def test_a_log_closed_while_its_headers_are_read_is_no_archive_error(tmp_path):
     assert arch.run_once() == 0  # not ArchiveError ("archive unreachable")
     assert arch.last_error == "" and arch.stats(lg)["archive_error"] == ""
     assert tier.files == [] and arch.archive.list("t") == []
+
+
+def test_a_damaged_segment_stops_its_partition_only(tmp_path):
+    bad = make_full_log(tmp_path / "bad", segments=1)
+    good = make_full_log(tmp_path / "good", segments=1)
+    lo, hi, _ = bad.closed_segments()[0]
+    path, at, _, _ = bad.closed_span(lo, hi)
+    with open(path, "r+b") as f:  # the second frame's type: not a message
+        f.seek(at + 4 + int.from_bytes(bad.read_one(lo)[:4], "big") + 4)
+        f.write(struct.pack(">I", 7))
+    arch = Archiver(Archive(str(tmp_path / "arch")))
+    arch.add("bad", 0, bad)
+    arch.add("good", 0, good)
+    assert arch.run_once() == 1  # the partition after the damaged one is archived
+    assert "malformed frame" in arch.stats(bad)["archive_error"]
+    assert arch.archive.list("bad") == [] and len(arch.archive.list("good")) == 1
+    assert arch.run_once() == 0  # not read again each pass
+    bad.close()
+    good.close()

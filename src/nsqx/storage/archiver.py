@@ -257,11 +257,19 @@ class Archiver:
                     break
                 e.backlog = sum(t[2] for t in todo)  # what ``pause`` weighs
                 base, end, _ = todo[0]
+                if e.extra.get("bad_segment") == (base, end):
+                    break  # its frames are not messages: it waits for an operator (restart)
                 try:
                     f = self.archive_segment(e, max(base, e.tier.end), end)
                 except ArchiveError as exc:
                     e.last_error = str(exc)
                     raise
+                except ValueError as exc:  # a damaged segment file: the other partitions
+                    e.last_error = str(exc)  # go on, this one is not read again each pass
+                    e.extra["bad_segment"] = (base, end)
+                    log.error("archive of %s partition %d: segment %d..%d not archived: %s",
+                              e.topic, e.partition, base, end - 1, exc)
+                    break
                 if f is None:
                     break
                 if self.fence is not None and not self._commit(e, f):
