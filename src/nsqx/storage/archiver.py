@@ -128,7 +128,8 @@ class Archiver:
         # high watermark), None where it must not be (a follower); default: what is flushed
         self.limit = limit or (lambda plog: plog.flushed_offset)
         # cluster mode (> 0): how often a log that is not archived here adopts the files its
-        # leader archived (ArchiveTier.refresh); a log becoming archivable here does at once
+        # leader archived (from the fence's record; without a fence from the listing,
+        # ArchiveTier.refresh); a log becoming archivable here does at once
         self.refresh_interval = refresh_interval
         self.fence = fence  # cluster mode: files count once recorded there (module doc)
         self._entries: dict[int, _Entry] = {}  # id(log) -> entry (swapped whole)
