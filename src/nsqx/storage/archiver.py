@@ -269,7 +269,7 @@ class Archiver:
                     e.last_error = str(exc)  # go on, this one is not read again each pass
                     e.extra["bad_segment"] = (base, end)
                     log.error("archive of %s partition %d: segment %d..%d not archived: %s",
-                              e.topic, e.partition, base, end - 1, exc)
+                              e.topic, e.partition, base, end - 1, exc, exc_info=True)
                     break
                 if f is None:
                     break
