@@ -131,6 +131,14 @@ class Cluster:
         self.tmp = tmp / name
         self.procs: list[Proc] = []
         self.tmp.mkdir()
+        try:
+            self._start(etcd, name, args, extra, secret=secret, tls=tls)
+        except BaseException:  # what started so far is not in the caller's list yet
+            self.stop()
+            raise
+
+    def _start(self, etcd: EtcdServer, name: str, args: argparse.Namespace, extra: list[str],
+               *, secret: bool, tls: bool) -> None:
         flags = [f"--cluster-leadership-addresses={etcd.endpoint}", f"--cluster-id={name}"]
         node_flags = [f"--cluster-replication={args.replication}"]
         if secret:

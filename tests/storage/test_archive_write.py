@@ -199,4 +199,46 @@ def test_a_segment_truncated_while_written_is_not_recorded(tmp_path):
     tier = arch.add("t", 0, lg)
     assert arch.run_once() == 0
     assert tier.end == 0 and tier.files == []
+    assert arch.archive.list("t") == []  # the written file is gone too (Spark reads the dir)
     lg.close()
+
+
+def test_a_log_closed_while_its_headers_are_read_is_no_archive_error(tmp_path):
+    lg = PartitionLog(tmp_path / "log", 0, LogConfig(segment_bytes=4000))
+    while not lg.closed_segments(synced_only=False):
+        lg.append([b"m" * 50] * 5, T0, headers=[{"h": b"1"}] * 5)
+        lg.flush()
+    lg.sync()
+    calls = 0
+
+    def call(fn):
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # (pending, plan,) then the first row group's headers: topic deleted
+            lg.close()
+        return fn()
+
+    arch = Archiver(Archive(str(tmp_path / "arch")), call=call)
+    tier = arch.add("t", 0, lg)
+    assert arch.run_once() == 0  # not ArchiveError ("archive unreachable")
+    assert arch.last_error == "" and arch.stats(lg)["archive_error"] == ""
+    assert tier.files == [] and arch.archive.list("t") == []
+
+
+def test_a_damaged_segment_stops_its_partition_only(tmp_path):
+    bad = make_full_log(tmp_path / "bad", segments=1)
+    good = make_full_log(tmp_path / "good", segments=1)
+    lo, hi, _ = bad.closed_segments()[0]
+    path, at, _, _ = bad.closed_span(lo, hi)
+    with open(path, "r+b") as f:  # the second frame's type: not a message
+        f.seek(at + 4 + int.from_bytes(bad.read_one(lo)[:4], "big") + 4)
+        f.write(struct.pack(">I", 7))
+    arch = Archiver(Archive(str(tmp_path / "arch")))
+    arch.add("bad", 0, bad)
+    arch.add("good", 0, good)
+    assert arch.run_once() == 1  # the partition after the damaged one is archived
+    assert "malformed frame" in arch.stats(bad)["archive_error"]
+    assert arch.archive.list("bad") == [] and len(arch.archive.list("good")) == 1
+    assert arch.run_once() == 0  # not read again each pass
+    bad.close()
+    good.close()

@@ -72,7 +72,7 @@ class NodeArchiver:
         self.loop = loop
         self.archive = Archive(url, s3_endpoint=s3_endpoint or None)
         # cluster mode: only a partition's leader archives, up to its high watermark; the
-        # followers (and a new leader) adopt the leader's files from the archive
+        # followers (and a new leader) adopt the files the fence recorded (use_fence)
         self.probe = LoopProbe(loop)
         self.archiver = Archiver(self.archive, call=self.call_on_loop,
                                  on_archived=self._archived, limit=self._limit,

@@ -233,7 +233,7 @@ class Archive:
               ) -> list[tuple[str, int]]:
         """(key, bytes) of every archived file (of one topic), sorted: `nsqx archive ls`.
         ``since_date`` (with a topic): only the days from that one on (YYYY-MM-DD), so a
-        follower's periodic look lists a day or two, not the topic's whole history."""
+        repeated ``ArchiveTier.refresh`` lists a day or two, not the topic's whole history."""
         fs_mod = __import__("pyarrow.fs", fromlist=["fs"])
         base = self.root + (f"/topic={topic}" if topic else "")
         try:
@@ -503,9 +503,10 @@ class ArchiveTier:
             self._times = {}
 
     def refresh(self) -> int:
-        """Adopt the files of this partition that the archive holds and the manifest lacks
-        (cluster mode: what the partition's leader archived, seen by its followers and by a
-        new leader after a failover); how many. Lists the archive, reads new footers only."""
+        """Adopt the files of this partition that the archive holds and the manifest lacks;
+        how many. Lists the archive, reads new footers only. (Cluster mode adopts from the
+        fence's record in etcd instead, and from the listing only once, for an archive
+        written before the record existed: nsqx.cluster.archive_fence.)"""
         known = {f.key for f in self.files}
         want = f"/partition={self.partition}/"
         new = []

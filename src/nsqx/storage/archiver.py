@@ -79,6 +79,11 @@ class Stopped(Exception):
     """The archiver was closed while it waited for the log's owner."""
 
 
+class _Changed(Exception):
+    """The segment being archived went away under the archiver (its log closed): not an
+    archive failure (an OSError out of the batches would read as one)."""
+
+
 @dataclass
 class _Entry:
     topic: str
@@ -123,7 +128,8 @@ class Archiver:
         # high watermark), None where it must not be (a follower); default: what is flushed
         self.limit = limit or (lambda plog: plog.flushed_offset)
         # cluster mode (> 0): how often a log that is not archived here adopts the files its
-        # leader archived (ArchiveTier.refresh); a log becoming archivable here does at once
+        # leader archived (from the fence's record; without a fence from the listing,
+        # ArchiveTier.refresh); a log becoming archivable here does at once
         self.refresh_interval = refresh_interval
         self.fence = fence  # cluster mode: files count once recorded there (module doc)
         self._entries: dict[int, _Entry] = {}  # id(log) -> entry (swapped whole)
@@ -252,11 +258,19 @@ class Archiver:
                     break
                 e.backlog = sum(t[2] for t in todo)  # what ``pause`` weighs
                 base, end, _ = todo[0]
+                if e.extra.get("bad_segment") == (base, end):
+                    break  # its frames are not messages: it waits for an operator (restart)
                 try:
                     f = self.archive_segment(e, max(base, e.tier.end), end)
                 except ArchiveError as exc:
                     e.last_error = str(exc)
                     raise
+                except ValueError as exc:  # a damaged segment file: the other partitions
+                    e.last_error = str(exc)  # go on, this one is not read again each pass
+                    e.extra["bad_segment"] = (base, end)
+                    log.error("archive of %s partition %d: segment %d..%d not archived: %s",
+                              e.topic, e.partition, base, end - 1, exc, exc_info=True)
+                    break
                 if f is None:
                     break
                 if self.fence is not None and not self._commit(e, f):
@@ -366,14 +380,30 @@ class Archiver:
             if self.fence is not None:  # cluster mode: each writer its own name
                 key = self.fence.name(e.topic, e.partition, key)
             bounds = {"min": first_ts, "max": first_ts, "bytes": 0}
-            size = self.archive.write(key, self._pieces(e, fd, span, lo, hi, epochs,
-                                                        bounds))
+            try:
+                size = self.archive.write(key, self._pieces(e, fd, span, lo, hi, epochs,
+                                                            bounds))
+            except _Changed:
+                return None  # the write left nothing at key
         finally:
             os.close(fd)
         if self._on_owner(lambda: plog.closed_span(lo, hi)) != span:
-            return None  # truncated or closed meanwhile: the file is not recorded
+            # truncated or closed meanwhile: the file is never recorded, so it goes (else
+            # Spark, reading the directory, sees rows the log no longer holds)
+            self._discard(e, key, lo, hi)
+            return None
         self.archived_log_bytes += bounds["bytes"]
         return ArchivedFile(lo, hi, key, size, bounds["min"], bounds["max"])
+
+    def _discard(self, e: _Entry, key: str, lo: int, hi: int) -> None:
+        """Delete a written file that will not be recorded; a failure is only logged (an
+        unrecorded file is never read by nsqx)."""
+        log.warning("archive of %s partition %d: offsets %d..%d changed while written; "
+                    "deleting %s", e.topic, e.partition, lo, hi - 1, self.archive.describe(key))
+        try:
+            self.archive.delete(key)
+        except ArchiveError as exc:
+            log.warning("archive of %s partition %d: %s", e.topic, e.partition, exc)
 
     def _pieces(self, e: _Entry, fd: int, span: tuple[Any, int, int, bool], lo: int,
                 hi: int, epochs: list[tuple[int, int]], bounds: dict[str, int]
@@ -405,8 +435,11 @@ class Archiver:
             bounds["min"] = min(bounds["min"], split[7])
             bounds["max"] = max(bounds["max"], split[8])
             bounds["bytes"] += used
-            headers = self._on_owner(
-                lambda c=cur, k=n: plog.headers_range(c, c + k)) if has_headers else {}
+            try:
+                headers = self._on_owner(
+                    lambda c=cur, k=n: plog.headers_range(c, c + k)) if has_headers else {}
+            except (OSError, LogError) as exc:  # closed meanwhile (topic deleted)
+                raise _Changed from exc
             yield split_to_batch(split, cur, e.partition, headers, epochs)
             cur += n
             at += used
