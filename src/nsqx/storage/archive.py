@@ -52,8 +52,8 @@ from nsqx.storage.records import Chunk, LogError
 MANIFEST = "archive.json"
 # --archive-compression: name -> (pyarrow's codec name, level). Readers need no setting:
 # Parquet records the codec in every column chunk. pyarrow's "lz4" writes Parquet's LZ4_RAW
-# (parquet-mr 1.13+, i.e. Spark 3.5+, and DuckDB read it), never the deprecated Hadoop-framed LZ4; gzip at zlib's
-# default level 6 (Kafka's), zstd at level 1 (the fastest; Kafka's default is 3).
+# (read by parquet-mr 1.13+, i.e. Spark 3.5+, and DuckDB), never the deprecated
+# Hadoop-framed LZ4; gzip at zlib's default level 6 (Kafka's), zstd at level 1 (the fastest).
 CODECS: dict[str, tuple[str, int | None]] = {
     "zstd": ("zstd", 1), "lz4": ("lz4", None), "snappy": ("snappy", None),
     "gzip": ("gzip", 6), "none": ("none", None)}
