@@ -2,15 +2,16 @@
 become Parquet, how many bytes a message takes there against the local log, how fast
 archived messages are read back as frames, and how long a time seek into the archive takes.
 
-    .venv/bin/python bench/archive.py [--messages 300000] [--body-bytes 200]
-    .venv/bin/python bench/archive.py --nsqd [--seconds 5] [--replay]
+    .venv/bin/python bench/archive.py [--messages 300000] [--body-bytes 200] [--compression zstd]
+    .venv/bin/python bench/archive.py --nsqd [--seconds 5] [--replay] [--compression zstd]
 
 ``--nsqd``: a real nsqd, first without then with ``--archive-url``, the same load: 200-byte
 MPUB ingest at full rate (2 writers) while a consumer drains and one client PUBs a message
 at a time (latency): ingest, drain and PUB latency on/off, the archive lag every second,
 msgs/s archived, time to catch up, the archiver thread's CPU (its OS thread name).
 ``--replay``: then drain the rest, reset the channel to the archive start and replay it with
-a stock-protocol reader (nsqx.benchmark's, SUB/RDY/FIN).
+a stock-protocol reader (nsqx.benchmark's, SUB/RDY/FIN). ``--compression``: the Parquet
+codec (nsqd's ``--archive-compression``).
 
 Bodies are JSON-like events (a few fields, 32 random hex digits each), so compression has
 something realistic to work on; ``--random`` makes them incompressible random bytes.
@@ -35,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nsqd_compare import server  # noqa: E402  (bench/: starts an nsqd on free ports)
 from nsqx.benchmark import loadgen, scenarios  # noqa: E402
-from nsqx.storage.archive import Archive  # noqa: E402
+from nsqx.storage.archive import CODECS, Archive  # noqa: E402
 from nsqx.storage.archiver import THREAD_NAME, Archiver  # noqa: E402
 from nsqx.storage.log import LogConfig, PartitionLog  # noqa: E402
 
@@ -85,12 +86,13 @@ def thread_cpu(pid: int, name: str = THREAD_NAME) -> float:
     return total / tick
 
 
-def node_run(archiving: bool, seconds: float, replay: bool) -> dict:
+def node_run(archiving: bool, seconds: float, replay: bool, codec: str = "zstd") -> dict:
     """One nsqd: `seconds` of MPUB ingest (2 writers, 200 x 200 B per MPUB) while a reader
     drains and one client PUBs one message at a time (publish latency); with archiving,
     the lag sampled every second, then how long the archiver takes to catch up."""
     arch = tempfile.mkdtemp(prefix="nsqx-bench-archive-") if archiving else ""
-    flags = ["--max-bytes-per-file=16777216"] + ([f"--archive-url={arch}"] if arch else [])
+    flags = ["--max-bytes-per-file=16777216"] + (
+        [f"--archive-url={arch}", f"--archive-compression={codec}"] if arch else [])
     out: dict = {"archiving": archiving, "lag": []}
     try:
         with server("nsqx", None, flags) as (tcp, http, pid), \
@@ -145,10 +147,10 @@ def node_run(archiving: bool, seconds: float, replay: bool) -> dict:
     return out
 
 
-def node_bench(seconds: float, replay: bool) -> None:
+def node_bench(seconds: float, replay: bool, codec: str) -> None:
     """Archiving off, then on, same load (see node_run); printed side by side."""
     off = node_run(False, seconds, replay=False)
-    on = node_run(True, seconds, replay)
+    on = node_run(True, seconds, replay, codec)
     for r in (off, on):
         print(f"archiving {'on ' if r['archiving'] else 'off'}: ingest {r['ingest']:,.0f} msgs/s"
               f" while draining {r['drained']:,.0f} msgs/s; PUB latency p50 "
@@ -164,7 +166,7 @@ def node_bench(seconds: float, replay: bool) -> None:
           f"{on['caught_up_s']:.1f} s later; overall {on['archived_per_s']:,.0f} msgs/s")
     print(f"archiver thread: {on['archiver_cpu']:.2f} of a core, {on['archiver_us_per_msg']:.2f}"
           f" us/msg ({on['archiver_mb_per_cpu_s']:.0f} MB of log per CPU second); "
-          f"Parquet {on['parquet_bytes_per_msg']:.1f} B/msg")
+          f"Parquet ({codec}) {on['parquet_bytes_per_msg']:.1f} B/msg")
     if "replay" in on:
         print(f"replay from the archive start: {on['replay']:,.0f} msgs/s "
               f"({on['replay_from_parquet']:.0%} of it from Parquet)")
@@ -180,9 +182,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0, help="--nsqd: ingest time")
     ap.add_argument("--replay", action="store_true",
                     help="--nsqd: then drain, reset to the archive start and replay")
+    ap.add_argument("--compression", choices=list(CODECS), default="zstd",
+                    help="Parquet codec (nsqd --archive-compression)")
     a = ap.parse_args()
     if a.nsqd:
-        node_bench(a.seconds, a.replay)
+        node_bench(a.seconds, a.replay, a.compression)
         return
     tmp = Path(tempfile.mkdtemp(prefix="nsqx-bench-archive-"))
     try:
@@ -200,7 +204,7 @@ def main() -> None:
         msgs = closed[-1][1]
         log_bytes = sum(s[2] for s in closed)
         all_local = dir_bytes(tmp / "log")  # frames, indexes, commit metadata
-        archive = Archive(str(tmp / "archive"))
+        archive = Archive(str(tmp / "archive"), compression=a.compression)
         arch = Archiver(archive, throttle_bytes_per_sec=0)
         arch.add("bench", 0, lg)
         w0, c0 = time.perf_counter(), time.process_time()
@@ -211,7 +215,7 @@ def main() -> None:
               f"{msgs / wall:,.0f} msgs/s, {log_bytes / wall / 2**20:.1f} MB/s of log "
               f"(wall {wall:.2f} s, CPU {cpu:.2f} s = {cpu / wall:.0%} of a core)")
         print(f"bytes/message: local log {log_bytes / msgs:.1f} (frames only; "
-              f"{all_local / msgs:.1f} with indexes and metadata), Parquet zstd "
+              f"{all_local / msgs:.1f} with indexes and metadata), Parquet {a.compression} "
               f"{pq_bytes / msgs:.1f} -> ratio {pq_bytes / log_bytes:.2f} of the frames")
         lg.apply_retention(lg.flushed_offset)
         assert lg.start_offset == msgs and lg.earliest_offset == 0

@@ -55,6 +55,43 @@ def test_archive_table_equals_nsq_source(spark: Any, nsqd_factory: NsqdFactory,
     assert [bytes(r.body) for r in everything] == bodies(0, 400)
 
 
+def test_spark_reads_every_archive_codec(spark: Any, tmp_path: Path) -> None:
+    """--archive-compression: one topic per codec written by the archiver, read back by
+    one ``spark.read.parquet`` (no setting: the codec is in each column chunk); pyarrow's
+    lz4 is Parquet's LZ4_RAW, as parquet-mr reads it from the footer."""
+    from nsqx.storage.archive import CODECS, Archive
+    from nsqx.storage.archiver import Archiver
+    from nsqx.storage.log import LogConfig, PartitionLog
+
+    arch = tmp_path / "archive"
+    want = {}
+    for codec in CODECS:
+        lg = PartitionLog(tmp_path / codec, 0, LogConfig(segment_bytes=4000))
+        for k in range(0, 200, 5):
+            lg.append([b"%s %d" % (codec.encode(), k + i) for i in range(5)], 10**18 + k)
+            lg.flush()
+        lg.sync()
+        archiver = Archiver(Archive(str(arch), compression=codec))
+        archiver.add(codec, 0, lg)
+        assert archiver.run_once() >= 1
+        end = lg.closed_segments()[-1][1]
+        want[codec] = [b"%s %d" % (codec.encode(), i) for i in range(end)]
+        archiver.join()
+        lg.close()
+    rows = spark.read.parquet(str(arch)).select("topic", "offset", "body").collect()
+    got: dict[str, list[tuple[int, bytes]]] = {}
+    for r in rows:
+        got.setdefault(r.topic, []).append((r.offset, bytes(r.body)))
+    assert {t: [b for _, b in sorted(v)] for t, v in got.items()} == want
+    jvm = spark.sparkContext._jvm  # noqa: SLF001 - parquet-mr's view of the footer
+    lz4 = next(arch.glob("topic=lz4/*/*/*.parquet"))
+    footer = jvm.org.apache.parquet.hadoop.ParquetFileReader.readFooter(
+        spark.sparkContext._jsc.hadoopConfiguration(),  # noqa: SLF001
+        jvm.org.apache.hadoop.fs.Path(str(lz4)))
+    assert {c.getCodec().name() for b in footer.getBlocks() for c in b.getColumns()} == {
+        "LZ4_RAW"}
+
+
 def test_archive_read_on_a_standalone_spark_cluster(nsqd_factory: NsqdFactory,
                                                     tmp_path: Path) -> None:
     """The same comparison as a job on a real standalone cluster (master + worker from

@@ -68,9 +68,9 @@ class NodeArchiver:
     it yields while the loop runs late and its backlog is small (``pause``)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, url: str, s3_endpoint: str = "",
-                 *, cluster: bool = False) -> None:
+                 *, cluster: bool = False, compression: str = "zstd") -> None:
         self.loop = loop
-        self.archive = Archive(url, s3_endpoint=s3_endpoint or None)
+        self.archive = Archive(url, s3_endpoint=s3_endpoint or None, compression=compression)
         # cluster mode: only a partition's leader archives, up to its high watermark; the
         # followers (and a new leader) adopt the files the fence recorded (use_fence)
         self.probe = LoopProbe(loop)

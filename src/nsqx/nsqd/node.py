@@ -129,7 +129,8 @@ class NSQD:
             from nsqx.nsqd.archiving import NodeArchiver
 
             self.archiver = NodeArchiver(self.loop, opts.archive_url, opts.archive_s3_endpoint,
-                                         cluster=bool(opts.cluster_leadership_addresses))
+                                         cluster=bool(opts.cluster_leadership_addresses),
+                                         compression=opts.archive_compression)
             self.plugins.append(self.archiver)
             self.topic_hooks.append(self.archiver.topic_added)
 

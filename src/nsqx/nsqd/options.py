@@ -32,6 +32,7 @@ from nsqx.flags import (
     parse_go_bool,
     peer_flag,
 )
+from nsqx.storage.archive_codecs import CODECS as ARCHIVE_CODECS
 
 __all__ = [
     "LOG_LEVELS",
@@ -119,6 +120,7 @@ class Options:
     # nsqx tiered storage (docs/archive.md): closed segments archived as Parquet
     archive_url: str = ""  # a directory or s3://bucket/prefix ("" = off)
     archive_s3_endpoint: str = ""  # host:port or URL of the S3 service (default: AWS)
+    archive_compression: str = "zstd"  # Parquet codec of archived files (storage.archive_codecs)
 
     queue_scan_interval: float = 0.1  # no flag upstream
     queue_scan_refresh_interval: float = 5.0  # no flag upstream
@@ -236,6 +238,8 @@ class Options:
                      "max_delay"):
             if getattr(self, name) < 0:
                 raise OptionsError(f"--{name.replace('_', '-')} must not be negative")
+        if self.archive_compression not in ARCHIVE_CODECS:  # "" skips the flag's check
+            raise OptionsError(f"--archive-compression must be one of {', '.join(ARCHIVE_CODECS)}")
         if self.archive_url:  # nsqx tiered storage (loaded only when asked for)
             from nsqx.storage.archive import parse_url as parse_archive_url
 
@@ -407,6 +411,8 @@ def _flags() -> list[Flag]:
              "directory or s3://bucket/prefix; old reads are served from there"),
         Flag("archive-s3-endpoint", STR, "", "S3 endpoint (host:port or URL) for an s3:// "
              "--archive-url (credentials from the AWS environment variables)"),
+        choice_flag("archive-compression", tuple(ARCHIVE_CODECS), "[nsqx] Parquet codec of the "
+                    "archived files, as Kafka's compression.type (readers need no setting)"),
         # statsd
         peer_flag("statsd-address", "UDP <addr>:<port> of a statsd daemon for pushing stats",
                   many=False),

@@ -46,10 +46,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from nsqx.storage.archive_codecs import CODECS
 from nsqx.storage.fileio import fsync_dir, write_durably
 from nsqx.storage.records import Chunk, LogError
 
 MANIFEST = "archive.json"
+# --archive-compression: name -> (pyarrow's codec name, level). Readers need no setting:
 ROW_GROUP_ROWS = 8192  # a seek reads at most one row group of a file
 CACHED_GROUPS = 5  # decoded row groups kept per partition: being sent, next, redeliveries
 _U32 = struct.Struct(">I")
@@ -119,8 +121,12 @@ class Archive:
     """Where archived files live: a directory or an S3 prefix (see module doc)."""
 
     def __init__(self, url: str, *, s3_endpoint: str | None = None,
-                 s3_timeout: float = 30.0) -> None:
+                 s3_timeout: float = 30.0, compression: str = "zstd") -> None:
         kind, self.root = parse_url(url)
+        if compression not in CODECS:
+            raise ValueError(f"archive compression must be one of {', '.join(CODECS)}: "
+                             f"{compression!r}")
+        self.compression = compression  # of the files this Archive writes (CODECS)
         fs_mod = __import__("pyarrow.fs", fromlist=["fs"])
         self.url = url
         self.local = kind == "dir"
@@ -162,7 +168,7 @@ class Archive:
         parent, name = final.rsplit("/", 1)
         if not self.local:
             sink = pa.BufferOutputStream()
-            _write_parquet(pq, sink, batches)
+            _write_parquet(pq, sink, batches, self.compression)
             buf = sink.getvalue()
             try:
                 with self.fs.open_output_stream(final) as out:
@@ -176,7 +182,7 @@ class Archive:
             for stale in Path(parent).glob(f".{name}.*.tmp"):  # of a writer killed mid-way
                 stale.unlink()
             with pa.OSFile(target, "wb") as out:  # native: writes need no GIL
-                _write_parquet(pq, out, batches)
+                _write_parquet(pq, out, batches, self.compression)
             fd = os.open(target, os.O_RDONLY)
             try:
                 os.fsync(fd)
@@ -257,11 +263,12 @@ class Archive:
 STATS_COLUMNS = ["partition", "offset", "timestamp", "timestamp_ns", "attempts", "epoch"]
 
 
-def _write_parquet(pq: Any, sink: Any, batches: Iterator[Any]) -> None:
-    """Encode batches into sink, one row group each: zstd level 1 and no dictionary
+def _write_parquet(pq: Any, sink: Any, batches: Iterator[Any], codec: str = "zstd") -> None:
+    """Encode batches into sink, one row group each: ``codec`` (CODECS) and no dictionary
     (bodies and ids are nearly unique: a dictionary is built, then abandoned, and the file
     is larger than plain + zstd)."""
-    with pq.ParquetWriter(sink, schema(), compression="zstd", compression_level=1,
+    name, level = CODECS[codec]
+    with pq.ParquetWriter(sink, schema(), compression=name, compression_level=level,
                           use_dictionary=False, write_statistics=STATS_COLUMNS) as w:
         for b in batches:
             w.write_batch(b, row_group_size=ROW_GROUP_ROWS)
