@@ -36,7 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nsqd_compare import server  # noqa: E402  (bench/: starts an nsqd on free ports)
 from nsqx.benchmark import loadgen, scenarios  # noqa: E402
-from nsqx.storage.archive import CODECS, Archive  # noqa: E402
+from nsqx.storage.archive import Archive  # noqa: E402
+from nsqx.storage.archive_codecs import CODECS  # noqa: E402
 from nsqx.storage.archiver import THREAD_NAME, Archiver  # noqa: E402
 from nsqx.storage.log import LogConfig, PartitionLog  # noqa: E402
 
