@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> None:
         return node
 
     run_daemon(opts, make, "nsqx.lookupd", Banner(
-        "nsqlookupd", cluster_mode(opts), None, lambda n: f"TCP {n.tcp_address}, HTTP {n.http_address}"))
+        "nsqlookupd", cluster_mode(opts), None,
+        lambda n: f"TCP {n.tcp_address}, HTTP {n.http_address}"))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ answers ``/trace/search?topic=T&id=|trace_id=|header=k:v[&limit=N]``. nsqlookupd
 the query with nsqd's own check (``nsqx.httpapi.trace_search_args``: the same 400 codes,
 and garbage is not fanned out), sends the checked query to every active nsqd
 concurrently (with the client's ``Authorization`` header: nodes with
-``--auth-http-address`` check it as their own ``/trace/search`` does), and answers ``{"nodes": [{"node": "host:http_port", ...that node's
-answer}], "errors": ["host:port: why"]}``: a node that is down or slow is named in
+``--auth-http-address`` check it as their own ``/trace/search`` does), and answers
+``{"nodes": [{"node": "host:http_port", ...that node's answer}], "errors": ["host:port:
+why"]}``: a node that is down or slow is named in
 ``errors`` and the others' answers still come back. When every node refuses the query
 anyway (a node of another version, say, or every node refusing the client's secret) their
 400, 401 or 403 is passed on as it is.
