@@ -154,7 +154,7 @@ def add_spark_commands(sub: Any) -> None:
                    help="earliest (default), latest or JSON; used only without a checkpoint")
     p.set_defaults(func=lambda a: (_need_source(a, p), cmd_spark_archive(a))[1])
 
-    p2 = ssub.add_parser("stats", help="messages/bytes per minute and top keys (batch)",
+    p2 = ssub.add_parser("stats", help="messages/bytes per minute, per partition, top keys (batch)",
                          description="Batch statistics over a topic (or its archive).")
     _source_args(p2)
     p2.add_argument("--topic")
