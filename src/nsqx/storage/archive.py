@@ -51,7 +51,6 @@ from nsqx.storage.fileio import fsync_dir, write_durably
 from nsqx.storage.records import Chunk, LogError
 
 MANIFEST = "archive.json"
-# --archive-compression: name -> (pyarrow's codec name, level). Readers need no setting:
 ROW_GROUP_ROWS = 8192  # a seek reads at most one row group of a file
 CACHED_GROUPS = 5  # decoded row groups kept per partition: being sent, next, redeliveries
 _U32 = struct.Struct(">I")
@@ -161,7 +160,8 @@ class Archive:
 
         Directory: a dot-named temp file (Spark and the manifest ignore it), fsynced, renamed.
         S3: encoded in memory (one segment, compressed), then one upload that becomes
-        visible only when complete, so an object exists only whole. An exception from ``batches`` leaves nothing at ``key``."""
+        visible only when complete, so an object exists only whole. An exception from
+        ``batches`` leaves nothing at ``key``."""
         pa = _pa()
         pq = __import__("pyarrow.parquet", fromlist=["parquet"])
         final = self.path(key)
@@ -614,7 +614,7 @@ class ArchiveTier:
         try:
             with self._io:
                 tbl = self._parquet(f).read_row_group(g)
-        except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:
+        except (pa.ArrowException, OSError) as e:
             if isinstance(e, ArchiveError | ArchiveCorrupt):
                 raise
             raise ArchiveCorrupt(f"E_ARCHIVE_CORRUPT archive file {what}: row group {g} "
