@@ -762,6 +762,22 @@ class ArchiveTier:
             return None
         return self._group_at(f, offset)[1].get(offset)
 
+    def headers_range(self, lo: int, hi: int) -> dict[int, dict[str, bytes]]:
+        """Headers of the archived offsets in [lo, hi) that have any: one look-up per row
+        group, not per offset."""
+        out: dict[int, dict[str, bytes]] = {}
+        off = lo
+        while off < hi:
+            f = self._file_for(off)
+            if f is None:
+                off += 1
+                continue
+            chunk, hdrs = self._group_at(f, off)
+            end = min(hi, chunk.base + chunk.count)
+            out.update((o, h) for o, h in hdrs.items() if off <= o < end and h)
+            off = end
+        return out
+
     def offset_for_time(self, ts: int) -> int | None:
         """First archived offset whose timestamp is >= ts, None if every archived one is
         older: the manifest's per-file max picks the file, the row groups' statistics the
