@@ -112,6 +112,9 @@ def test_archive_then_retention_then_transparent_reads(tmp_path, archive):
     assert nxt == end and data == b"".join(before)
     assert {o: lg.headers(o) for o in range(end)} == hdr_before
     assert lg.headers_range(0, end) == {o: h for o, h in hdr_before.items() if h}
+    for lo, hi in ((3, start - 1), (start - 40, start + 20), (100, 101)):  # row group cuts
+        assert lg.headers_range(lo, hi) == {o: h for o, h in hdr_before.items()
+                                            if h and lo <= o < hi}
     # a read stops at the seam, the next continues locally without gap or duplicate
     r = lg.read(start - 2, 1 << 20, 10)
     assert (r.start, r.count, r.next_offset) == (start - 2, 2, start)

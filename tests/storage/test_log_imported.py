@@ -97,6 +97,7 @@ def test_a_torn_tail_inside_the_range_shortens_it(tmp_path: Path, caplog) -> Non
     with caplog.at_level(logging.WARNING):
         lg, after = reopen(tmp_path)
     assert after == before[:8] and lg.imported is not None and lg.imported.hi == 8
+    assert any("torn tail" in r.getMessage() for r in caplog.records), caplog.text
     lg.append([b"own-%d" % i for i in range(4)])
     lg.close()
     (tmp_path / CHECKPOINT).unlink()

@@ -51,7 +51,6 @@ from nsqx.storage.fileio import fsync_dir, write_durably
 from nsqx.storage.records import Chunk, LogError
 
 MANIFEST = "archive.json"
-# --archive-compression: name -> (pyarrow's codec name, level). Readers need no setting:
 ROW_GROUP_ROWS = 8192  # a seek reads at most one row group of a file
 CACHED_GROUPS = 5  # decoded row groups kept per partition: being sent, next, redeliveries
 _U32 = struct.Struct(">I")
@@ -161,7 +160,8 @@ class Archive:
 
         Directory: a dot-named temp file (Spark and the manifest ignore it), fsynced, renamed.
         S3: encoded in memory (one segment, compressed), then one upload that becomes
-        visible only when complete, so an object exists only whole. An exception from ``batches`` leaves nothing at ``key``."""
+        visible only when complete, so an object exists only whole. An exception from
+        ``batches`` leaves nothing at ``key``."""
         pa = _pa()
         pq = __import__("pyarrow.parquet", fromlist=["parquet"])
         final = self.path(key)
@@ -614,7 +614,7 @@ class ArchiveTier:
         try:
             with self._io:
                 tbl = self._parquet(f).read_row_group(g)
-        except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:
+        except (pa.ArrowException, OSError) as e:
             if isinstance(e, ArchiveError | ArchiveCorrupt):
                 raise
             raise ArchiveCorrupt(f"E_ARCHIVE_CORRUPT archive file {what}: row group {g} "
@@ -761,6 +761,22 @@ class ArchiveTier:
         if f is None:
             return None
         return self._group_at(f, offset)[1].get(offset)
+
+    def headers_range(self, lo: int, hi: int) -> dict[int, dict[str, bytes]]:
+        """Headers of the archived offsets in [lo, hi) that have any: one look-up per row
+        group, not per offset."""
+        out: dict[int, dict[str, bytes]] = {}
+        off = lo
+        while off < hi:
+            f = self._file_for(off)
+            if f is None:
+                off += 1
+                continue
+            chunk, hdrs = self._group_at(f, off)
+            end = min(hi, chunk.base + chunk.count)
+            out.update((o, h) for o, h in hdrs.items() if off <= o < end and h)
+            off = end
+        return out
 
     def offset_for_time(self, ts: int) -> int | None:
         """First archived offset whose timestamp is >= ts, None if every archived one is

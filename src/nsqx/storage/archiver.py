@@ -4,11 +4,12 @@ Parquet file in the archive (nsqx.storage.archive), oldest first, one segment at
 It runs in one worker thread. The log's state is touched only through ``call`` (nsqd passes
 a function that runs it on the event loop and waits), a few times per segment: which file
 and positions hold the frames and their epochs, afterwards whether the segment is still
-there (and its extension headers per row group, only if it has any). The bytes of a closed segment never change, so the thread preads them
-through its own descriptor, splits them into columns in C without the GIL
-(``split_frames``), and Parquet encodes, compresses and writes without it too: the work
-runs on another core beside the event loop. Memory is bounded by one read block
-(``BLOCK_BYTES``) plus one row group and the Parquet writer's buffer. Between row groups
+there (and its extension headers per row group, only if it has any). The bytes of a
+closed segment never change, so the thread preads them through its own descriptor, splits
+them into columns in C without the GIL (``split_frames``), and Parquet encodes, compresses
+and writes without it too: the work runs on another core beside the event loop. Memory is
+bounded by one read block (``BLOCK_BYTES``) plus one row group and the Parquet writer's
+buffer (on S3 the whole compressed file: one upload, see ``Archive.write``). Between row groups
 the thread asks ``pause`` (nsqd: wait while the event loop is late) and honours an optional
 byte-rate cap.
 

@@ -108,6 +108,7 @@ class LowerTier(Protocol):
     def ready(self, offset: int, notify: Callable[[], None]) -> int: ...
     def chunk(self, offset: int) -> Chunk: ...
     def headers(self, offset: int) -> dict[str, bytes] | None: ...
+    def headers_range(self, lo: int, hi: int) -> dict[int, dict[str, bytes]]: ...
     def offset_for_time(self, ts: int) -> int | None: ...
 
 
@@ -442,10 +443,8 @@ class PartitionLog:
         out: dict[int, dict[str, bytes]] = {}
         hi = min(hi, self._flushed)
         if lo < self.start_offset and self.lower is not None:
-            for off in range(max(lo, self.earliest_offset), min(hi, self.start_offset)):
-                h = self.lower.headers(off)
-                if h:
-                    out[off] = h
+            out.update(self.lower.headers_range(max(lo, self.earliest_offset),
+                                                min(hi, self.start_offset)))
         for seg in list(self._segments):
             if seg.next_offset <= lo or seg.base >= hi or not seg.bases or not seg.sizes[4]:
                 continue  # (an empty .headers file: no commit of the segment has any)
