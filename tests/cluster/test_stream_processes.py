@@ -55,9 +55,7 @@ def stream_fetch(addr: str, node: str, sign: Sign, topic: str, epoch: int, offse
 
 def test_stream_handshake_refused_as_the_http_fetch(cluster: Cluster) -> None:
     cluster.create_topic("sh", partitions=1, replicas=3)
-    leader = cluster.leader("sh")
-    follower = next(n for n in cluster.nodes if n is not leader)
-    other = next(n for n in cluster.nodes if n not in (leader, follower))
+    leader, follower, other = cluster.roles("sh")
     fid, oid = cluster.node_id(follower), cluster.node_id(other)
     assert pub(leader, "sh", b"x") == 200
     st = cluster.state(leader)

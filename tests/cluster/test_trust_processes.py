@@ -79,9 +79,7 @@ def test_impersonated_followers_acknowledge_nothing(cluster: Cluster) -> None:
 
 def test_each_forged_request_is_refused_clearly_and_counted(cluster: Cluster) -> None:
     cluster.create_topic("forged", partitions=1, replicas=3)
-    leader = cluster.leader("forged")
-    follower = next(n for n in cluster.nodes if n is not leader)
-    other = next(n for n in cluster.nodes if n not in (leader, follower))
+    leader, follower, other = cluster.roles("forged")
     fid, oid = cluster.node_id(follower), cluster.node_id(other)
     assert pub(leader, "forged", b"x") == 200
     epoch = cluster.partitions("forged")[0]["epoch"]

@@ -161,6 +161,13 @@ class Cluster:
         p = self.partitions(topic)[partition]
         return self.node_by_id(p["leader"])
 
+    def roles(self, topic: str) -> tuple[NsqdProcess, NsqdProcess, NsqdProcess]:
+        """Partition 0 of ``topic`` (on three nodes): its leader, a follower, the other one."""
+        leader = self.leader(topic)
+        follower = next(n for n in self.nodes if n is not leader)
+        other = next(n for n in self.nodes if n not in (leader, follower))
+        return leader, follower, other
+
     def lookup(self, topic: str) -> dict[str, Any]:
         code, body = http("GET", f"http://{self.lookupd.http_address}/lookup?topic={topic}"
                           "&metainfo=true")

@@ -51,7 +51,7 @@ class _Proto(asyncio.Protocol):
         return buf
 
     def take(self) -> bytes:
-        data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        data = self.joined()
         self.chunks = []
         self.size = 0
         return data

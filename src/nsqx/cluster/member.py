@@ -1227,11 +1227,11 @@ class NodeMember:
         found = await self._leader_gate(request)
         if isinstance(found, web.Response):
             return found
-        gate, topic, q = found
+        gate, _, q = found
         try:
             offset = int(q["offset"])
             node = q["node"]
-            wait = min(max(int(q.get("wait_ms", "0")), 0), 5000) / 1000
+            wait = int(q.get("wait_ms", "0")) / 1000  # clamped by _serve_fetch, as max_bytes
             max_bytes = int(q.get("max_bytes", FETCH_MAX_BYTES))
         except (KeyError, ValueError):
             return _answer(400, {"message": "E_INVALID",

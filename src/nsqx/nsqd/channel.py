@@ -413,9 +413,8 @@ class Channel:
         that came due during ``take``, or a group dropped from the cache) stay in flight
         unsent, while their group is read in a thread: they time out and come back."""
         start = log_.start_offset
-        keep = [d for d in deliveries if d.offset >= start or d.attempts == 1
+        return [d for d in deliveries if d.offset >= start or d.attempts == 1
                 or log_.ready_end(d.offset, self._archive_ready) > d.offset]
-        return keep
 
     def _send(self, client: Session, deliveries: list[Delivery]) -> None:
         log_ = self.topic.log
