@@ -26,6 +26,7 @@ from nsqx.nsqd.topic import Topic, has_routes
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.protocol.v2 import TRACE_TOPIC
 from nsqx.storage.commit import CommitScheduler, FileSystemSyncer
+from nsqx.storage.fileio import write_durably
 from nsqx.storage.log import PartitionLog
 from nsqx.storage.segment import open_segments
 
@@ -338,12 +339,7 @@ class NSQD:
         path = self.data_path / "nsqd.dat"
         tmp = path.with_name(f"nsqd.dat.{os.getpid()}.tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(orjson.dumps(data))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _fsync_dir(self.data_path)
+            write_durably(path, orjson.dumps(data), tmp)
             self._meta_write_s = time.monotonic() - t0
         except OSError as exc:
             self.set_health(f"failed to persist metadata - {exc}")
@@ -842,14 +838,6 @@ def _import_http_api() -> None:
         routes_api,
         trace_api,
     )
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_snapshots(snaps: list[tuple[Channel, int, bytes]]) -> dict[Channel, OSError]:
