@@ -79,7 +79,7 @@ from nsqx.nsqd.http_publish import existing_topic, read_capped
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.routes import RouteError
 from nsqx.protocol.v2 import StartPosition, parse_start_position
-from nsqx.storage.imported_ids import locate as locate_imported
+from nsqx.storage.imported_ids import locate_all as locate_imported
 from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION
 from nsqx.storage.records import LogError
 
@@ -175,7 +175,9 @@ def _imported(topic: Any, pid: int, offset: int) -> tuple[int, int] | None:
     (one whose top bits name no partition); None for any other id or no such topic."""
     if topic is None or pid < len(topic.partitions):
         return None
-    return locate_imported(topic.partitions, pid << 48 | offset)
+    found = locate_imported(((t.partition, t.log.imported) for t in topic.partitions),
+                            pid << 48 | offset)
+    return found[0] if found else None
 
 
 class _ReplayAPI:

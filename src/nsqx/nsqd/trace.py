@@ -300,7 +300,8 @@ def search_trace(nsqd: NodeContext, topic_name: str, *, msg_id: tuple[int, int] 
         keys = {msg_id}
         if topic is not None and msg_id[0] >= len(topic.partitions):  # a Go id (nsqx import)
             # every copy (Go stored one per channel, all with this id)
-            keys = set(locate_imported(topic.partitions, msg_id[0] << 48 | msg_id[1]))
+            keys = set(locate_imported(((t.partition, t.log.imported) for t in topic.partitions),
+                                       msg_id[0] << 48 | msg_id[1]))
     elif header is not None:
         keys = _header_matches(topic, header[0], header[1], limit) if topic is not None else set()
     events: dict[tuple[int, int], list[dict[str, Any]]] = {}

@@ -27,14 +27,12 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 from nsqx.storage.checksum import crc32
 from nsqx.storage.fileio import write_durably
 from nsqx.storage.message_id import ids_for_range
 
-__all__ = ["FILE_NAME", "FOREIGN_MIN_PARTITION", "ImportedIds", "expected_ids", "load", "locate",
-           "locate_all"]
+__all__ = ["FILE_NAME", "FOREIGN_MIN_PARTITION", "ImportedIds", "expected_ids", "load", "locate_all"]
 
 FILE_NAME = "imported-ids"
 FOREIGN_MIN_PARTITION = 1024
@@ -175,20 +173,9 @@ def expected_ids(partition: int, base: int, count: int, imported: ImportedIds | 
     return imported.ids(partition, base, count)
 
 
-def locate_all(partitions: Iterable[Any], value: int) -> list[tuple[int, int]]:
+def locate_all(records: Iterable[tuple[int, ImportedIds | None]], value: int
+               ) -> list[tuple[int, int]]:
     """Every (partition, offset) holding an imported message by its original id, over a
-    topic's partitions (objects with ``partition`` and ``log.imported``): Go nsqd stored a
-    copy per channel, each with the same id. Callers ask only for ids whose top bits name
-    no partition."""
-    out = []
-    for part in partitions:
-        imported = part.log.imported
-        if imported is not None:
-            out.extend((part.partition, o) for o in imported.offsets_of(value))
-    return out
-
-
-def locate(partitions: Iterable[Any], value: int) -> tuple[int, int] | None:
-    """The first copy ``locate_all`` finds, or None."""
-    found = locate_all(partitions, value)
-    return found[0] if found else None
+    topic's (partition, its record or None): Go nsqd stored a copy per channel, each with
+    the same id. Callers ask only for ids whose top bits name no partition."""
+    return [(p, o) for p, rec in records if rec is not None for o in rec.offsets_of(value)]
