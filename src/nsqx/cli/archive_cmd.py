@@ -12,6 +12,8 @@ import json
 import sys
 from typing import Any
 
+from nsqx.cli.common import help_when_bare
+
 __all__ = ["add_archive_commands"]
 
 
@@ -43,6 +45,7 @@ def add_archive_commands(sub: Any) -> None:
     p = sub.add_parser("archive", help="tiered storage: the archived Parquet files",
                        description=__doc__.split("\n\n")[0])
     asub = p.add_subparsers(dest="archive_command", metavar="COMMAND")
+    help_when_bare(p)
     ls = asub.add_parser("ls", help="list a topic's archived files (key and size)")
     ls.add_argument("topic", nargs="?", default=None, help="topic (all topics if omitted)")
     ls.add_argument("--archive-url", required=True,

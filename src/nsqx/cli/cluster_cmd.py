@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from nsqx.cli.common import answer_failed, auth_headers
+from nsqx.cli.common import answer_failed, auth_headers, help_when_bare
 
 __all__ = ["add_cluster_commands", "add_node_commands"]
 
@@ -311,6 +311,7 @@ def add_cluster_commands(sub: Any) -> None:
     c = sub.add_parser("cluster", help="cluster mode: a loopback cluster for trying it, status",
                        description="Cluster mode (etcd metadata, replicated partitions).")
     csub = c.add_subparsers(dest="cluster_command", metavar="COMMAND")
+    help_when_bare(c)
     p = csub.add_parser(
         "up", help="start etcd + nsqlookupd + N nsqd in cluster mode on 127.0.0.1",
         description="Start a whole cluster on this machine for trying cluster mode: etcd (from "
@@ -354,6 +355,7 @@ def add_cluster_commands(sub: Any) -> None:
 def add_node_commands(sub: Any) -> None:
     n = sub.add_parser("node", help="cluster node administration (drain)")
     nsub = n.add_subparsers(dest="node_command", metavar="COMMAND")
+    help_when_bare(n)
     p = nsub.add_parser(
         "drain", help="move every partition replica away from a node",
         description="Ask the coordinator to move a node's replicas to other nodes: a new "
