@@ -294,9 +294,28 @@ def cmd_node_drain(args: argparse.Namespace) -> int:
         return 1
     if status != 200:
         return answer_failed(prog, "nsqlookupd", status, body)
-    what = "no longer draining" if args.undo else "draining: its partitions move to other nodes"
-    print(f"{args.node}: {what}")
+    if args.undo:
+        print(f"{args.node}: no longer draining")
+        return 0
+    status, stats = _call(prog, "GET", args.lookupd_http_address, "/cluster/stats")
+    stuck = stuck_partitions(stats, args.node) if status == 200 else []
+    if stuck:
+        print(f"{args.node}: draining, but there is nowhere to move {', '.join(stuck)}: every "
+              f"other live node already holds a replica; its partitions move once a node "
+              f"joins (or after the topic's replica count is lowered); `nsqx node drain "
+              f"{args.node} --undo` cancels")
+    else:
+        print(f"{args.node}: draining: its partitions move to other nodes")
     return 0
+
+
+def stuck_partitions(stats: Any, node: str) -> list[str]:
+    """``topic/partition`` of ``node``'s replicas that no live, undrained node can take
+    (each already holds one): the coordinator adds no replica, so the drain waits."""
+    live = {n["id"] for n in stats.get("nodes") or ()}
+    spare = live - set(stats.get("draining") or ()) - {node}
+    return [f"{name}/{p['partition']}" for name, t in sorted(stats.get("topics", {}).items())
+            for p in t["partitions"] if node in p["replicas"] and spare <= set(p["replicas"])]
 
 
 def _call(prog: str, method: str, address: str, path: str) -> tuple[int | None, Any]:
