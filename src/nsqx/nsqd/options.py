@@ -407,9 +407,9 @@ def _flags() -> list[Flag]:
         Flag("max-channel-consumers", INT, 0, "maximum channel consumer connection count per nsqd "
              "instance (default 0, i.e., unlimited)"),
         # nsqx tiered storage
-        Flag("archive-url", STR, "", "archive closed log segments as Parquet files to this "
+        Flag("archive-url", STR, "", "[nsqx] archive closed log segments as Parquet files to this "
              "directory or s3://bucket/prefix; old reads are served from there"),
-        Flag("archive-s3-endpoint", STR, "", "S3 endpoint (host:port or URL) for an s3:// "
+        Flag("archive-s3-endpoint", STR, "", "[nsqx] S3 endpoint (host:port or URL) for an s3:// "
              "--archive-url (credentials from the AWS environment variables)"),
         choice_flag("archive-compression", tuple(ARCHIVE_CODECS), "[nsqx] Parquet codec of the "
                     "archived files, as Kafka's compression.type (readers need no setting)"),
