@@ -21,7 +21,9 @@ def cmd_archive_ls(args: argparse.Namespace) -> int:
     try:
         from nsqx.storage.archive import Archive, ArchiveError
     except ImportError:  # pragma: no cover - pyarrow is the archive extra
-        print("nsqx archive: needs pyarrow (pip install 'nsqx[archive]')", file=sys.stderr)
+        from nsqx.extras import install_command
+
+        print(f"nsqx archive: needs pyarrow: {install_command('archive')}", file=sys.stderr)
         return 2
     try:
         archive = Archive(args.archive_url, s3_endpoint=args.archive_s3_endpoint or None)

@@ -18,6 +18,7 @@ import zlib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from nsqx.extras import install_command
 from nsqx.flags import (
     LOG_LEVELS,
     Flag,
@@ -248,7 +249,7 @@ class Options:
             except ValueError as e:
                 raise OptionsError(f"--archive-url: {e}") from None
             if importlib.util.find_spec("pyarrow") is None:
-                raise OptionsError("--archive-url needs pyarrow: pip install 'nsqx[archive]'")
+                raise OptionsError(f"--archive-url needs pyarrow: {install_command('archive')}")
         if self.statsd_address and self.statsd_interval <= 0:
             raise OptionsError("--statsd-interval must be > 0")
         # the same ceilings as /channel/config and /topic/config (attempts: 16-bit field)
