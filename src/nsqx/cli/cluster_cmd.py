@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from nsqx.cli.cluster_preflight import exit_detached, preflight, wait_in_foreground
 from nsqx.cli.common import answer_failed, auth_headers, help_when_bare
 
 __all__ = ["add_cluster_commands", "add_node_commands"]
@@ -99,7 +100,17 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         print(f"nsqx cluster up: --restart-after: {e}", file=sys.stderr)
         return 2
     root = Path(args.data_path).resolve()
+    problem = preflight(root, args)  # before anything starts: one line, in the foreground
+    if problem:
+        print(f"nsqx cluster up: {problem}", file=sys.stderr)
+        return 1
     root.mkdir(parents=True, exist_ok=True)
+    if args.background:
+        code = wait_in_foreground(root, args)
+        if code is not None:
+            return code
+        exit_detached(root, lambda: cmd_cluster_up(argparse.Namespace(**{**vars(args),
+                                                                    "background": False})))
     control = root / CONTROL_DIR
     control.mkdir(exist_ok=True)
     for stale in control.glob("restart-*"):
@@ -340,7 +351,15 @@ def add_cluster_commands(sub: Any) -> None:
         "LOOKUPD_PORT+100*j and +1. The members share DATA_PATH/cluster.secret (made on "
         "first use) to sign their requests to each other. A member that dies is reported "
         "and the others keep running; `nsqx cluster restart NAME` (or --restart-after) "
-        "starts it again. Ctrl-C or SIGTERM stops everything.")
+        "starts it again. Ctrl-C or SIGTERM stops everything. Before starting anything "
+        "it checks that etcd is installed, every port is free and DATA_PATH was made with "
+        "these ports, and fails with one line if not.")
+    p.add_argument("--background", action="store_true",
+                   help="check, start, wait until every member answers, then return and "
+                   "leave the cluster running (output in DATA_PATH/cluster-up.log, pid in "
+                   "DATA_PATH/cluster-up.pid: `kill` it to stop everything)")
+    p.add_argument("--wait", type=float, default=120.0, metavar="SECONDS",
+                   help="--background: how long to wait for the members (default 120)")
     p.add_argument("--nodes", type=int, default=3, help="nsqd count (default 3)")
     p.add_argument("--lookupds", type=int, default=1, help="nsqlookupd count (default 1)")
     p.add_argument("--data-path", default=DEFAULT_DIR,
