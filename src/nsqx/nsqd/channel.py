@@ -195,9 +195,7 @@ class Channel:
 
     @property
     def depth(self) -> int:
-        """Pending messages up to what is readable, paused or not: Go's depth counts a
-        paused topic's backlog (a pause stops delivery, not the count)."""
-        return self.cursor.depth(self.topic.readable_end)
+        return self.cursor.depth(self._end_offset())
 
     @property
     def message_count(self) -> int:
