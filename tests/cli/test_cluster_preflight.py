@@ -130,3 +130,19 @@ def test_background_returns_once_ready_and_kill_stops_everything(tmp_path: Path)
     for port in (base, base + 100, lookupd, etcd):  # everything it started is gone
         with socket.socket() as s, pytest.raises(ConnectionRefusedError):
             s.connect(("127.0.0.1", port))
+
+
+def test_background_that_never_gets_ready_stops_what_it_started(tmp_path: Path) -> None:
+    base, lookupd = free_block([0, 1, 2, 3]), free_block([0, 1])
+    root = tmp_path / "c"  # an etcd nobody serves: the members never join
+    r = cluster_up("--background", "--nodes", "1", f"--base-port={base}",
+                   f"--lookupd-port={lookupd}", "--etcd=http://127.0.0.1:9", "--wait=4",
+                   f"--data-path={root}", timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"nsqx cluster up: not ready within 4 s, stopped; the end of "
+                               f"{root / 'cluster-up.log'}:\n"), r.stderr
+    assert "nsqd0       tcp" in r.stderr  # the log's tail, here, not in a file to look up
+    assert not (root / "cluster-up.pid").exists()
+    for port in (base, base + 1, lookupd, lookupd + 1):
+        with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+            s.connect(("127.0.0.1", port))

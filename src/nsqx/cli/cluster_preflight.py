@@ -151,6 +151,8 @@ def _ready(args: argparse.Namespace) -> bool:
     https += [args.base_port + 1 + 100 * i for i in range(args.nodes)]
     if not all(_answers(f"http://127.0.0.1:{p}/ping") == b"OK" for p in https):
         return False
+    if not args.lookupds:
+        return True
     raw = _answers(f"http://127.0.0.1:{args.lookupd_port + 1}/cluster/stats")
     try:
         stats = json.loads(raw or b"")
@@ -195,11 +197,12 @@ def wait_in_foreground(root: Path, args: argparse.Namespace) -> int | None:
                   f"kill $(cat {_short(root / PID_FILE)})")
             return 0
         if time.monotonic() > deadline:
-            print(f"{prog}: not ready within {args.wait:g} s (see {log}); stopped it",
-                  file=sys.stderr)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
             os.waitpid(pid, 0)
+            print(f"{prog}: not ready within {args.wait:g} s, stopped; the end of {log}:",
+                  file=sys.stderr)
+            sys.stderr.write(_tail(log, start))
             return 1
         time.sleep(0.3)
 
