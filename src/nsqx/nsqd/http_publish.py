@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsqx.httpbase import HTTPError
 from nsqx.httpbase import first as _first
-from nsqx.nsqd.topic import BadPartition, PublishRefused, SealedPartition
+from nsqx.nsqd.topic import BadPartition, PartitionRequired, PublishRefused, SealedPartition
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -149,7 +149,7 @@ async def publish(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defer_ms:
                                   headers=headers, producer=producer)
     except asyncio.CancelledError:
         raise
-    except SealedPartition as exc:
+    except (SealedPartition, PartitionRequired) as exc:
         raise HTTPError(400, f"E_BAD_PARTITION {exc}") from None
     except BadPartition:
         raise HTTPError(400, "E_BAD_PARTITION") from None
