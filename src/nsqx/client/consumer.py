@@ -520,6 +520,9 @@ class Consumer:
         if self._stopping:
             return
         log.warning("[%s] connection closed (%d left)", slot, left)
+        if conn.partition is not None:
+            # leadership may have moved: the next lookup tries every partition again
+            self._probed.clear()
         if self._poller is not None:
             self._poller.trigger()
         if addr in self.nsqd_tcp_addresses:
