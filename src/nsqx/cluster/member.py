@@ -71,6 +71,7 @@ from nsqx.cluster.route_store import (
 from nsqx.cluster.stream import PATH as STREAM_PATH
 from nsqx.cluster.stream import StreamConnection, StreamRefused, cork, serve
 from nsqx.cluster.trust import RefusalLog, Refused, SignedSession, Signer, Verifier
+from nsqx.httpapi import make_runner
 from nsqx.netutil import bind_listener
 from nsqx.nsqd.config_api import apply_settings, export_settings
 from nsqx.nsqd.routing import TopicRoutes
@@ -419,7 +420,9 @@ class NodeMember:
         app = web.Application()
         self._add_internal(app)
         app.router.add_get("/nsqx/cluster/state", self.h_state)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # the public listeners' runner: a malformed request is one warning and Go's 400/431,
+        # never a traceback; no Server header
+        runner = make_runner(app, logging.getLogger("nsqx.cluster.http"))
         await runner.setup()
         await web.SockSite(runner, sock, ssl_context=self.tls_server).start()
         self._internal_runner = runner
