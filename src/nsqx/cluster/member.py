@@ -56,7 +56,7 @@ from nsqx.cluster.forward import forward_command, traced_offset
 from nsqx.cluster.metadata import ClusterMetadata, Versioned
 from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import expand_isr, shrink_isr
-from nsqx.cluster.replication import LeaderProgress, truncation_point
+from nsqx.cluster.replication import LeaderProgress, Regressed, truncation_point
 from nsqx.cluster.route_store import (
     HeldResets,
     ResetRecord,
@@ -361,6 +361,7 @@ class NodeMember:
         self.followers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._following: dict[tuple[str, int], tuple[str | None, int]] = {}
         self.nodes: dict[str, NodeInfo] = {}
+        self.node_leases: dict[str, int] = {}  # node -> its registration's lease: one run of it
         self._tasks: list[asyncio.Task[None]] = []
         self._http: SignedSession | None = None
         self._producers: dict[str, Any] = {}  # leader tcp address -> nsqx.client Producer
@@ -517,7 +518,8 @@ class NodeMember:
                 self._load(kvs)
                 async for events in self.meta.watch(self.meta.keys.root, rev + 1):
                     for ev in events:
-                        self._apply_kv(ev.kv.key, None if ev.type == "DELETE" else ev.kv.value)
+                        self._apply_kv(ev.kv.key, None if ev.type == "DELETE" else ev.kv.value,
+                                       ev.kv.lease)
                     self._reconcile()
             except EtcdError as e:
                 log.warning("CLUSTER: metadata watch failed (%s); retrying", e)
@@ -527,14 +529,15 @@ class NodeMember:
         self.partitions.clear()
         self.topic_meta.clear()
         self.nodes.clear()
+        self.node_leases.clear()
         self.route_histories.clear()
         self.route_passes.clear()
         self.route_resets.clear()
         for kv in kvs:
-            self._apply_kv(kv.key, kv.value)
+            self._apply_kv(kv.key, kv.value, kv.lease)
         self._reconcile()
 
-    def _apply_kv(self, key: bytes, value: bytes | None) -> None:
+    def _apply_kv(self, key: bytes, value: bytes | None, lease: int = 0) -> None:
         keys = self.meta.keys
         try:
             if key.startswith(keys.partitions):
@@ -554,8 +557,10 @@ class NodeMember:
                 nid = key[len(keys.nodes):].decode()
                 if value is None:
                     self.nodes.pop(nid, None)
+                    self.node_leases.pop(nid, None)
                 else:
                     self.nodes[nid] = NodeInfo.from_json(value)
+                    self.node_leases[nid] = lease
             elif key.startswith(routes_prefix(keys.root)):
                 name = key[len(routes_prefix(keys.root)):].decode()
                 if value is None:
@@ -1287,7 +1292,11 @@ class NodeMember:
             return 416, {"message": "OFFSET_OUT_OF_RANGE", "start": plog.start_offset,
                          "end": plog.flushed_offset}, b""
         now = time.monotonic()
-        gate.progress.on_fetch(node, offset, plog.flushed_offset, now)
+        try:  # one session per registration: a lower fetch in it is refused, not recorded
+            gate.progress.on_fetch(node, offset, plog.flushed_offset, now,
+                                   self.node_leases.get(node, 0))
+        except Regressed as e:
+            raise Refused(409, "E_OFFSET_REGRESSED", str(e)) from None
         gate.release()
         ordered = topic.ordered
         if ordered:  # ordered channels' cursors go with every answer, at least this often
