@@ -86,7 +86,8 @@ def test_each_forged_request_is_refused_clearly_and_counted(cluster: Cluster) ->
     end = cluster.state(leader)["partitions"][0]["log_end"]
     q = {"topic": "forged", "partition": 0, "epoch": epoch, "node": fid, "offset": end,
          "wait_ms": 0}
-    base = f"http://{cluster.state(leader)['cluster_address']}"
+    addr = cluster.state(leader)["cluster_address"]
+    base = f"http://{addr}"
     sq = {k: str(v) for k, v in q.items()}
 
     def check(got: tuple[int, Any], status: int, code: str) -> None:
@@ -95,7 +96,7 @@ def test_each_forged_request_is_refused_clearly_and_counted(cluster: Cluster) ->
     check(get(base + FETCH, q), 401, "E_UNAUTHENTICATED")                       # no credential
     bad = Signer(b"guessed secret, quite long enough", fid)
     check(get(base + FETCH, q, bad.headers("GET", FETCH, sq)), 401, "E_BAD_SIGNATURE")
-    h = cluster.signer(fid).headers("GET", FETCH, sq)                             # a member's
+    h = cluster.signer(fid).headers("GET", FETCH, sq, to=addr)                    # a member's
     assert get(base + FETCH, q, h)[0] == 200
     check(get(base + FETCH, q, h), 401, "E_REPLAYED")                            # replayed
     check(cluster.internal(leader, "GET", FETCH, q, as_node=oid), 403, "E_NODE_MISMATCH")

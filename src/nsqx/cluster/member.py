@@ -70,7 +70,14 @@ from nsqx.cluster.route_store import (
 )
 from nsqx.cluster.stream import PATH as STREAM_PATH
 from nsqx.cluster.stream import StreamConnection, StreamRefused, cork, serve
-from nsqx.cluster.trust import RefusalLog, Refused, SignedSession, Signer, Verifier
+from nsqx.cluster.trust import (
+    RefusalLog,
+    Refused,
+    SignedSession,
+    Signer,
+    Verifier,
+    receiver_name,
+)
 from nsqx.httpapi import make_runner
 from nsqx.netutil import bind_listener
 from nsqx.nsqd.config_api import apply_settings, export_settings
@@ -424,14 +431,16 @@ class NodeMember:
         # the public listeners' runner: a malformed request is one warning and Go's 400/431,
         # never a traceback; no Server header
         runner = make_runner(app, logging.getLogger("nsqx.cluster.http"))
-        await runner.setup()
-        await web.SockSite(runner, sock, ssl_context=self.tls_server).start()
-        self._internal_runner = runner
         host, port = sock.getsockname()[:2]
         if host in ("0.0.0.0", "::", ""):
             host = self.nsqd.opts.broadcast_address or "127.0.0.1"
         port = getattr(self.nsqd.opts, "broadcast_cluster_port", 0) or port
         self.internal_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if self.verifier is not None:  # requests signed for another member are refused
+            self.verifier.receivers = {receiver_name(self.internal_address)}
+        await runner.setup()
+        await web.SockSite(runner, sock, ssl_context=self.tls_server).start()
+        self._internal_runner = runner
         log.info("CLUSTER: internal endpoints on %s (%s%s)", self.internal_address,
                  "signed requests only" if self.verifier else "NOT authenticated",
                  ", mutual TLS" if self.tls_server else "")
@@ -980,8 +989,10 @@ class NodeMember:
                 await asyncio.sleep(0.3)
                 truncated = False
 
-    def _sign(self, method: str, path: str, params: dict[str, str]) -> dict[str, str] | None:
-        return self.signer.headers(method, path, params) if self.signer else None
+    def _sign(self, method: str, path: str, params: dict[str, str], *, to: str
+              ) -> dict[str, str] | None:
+        """Signature headers of a request to the member at cluster address ``to``."""
+        return self.signer.headers(method, path, params, to=to) if self.signer else None
 
     async def _get_json(self, url: str, **params: Any) -> dict:
         assert self._http is not None
@@ -1014,7 +1025,8 @@ class NodeMember:
                       "epoch": str(epoch), "node": self.node_id,
                       "wait_ms": str(int(FETCH_WAIT * 1000))}
             status, raw = await conn.get("/nsqx/replica/fetch", params, FETCH_WAIT + 5,
-                                         self._sign("GET", "/nsqx/replica/fetch", params))
+                                         self._sign("GET", "/nsqx/replica/fetch", params,
+                                                    to=conn.address))
             _check_answer(status, raw)
             nl = _index_nl(raw)
             head_raw, frames = raw[:nl], raw[nl + 1:]
