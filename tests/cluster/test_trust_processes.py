@@ -168,3 +168,27 @@ def test_a_member_with_another_secret_is_told_once(
     time.sleep(2)  # it keeps retrying; the warning is not repeated
     found = warnings()
     assert 1 <= len(found) <= 2 and "E_BAD_SIGNATURE" in found[0], found
+
+
+def test_a_lower_fetch_does_not_move_a_followers_progress_back(cluster: Cluster) -> None:
+    """Issue 31: a fetch at a lower offset lowered a follower's recorded progress and with it
+    ``acked_end`` (3 -> 0). Within one registration of the follower it is refused now."""
+    cluster.create_topic("prog", partitions=1, replicas=3)
+    leader, follower, _ = cluster.roles("prog")
+    fid = cluster.node_id(follower)
+    for i in range(3):
+        assert pub(leader, "prog", b"m%d" % i) == 200
+
+    def mine() -> dict[str, Any]:
+        return cluster.state(leader)["partitions"][0]
+
+    wait_until(lambda: mine()["followers"].get(fid, 0) >= 3, what="the follower at 3")
+    epoch = cluster.partitions("prog")[0]["epoch"]
+    got = cluster.internal(leader, "GET", FETCH, {"topic": "prog", "partition": 0,
+                                                  "epoch": epoch, "node": fid, "offset": 0,
+                                                  "wait_ms": 0}, as_node=fid)
+    assert got[0] == 409 and got[1]["message"] == "E_OFFSET_REGRESSED", got
+    now = mine()
+    assert now["acked_end"] >= 3 and now["followers"][fid] >= 3, now
+    assert cluster.state(leader)["refused"].get("E_OFFSET_REGRESSED") == 1
+    assert pub(leader, "prog", b"after") == 200  # the real follower keeps acknowledging
