@@ -266,6 +266,8 @@ def test_forged_leader_and_isr_are_repaired_from_the_live_replicas(
                                            ("ghost",), ()),
                           1: PartitionMeta("t", 1, ps[1].replicas, "ghost", ps[1].epoch,
                                            ("ghost", ps[1].replicas[1]), ())}
+                # a record that is not even JSON must not stop the pass over the others
+                await etcd.put(meta.keys.partition("junk", 0), b"{not json")
                 for p, pm in forged.items():
                     await etcd.put(meta.keys.partition("t", p), pm.to_json())
 
