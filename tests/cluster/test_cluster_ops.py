@@ -188,6 +188,7 @@ def test_cluster_up_locks_etcd_and_gives_members_the_login(tmp_path: Path) -> No
     lookupd = f"127.0.0.1:{lk + 1}"
     for run in range(2):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        failed = None
         try:
             wait_until(lambda: len(http("GET", f"http://{lookupd}/cluster/stats")[1]["nodes"])
                        == 1, timeout=60, what="the node registered (logged in to etcd)")
@@ -201,9 +202,13 @@ def test_cluster_up_locks_etcd_and_gives_members_the_login(tmp_path: Path) -> No
                 assert code == 200, body
             wait_until(lambda: http("POST", f"http://127.0.0.1:{base + 1}/pub?topic=t",
                                     b"m")[0] == 200, timeout=30, what="a publish")
+        except AssertionError as e:
+            failed = e
         finally:
             proc.send_signal(signal.SIGTERM)
             text = proc.communicate(timeout=60)[0]
+        assert failed is None, f"run {run}: {failed}\n{text}\n" + "".join(
+            f"--- {f.name}\n{f.read_text()[-3000:]}" for f in sorted(root.glob("*.log")))
         assert proc.returncode == 0, text
         assert "user=root&password_file=" in text, text
 
