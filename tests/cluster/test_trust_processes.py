@@ -7,6 +7,8 @@ followers stopped, a plain HTTP client fetching at the leader's log end in their
 
 from __future__ import annotations
 
+import base64
+import json
 import signal
 import time
 import urllib.parse
@@ -192,3 +194,28 @@ def test_a_lower_fetch_does_not_move_a_followers_progress_back(cluster: Cluster)
     assert now["acked_end"] >= 3 and now["followers"][fid] >= 3, now
     assert cluster.state(leader)["refused"].get("E_OFFSET_REGRESSED") == 1
     assert pub(leader, "prog", b"after") == 200  # the real follower keeps acknowledging
+
+
+def test_a_forged_isr_in_etcd_is_repaired_and_publishes_work_again(
+        etcd_server: EtcdServer, cluster: Cluster) -> None:
+    """Issue 31: a PUT to the partition record naming an ISR of a node that does not exist
+    made every publish fail (E_PUB_FAILED), and the coordinator did not repair it."""
+    cluster.create_topic("t3", partitions=1, replicas=3)
+    leader = cluster.leader("t3")
+    assert pub(leader, "t3", b"before") == 200
+    key = f"/nsqx/{cluster.cluster_id}/partitions/t3/0"
+    code, got = http("POST", f"{etcd_server.endpoint}/v3/kv/range",
+                     json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode())
+    assert code == 200, got
+    record = json.loads(base64.b64decode(got["kvs"][0]["value"]))
+    forged = {**record, "isr": ["ghost"], "catchup": []}
+    code, got = http("POST", f"{etcd_server.endpoint}/v3/kv/put", json.dumps({
+        "key": base64.b64encode(key.encode()).decode(),
+        "value": base64.b64encode(json.dumps(forged).encode()).decode()}).encode())
+    assert code == 200, got
+    wait_until(lambda: "ghost" not in cluster.partitions("t3")[0]["isr"]
+               and cluster.partitions("t3")[0]["leader"] == record["leader"], timeout=30,
+               what="the coordinator repaired the forged ISR")
+    wait_until(lambda: pub(leader, "t3", b"after") == 200, timeout=60,
+               what="publishes acknowledged again")
+    assert "metadata contradicted the live replicas" in cluster.lookupd.log_bytes().decode()
