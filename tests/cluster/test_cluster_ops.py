@@ -210,7 +210,7 @@ def test_cluster_up_locks_etcd_and_gives_members_the_login(tmp_path: Path) -> No
         assert failed is None, f"run {run}: {failed}\n{text}\n" + "".join(
             f"--- {f.name}\n{f.read_text()[-3000:]}" for f in sorted(root.glob("*.log")))
         assert proc.returncode == 0, text
-        assert "user=root&password_file=" in text, text
+        assert f"(auth on: user root, password in {root / 'etcd.password'})" in text, text
 
 
 def test_cluster_up_restart_after(tmp_path: Path) -> None:

@@ -128,7 +128,10 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             except (EtcdNotFound, RuntimeError, OSError) as e:
                 print(f"nsqx cluster up: {e}", file=sys.stderr)
                 return 1
-        print(f"etcd        {endpoint}")
+        where = endpoint.partition("?")[0]  # the login options are for the members
+        if etcd is not None:
+            where += f" (auth on: user root, password in {root / 'etcd.password'})"
+        print(f"etcd        {where}")
         common = [f"--cluster-leadership-addresses={endpoint}", f"--cluster-id={args.cluster_id}",
                   f"--cluster-secret-file={secret}"]
         lookupd_tcp = []
