@@ -159,3 +159,11 @@ def test_a_restarted_receiver_refuses_what_was_signed_before_it_started() -> Non
     assert (e.status, e.code) == (401, "E_REPLAYED") and "before this node started" in e.detail
     clock.t += 0.001  # a millisecond after the start is after it
     assert verify(second, s.headers("GET", "/nsqx/replica/fetch", Q)) == "n1"
+
+
+def test_a_request_signed_in_the_receivers_first_millisecond_is_accepted() -> None:
+    clock = Clock(1_000_000.0004)  # the start and the signature within one millisecond
+    v = Verifier(SECRET, clock=clock)
+    h = Signer(SECRET, "n1", clock).headers("GET", "/p", {})
+    assert h["X-Nsqx-Time"] == "1000000.000"
+    assert verify(v, h, {}, path="/p") == "n1"

@@ -119,7 +119,8 @@ class Signer:
                 body: bytes = b"", *, to: str = "") -> dict[str, str]:
         """The signature headers of one request to the member at cluster address ``to``."""
         items = query.items() if isinstance(query, Mapping) else query
-        ts = f"{self.clock():.3f}"  # ms: a receiver started within the second still tells
+        ms = int(self.clock() * 1000)  # ms: a receiver started within the second still tells
+        ts = f"{ms // 1000}.{ms % 1000:03d}"
         nonce = f"{self._prefix}{next(self._count):x}"
         to = receiver_name(to) if to else ""
         bh = hashlib.sha256(body).hexdigest() if body else EMPTY_BODY_HASH
@@ -152,7 +153,7 @@ class Verifier:
         self.secret = secret
         self.skew = skew
         self.clock = clock
-        self.started = clock()
+        self.started = int(clock() * 1000) / 1000  # as a signature made then says it
         self.receivers = None if receivers is None else {receiver_name(r) for r in receivers}
         self._seen: set[str] = set()
         self._expiry: deque[tuple[float, str]] = deque()
