@@ -135,11 +135,14 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
                 etcd = EtcdServer(root / "etcd", client_port=args.etcd_port,
                                   peer_port=args.etcd_port + 1, log_path=root / "etcd.log")
                 etcd.start()
-            except EtcdNotFound as e:
+                endpoint = _lock_etcd(etcd, root)
+            except (EtcdNotFound, RuntimeError, OSError) as e:
                 print(f"nsqx cluster up: {e}", file=sys.stderr)
                 return 1
-            endpoint = etcd.endpoint
-        print(f"etcd        {endpoint}")
+        where = endpoint.partition("?")[0]  # the login options are for the members
+        if etcd is not None:
+            where += f" (auth on: user root, password in {root / 'etcd.password'})"
+        print(f"etcd        {where}")
         common = [f"--cluster-leadership-addresses={endpoint}", f"--cluster-id={args.cluster_id}",
                   f"--cluster-secret-file={secret}"]
         lookupd_tcp = []
@@ -185,6 +188,21 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             (root / STATE_FILE).unlink()
         if etcd is not None:
             etcd.stop()
+
+
+def _lock_etcd(etcd: Any, root: Path) -> str:
+    """Turn the started etcd's auth on (user root, the password in ``root/etcd.password``
+    beside the cluster secret, made on first use): whoever can write to etcd controls the
+    cluster. The endpoint with the login every member is given."""
+    from urllib.parse import urlencode
+
+    from nsqx.cluster.trust import generate_secret_file
+
+    password_file = root / "etcd.password"
+    if not password_file.exists():
+        generate_secret_file(password_file)
+    etcd.enable_auth(password_file.read_text().strip())
+    return f"{etcd.endpoint}?{urlencode({'user': 'root', 'password_file': str(password_file)})}"
 
 
 def _supervise(root: Path, members: list[_Member], stop: dict[str, bool],
