@@ -48,7 +48,7 @@ from nsqx.cluster.route_store import (
 )
 from nsqx.cluster.trust import SignedSession, Signer
 from nsqx.protocol.routes import RouteError, RouteHistory, routes_key
-from nsqx.protocol.v2 import StartPosition
+from nsqx.protocol.v2 import StartKind, StartPosition
 
 log = logging.getLogger("nsqx.cluster.routes")
 
@@ -141,20 +141,14 @@ class ResetPlan:
 def reset_target(h: RouteHistory, pos: StartPosition, now_ms: int) -> tuple[int, str]:
     """The route version a reset to ``pos`` walks again from, and ``pos`` as the nodes read
     it; ResetRefused for a time in the future or a per-partition offset (pure)."""
-    if pos.kind == "earliest":
-        return 0, "earliest"
-    if pos.kind == "latest":
-        return h.newest.version, "latest"
-    if pos.kind == "timestamp":
-        if pos.value * 1000 > now_ms:
-            raise ResetRefused(400, "E_INVALID",
-                               f"timestamp {pos.value} is in the future (now "
-                               f"{now_ms // 1000}): nothing to replay from there")
-        return h.version_at(pos.value * 1000), f"timestamp:{pos.value}"
-    raise ResetRefused(400, "E_INVALID",
-                       f"topic {h.topic} is route-managed: reset a channel to "
-                       f"earliest, latest or a timestamp, not to a "
-                       f"partition's {pos.kind}")
+    if pos.kind is StartKind.TIMESTAMP and pos.value * 1000 > now_ms:
+        raise ResetRefused(400, "E_INVALID",
+                           f"timestamp {pos.value} is in the future (now "
+                           f"{now_ms // 1000}): nothing to replay from there")
+    try:
+        return h.restart_version(pos), pos.to_text()
+    except RouteError as e:
+        raise ResetRefused(400, "E_INVALID", str(e)) from None
 
 
 def check_reset(plan: ResetPlan, channel: str, pos: StartPosition,
@@ -176,7 +170,7 @@ def check_reset(plan: ResetPlan, channel: str, pos: StartPosition,
         retired = h.retired_in(p)
         walked = retired is None or retired > plan.version
         if walked and r["start"] > 0 and r["offset"] <= r["start"] and \
-                pos.kind != "latest":
+                pos.kind is not StartKind.LATEST:
             raise ResetRefused(400, "E_RETENTION",
                                f"topic {topic}: partition {p} keeps offsets "
                                f"{r['start']}..{r['end']} only (retention deleted "
