@@ -49,6 +49,7 @@ from nsqx.protocol.barrier import (
     readable_partitions,
     start,
 )
+from nsqx.protocol.names import is_ephemeral
 from nsqx.protocol.routes import RouteError, RouteHistory, command_body, parse_command
 from nsqx.protocol.v2 import StartKind, StartPosition
 from nsqx.storage.fileio import write_durably
@@ -451,7 +452,7 @@ class TopicRoutes:
                 return state
 
     def _passed(self, name: str, p: int) -> None:
-        if self.on_pass is not None and not name.endswith("#ephemeral"):
+        if self.on_pass is not None and not is_ephemeral(name):
             self.on_pass(name, p)
 
     def attach(self) -> None:
@@ -566,7 +567,7 @@ class TopicRoutes:
 
     # -- channels --------------------------------------------------------------------------
     def _state_path(self, name: str) -> Path | None:
-        if name.endswith("#ephemeral"):
+        if is_ephemeral(name):
             return None
         return self.topic.dir / "channels" / f"c-{name}.route"
 

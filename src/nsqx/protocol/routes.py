@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from nsqx.protocol.names import valid_name
+from nsqx.protocol.names import is_ephemeral, valid_name
 from nsqx.protocol.v2 import StartKind, StartPosition
 
 __all__ = [
@@ -213,7 +213,7 @@ class RouteHistory:
     _retired: dict[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not valid_name(self.topic) or self.topic.endswith("#ephemeral"):
+        if not valid_name(self.topic) or is_ephemeral(self.topic):
             raise RouteError(f"invalid topic name {self.topic!r}")
         if not 1 <= self.logical <= MAX_LOGICAL:
             raise RouteError(f"logical partition count must be 1..{MAX_LOGICAL}, "
