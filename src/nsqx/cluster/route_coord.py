@@ -52,7 +52,8 @@ from nsqx.protocol.v2 import StartKind, StartPosition
 
 log = logging.getLogger("nsqx.cluster.routes")
 
-__all__ = ["ResetRefused", "RouteCoordinator", "place_created", "relabel_dead_nodes"]
+__all__ = ["ResetPlan", "ResetRefused", "RouteCoordinator", "check_reset", "place_created",
+           "relabel_dead_nodes", "reset_target"]
 
 class ResetRefused(Exception):
     """A channel reset that was refused or could not be done; nothing was changed.
