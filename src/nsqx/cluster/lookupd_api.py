@@ -57,6 +57,8 @@ from nsqx.cluster.etcd import EtcdClient, EtcdError
 from nsqx.cluster.model import MetaError, NodeInfo, TopicMeta
 from nsqx.cluster.placement import plan_move
 from nsqx.cluster.trust import Signer
+from nsqx.lookupd.http import registry_lookup
+from nsqx.lookupd.registry import CHANNEL
 from nsqx.protocol.routes import DEFAULT_LOGICAL, MAX_LOGICAL, RouteError
 
 log = logging.getLogger("nsqx.cluster.lookupd")
@@ -152,9 +154,7 @@ class ClusterLookupd:
             log.error("CLUSTER: /lookup: %s", e)
             tm = None
         if tm is None:
-            from nsqx.lookupd.http import _Handlers
-
-            return await _Handlers(self.lookupd).lookup(request)
+            return await registry_lookup(self.lookupd, request)
         nodes = await self.meta.nodes()
         parts = await self.meta.partitions(tm.name)
         producers: list[dict[str, Any]] = []
@@ -168,8 +168,6 @@ class ClusterLookupd:
             if leader not in seen:
                 seen.add(leader)
                 producers.append(_peer(nodes[leader]))
-        from nsqx.lookupd.registry import CHANNEL
-
         channels = sorted({r.subkey for r in
                            self.lookupd.db.find_registrations(CHANNEL, tm.name, "*")})
         body: dict[str, Any] = {"channels": channels, "producers": producers,

@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from nsqx.protocol.names import valid_name
+from nsqx.protocol.names import is_ephemeral, valid_name
 
 __all__ = ["ClusterKeys", "MetaError", "MoveRequest", "NodeInfo", "PartitionMeta", "TopicMeta"]
 
@@ -80,7 +80,7 @@ class TopicMeta:
     min_isr: int = 0  # 0: min(2, replicas)
 
     def __post_init__(self) -> None:
-        if not valid_name(self.name) or self.name.endswith("#ephemeral"):
+        if not valid_name(self.name) or is_ephemeral(self.name):
             raise MetaError(f"invalid topic name {self.name!r} for a cluster topic")
         if not 1 <= self.partitions <= 1024:
             raise MetaError(f"partition_num must be 1..1024, got {self.partitions}")

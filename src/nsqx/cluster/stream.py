@@ -230,7 +230,7 @@ class _Proto(fetchconn._Proto):
             self._frames()
             return
         try:
-            code, length, _ = fetchconn._parse_head(buf[:end])
+            code, length, _ = fetchconn.parse_head(buf[:end])
         except ValueError as e:
             head.set_exception(e)
             return

@@ -14,6 +14,7 @@ import re
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
@@ -74,6 +75,7 @@ __all__ = [
     "req",
     "req_failed",
     "split_mpub",
+    "StartKind",
     "StartPosition",
     "sub",
     "sub_advanced",
@@ -740,25 +742,43 @@ MAX_POSITION_OFFSET = (1 << 48) - 1
 MAX_POSITION_SECONDS = ((1 << 63) - 1) // 1_000_000_000
 
 
+class StartKind(StrEnum):
+    """What a :class:`StartPosition` names. A str (``"earliest"`` equals
+    ``StartKind.EARLIEST``), so the spelling on the wire and in logs is its value."""
+
+    EARLIEST = "earliest"  # the oldest message still kept
+    LATEST = "latest"  # the log end: only messages published from now on
+    TIMESTAMP = "timestamp"  # value = unix seconds: the first message stored at or after it
+    OFFSET = "offset"  # value = a log offset (the partition's message count before it)
+
+
 @dataclass(frozen=True, slots=True)
 class StartPosition:
-    """Where a channel (re)starts reading its partition log.
-
-    ``kind`` is ``"earliest"`` (the oldest message still kept), ``"latest"`` (the log end:
-    only messages published from now on), ``"timestamp"`` (``value`` = unix seconds: the
-    first message stored at or after it, found through the time index) or ``"offset"``
-    (``value`` = a log offset, i.e. the partition's message count before that message).
+    """Where a channel (re)starts reading its partition log: ``kind`` (a
+    :class:`StartKind`; a str of its values is turned into one, anything else is a
+    ValueError) and, for a time or an offset, ``value``. A time is found through the time
+    index; an offset is a log offset, i.e. the partition's message count before that
+    message.
     """
 
-    kind: str
+    kind: StartKind
     value: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", StartKind(self.kind))
+
+    def to_text(self) -> str:
+        """The position as :func:`parse_start_position` reads it back."""
+        if self.kind in (StartKind.EARLIEST, StartKind.LATEST):
+            return str(self.kind)
+        return f"{self.kind}:{self.value}"
 
 
 # Youzan's offset types (`ConsumeOffset`) plus nsqx's spellings, all on one log offset:
 # Youzan's "virtual_queue" is a byte position in its queue file and "msgcount" a message
 # index; an nsqx log offset is both at once (records are numbered, not addressed by byte).
-_OFFSET_KINDS = {b"virtual_queue": "offset", b"msgcount": "offset", b"offset": "offset",
-                 b"timestamp": "timestamp"}
+_OFFSET_KINDS = {b"virtual_queue": StartKind.OFFSET, b"msgcount": StartKind.OFFSET,
+                 b"offset": StartKind.OFFSET, b"timestamp": StartKind.TIMESTAMP}
 
 
 def parse_start_position(raw: bytes) -> StartPosition:
@@ -771,15 +791,15 @@ def parse_start_position(raw: bytes) -> StartPosition:
     """
     text = bytes(raw).strip()
     if text in (b"earliest", b"latest"):
-        return StartPosition(text.decode())
+        return StartPosition(StartKind(text.decode()))
     kind, sep, value = text.partition(b":")
     if not sep:
         raise ProtocolError("E_INVALID", f"invalid start position {raw_text(text)}")
     if kind == b"special":
         if value == b"-1":
-            return StartPosition("latest")
+            return StartPosition(StartKind.LATEST)
         if value == b"-2":
-            return StartPosition("earliest")
+            return StartPosition(StartKind.EARLIEST)
         raise ProtocolError("E_INVALID", f"invalid special start position {raw_text(value)}")
     name = _OFFSET_KINDS.get(kind)
     if name is None:
@@ -787,7 +807,7 @@ def parse_start_position(raw: bytes) -> StartPosition:
     if not value or not value.isdigit() or len(value) > 20:
         raise ProtocolError("E_INVALID", f"invalid start position value {raw_text(value)}")
     n = int(value)
-    limit = MAX_POSITION_SECONDS if name == "timestamp" else MAX_POSITION_OFFSET
+    limit = MAX_POSITION_SECONDS if name is StartKind.TIMESTAMP else MAX_POSITION_OFFSET
     if n > limit:
         raise ProtocolError("E_INVALID", f"start position {n} out of range 0-{limit}")
     return StartPosition(name, n)
