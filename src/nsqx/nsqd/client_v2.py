@@ -23,6 +23,7 @@ import orjson
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
 from nsqx.nsqd.channel import NotLeader, SeekError, load_position, now_ms, resolve_position
+from nsqx.nsqd.idempotence import IdempotenceError, deduper_for, has_mark, leads
 from nsqx.nsqd.topic import BadPartition, SealedPartition
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
@@ -430,6 +431,10 @@ class ClientV2(asyncio.Protocol):
             state = head[0]
             if state is _PENDING:
                 break
+            if isinstance(state, ProtocolError) and not state.fatal:  # refused, in order
+                q.popleft()
+                out.append(frames.encode_error(state.code, state.text))
+                continue
             if state is not None:  # the commit failed
                 code, text = head[2]
                 log.error("[%s] %s: %s", self, text, state)
@@ -994,9 +999,27 @@ class ClientV2(asyncio.Protocol):
 
             def ok_from(base: int) -> bytes:
                 return traced_response((pnum << 48) | base, tid, base, raw_size)
-        done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"), ok_from)
-        part.publish(bodies, defer_ms, done, headers=headers, producer=self.remote_address)
+        if headers is not None and has_mark(headers) and leads(part):
+            self._publish_once(part, bodies, defer_ms, headers, code, what, ok_from)
+        else:
+            done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"), ok_from)
+            part.publish(bodies, defer_ms, done, headers=headers, producer=self.remote_address)
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+
+    def _publish_once(self, part: Any, bodies: list[bytes], defer_ms: int,
+                      headers: list[dict[str, bytes] | None], code: str, what: str,
+                      ok_from: Callable[[int], bytes] | None) -> None:
+        """A batch marked for idempotence (``nsqx-pub`` key or ``##nsqx_producer``
+        sequence): appended once; a repeat is answered as the first was (nsqd.idempotence)."""
+        dedupe = deduper_for(part)
+        slot_done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"), ok_from)
+
+        def done(base: int, exc: Exception | None, _replayed: bool) -> None:
+            slot_done(max(base, 0), exc)  # (-1: an older sequence, its offset forgotten)
+        try:
+            dedupe.publish(bodies, defer_ms, headers, done, producer=self.remote_address)
+        except IdempotenceError as exc:  # refused before anything was appended
+            slot_done(-1, ProtocolError(exc.code, exc.text, False))
 
     def _cmd_pub(self, cmd: Command) -> Any:
         topic = self._pub_topic(cmd, "PUB")
