@@ -23,7 +23,13 @@ import orjson
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
 from nsqx.nsqd.channel import NotLeader, SeekError, load_position, now_ms, resolve_position
-from nsqx.nsqd.idempotence import IdempotenceError, deduper_for, has_mark, leads
+from nsqx.nsqd.idempotence import (
+    IdempotenceError,
+    deduper_for,
+    has_mark,
+    leads,
+    sticky_partition,
+)
 from nsqx.nsqd.topic import BadPartition, SealedPartition
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
@@ -985,6 +991,8 @@ class ClientV2(asyncio.Protocol):
                                     f"ext content not supported in topic {topic_name}", False)
         topic = nsqd.get_topic(topic_name)
         assert topic is not None
+        if partition is None and headers is not None:
+            partition = sticky_partition(topic, headers)
         try:
             part = topic.route(partition)
             if route_version is not None and topic.routes is not None:

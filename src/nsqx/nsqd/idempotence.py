@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nsqx.protocol.routes import key_partition
 from nsqx.storage.publish_keys import (
     PRODUCER_HEADER,
     PUB_KEY_HEADER,
@@ -34,7 +35,7 @@ from nsqx.storage.publish_keys import (
 )
 
 __all__ = ["Deduper", "IdempotenceError", "deduper_for", "fingerprint", "has_mark",
-           "leads"]
+           "leads", "sticky_partition"]
 
 log = logging.getLogger("nsqx.nsqd.idempotence")
 
@@ -63,6 +64,17 @@ def fingerprint(*parts: bytes) -> str:
         h.update(len(p).to_bytes(4, "big"))
         h.update(p)
     return h.hexdigest()
+
+
+def sticky_partition(topic: Any, headers: list[dict[str, bytes] | None]) -> int | None:
+    """Where a producer's batch that names no partition goes on a topic of several: the
+    partition its producer id hashes to, so one producer's sequences stay on one partition."""
+    h = headers[0]
+    raw = h.get(PRODUCER_HEADER) if h else None
+    parts = topic.partitions
+    if raw is None or len(parts) < 2 or topic.ordered or topic.routes is not None:
+        return None
+    return key_partition(bytes(raw).split(b":")[0], len(parts))
 
 
 def leads(part: Any) -> bool:
