@@ -138,13 +138,13 @@ class Deduper:
         key, count, fp = parsed
         hit = self.keys.get(key)
         if hit is not None:
-            _same_request(key, fp, hit[2], count, hit[1])
+            _same_request(fp, hit[2], count, hit[1])
             self.replayed += 1
             done(hit[0], None, True)
             return
         pending = self._keys_pending.get(key)
         if pending is not None:
-            _same_request(key, fp, pending.fp, count, count)
+            _same_request(fp, pending.fp, count, count)
             pending.waiters.append(done)
             self.replayed += 1
             return
@@ -256,12 +256,12 @@ class Deduper:
         self.keys.close()
 
 
-def _same_request(key: str, fp: str, stored_fp: str, count: int, stored_count: int) -> None:
+def _same_request(fp: str, stored_fp: str, count: int, stored_count: int) -> None:
     if (fp and stored_fp and fp != stored_fp) or count != stored_count:
         raise IdempotenceError(
             "E_IDEMPOTENCY_KEY_REUSED",
-            f"idempotency key {key!r} was already used for a different request "
-            "(another body, topic or parameters); use a new key", 422)
+            "this idempotency key was already used for a different request (another body, "
+            "topic or parameters) within the window; use a new key", 422)
 
 
 def deduper_for(part: Any) -> Deduper:
