@@ -7,7 +7,9 @@
 * Idempotent by default (``idempotent=False`` opts out): every batch carries a producer id,
   epoch and sequence number (:mod:`nsqx.client.idempotent`) and nsqd stores it once, so a
   publish whose connection failed before its answer is sent again *to the same nsqd*
-  (waiting through its restart) until ``publish_timeout``: exactly once.
+  (waiting through its restart) until ``publish_timeout``: exactly once. Only when that
+  nsqd stays unreachable for ``wait_timeout`` while another one is connected does the
+  publish go to the other (at-least-once: the first may have stored it).
 * Not idempotent: if the connection fails before the response arrives, the publish is
   retried on another open connection, at most ``retries`` times (the message may then be
   stored twice: at-least-once). Error frames from nsqd are never retried: they raise
@@ -403,6 +405,7 @@ class Producer:
         deadline = loop.time() + self.publish_timeout
         stream: tuple[str, str, int | None] | None = None
         mark = data = b""
+        down_since: float | None = None
         async with self._slots:
             while True:
                 error: Exception
@@ -412,7 +415,19 @@ class Producer:
                     if stream is None:
                         raise  # nothing was sent
                     error = e
+                    now = loop.time()
+                    down_since = down_since or now
+                    if now - down_since >= self.wait_timeout and any(
+                            c.is_open for a, c in self._conns.items() if a != address):
+                        # its nsqd stays away: another one takes it (at-least-once, the
+                        # first nsqd may have stored it), as a non-idempotent retry would
+                        log.warning("[%s] unreachable for %.0fs: publishing on another nsqd",
+                                    address, now - down_since)
+                        self._seqs.give_up(stream, mark)
+                        stream, address, down_since = None, None, None
+                        continue
                 else:
+                    down_since = None
                     if stream is None:
                         address = conn.address
                         stream = (address, topic, partition)
