@@ -87,7 +87,8 @@ async def singles(addr: str, idempotent: bool, count: int, size: int) -> None:
 
 
 def one_run(workload: str, idempotent: bool, args: argparse.Namespace) -> tuple[float, float]:
-    """(CPU us per message, messages per second)."""
+    """(CPU us per message, messages per second); nsqd's and the client's share printed
+    with ``--verbose``."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-idem-"))
     proc, addr = start_nsqd(tmp)
     try:
@@ -100,6 +101,10 @@ def one_run(workload: str, idempotent: bool, args: argparse.Namespace) -> tuple[
         s0, c0, w0 = cpu_seconds(proc.pid), time.process_time(), time.monotonic()
         asyncio.run(coro)
         s1, c1, w1 = cpu_seconds(proc.pid), time.process_time(), time.monotonic()
+        if args.verbose:
+            print(f"    {workload} {'idempotent' if idempotent else 'plain'}: nsqd "
+                  f"{(s1 - s0) / n * 1e6:.2f} + client {(c1 - c0) / n * 1e6:.2f} us/msg",
+                  flush=True)
         return (s1 - s0 + c1 - c0) / n * 1e6, n / (w1 - w0)
     finally:
         proc.terminate()
@@ -116,6 +121,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workloads", default="batched,single")
+    ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     for workload, target in (("batched", 1.1), ("single", 1.2)):
         if workload not in args.workloads.split(","):

@@ -196,12 +196,13 @@ class Deduper:
         key = (pid, epoch, seq)
         pending = self._seq_pending[key] = _Pending("")
         self._accepted[pid] = (epoch, seq)
-        h0 = headers[0]
+        keys, count = self.keys, len(bodies)
 
         def finished(base: int, exc: Exception | None) -> None:
             self._seq_pending.pop(key, None)
             if exc is None:
-                self.keys.acked(base, len(bodies), h0)
+                keys.put_producer(pid, epoch, seq, base, count)
+                keys.advance(base, count)
                 self._dirty()
             elif self._accepted.get(pid, (-1, -1)) >= (epoch, seq):
                 # not stored: the producer sends it again, with the same sequence

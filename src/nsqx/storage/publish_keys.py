@@ -168,6 +168,10 @@ class PublishKeys:
         """A batch this node appended is durable: index it, and move ``covered`` past it
         when nothing before it is unindexed."""
         self.note(base, h, count)
+        self.advance(base, count)
+
+    def advance(self, base: int, count: int) -> None:
+        """The batch at ``base`` is indexed: ``covered`` moves past it when it was next."""
         if self.covered == base:
             self.covered = base + count
 
