@@ -14,6 +14,7 @@ the old epoch's stragglers (``E_PRODUCER_FENCED``).
 from __future__ import annotations
 
 import secrets
+import struct
 from collections.abc import Hashable, Iterable, Mapping
 
 from nsqx.protocol import v2
@@ -84,6 +85,27 @@ def mark_command(topic: str, bodies: list[bytes], partition: int | None,
         first = b'{"%s":"%s"}' % (PRODUCER_HEADER.encode(), mark)
     if not multi:
         return v2.pub_ext(topic, bodies[0], first, partition)
+    if not headers:  # the common batch: only the mark, on the first message
+        return _mpub_ext_marked(topic, bodies, partition, first)  # type: ignore[arg-type]
     rest: Iterable[tuple[Mapping[str, bytes | str] | bytes | None, bytes]] = (
         (headers, b) for b in bodies[1:])
     return v2.mpub_ext(topic, [(first, bodies[0]), *rest], partition)
+
+
+_SIZE_NOHDR = struct.Struct(">IH")
+
+
+def _mpub_ext_marked(topic: str, bodies: list[bytes], partition: int | None,
+                     mark_json: bytes) -> bytes:
+    """``MPUB_EXT`` whose only header is the first message's (what v2.mpub_ext builds, with
+    one pack per message instead of a header encoding: batched ingest's hot path)."""
+    first = struct.pack(">H", len(mark_json)) + mark_json + bodies[0]
+    parts = [struct.pack(">II", 0, len(bodies)), struct.pack(">I", len(first)), first]
+    pack = _SIZE_NOHDR.pack
+    for b in bodies[1:]:
+        parts.append(pack(len(b) + 2, 0))
+        parts.append(b)
+    body = b"".join(parts)
+    head = (b"MPUB_EXT %s\n" % topic.encode() if partition is None
+            else b"MPUB_EXT %s %d\n" % (topic.encode(), partition))
+    return head + struct.pack(">I", len(body) - 4) + body[4:]

@@ -1090,6 +1090,10 @@ class ClientV2(asyncio.Protocol):
         traced: int | None = None
         if what.endswith("_EXT"):
             for item in raw:
+                if item[:2] == b"\0\0" and len(item) > 2:  # no header (most of a batch)
+                    bodies.append(item[2:])
+                    headers.append(None)
+                    continue
                 h, body = split_ext(item, what)
                 bodies.append(body)
                 headers.append(h)
