@@ -171,8 +171,8 @@ class Deduper:
         st = self.keys.producer(pid)
         stored = (st.epoch, st.seq) if st is not None else None
         taken = self._accepted.get(pid)
-        newest = max(x for x in (stored, taken, (-1, -1)) if x is not None)
-        if newest != (-1, -1):
+        newest = stored if taken is None or (stored is not None and stored > taken) else taken
+        if newest is not None:
             if epoch < newest[0]:
                 raise IdempotenceError(
                     "E_PRODUCER_FENCED",
