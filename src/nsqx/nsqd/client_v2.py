@@ -1089,14 +1089,18 @@ class ClientV2(asyncio.Protocol):
         headers: list[dict[str, bytes] | None] = []
         traced: int | None = None
         if what.endswith("_EXT"):
-            for item in raw:
-                if item[:2] == b"\0\0" and len(item) > 2:  # no header (most of a batch)
-                    bodies.append(item[2:])
-                    headers.append(None)
-                    continue
-                h, body = split_ext(item, what)
-                bodies.append(body)
-                headers.append(h)
+            rest = raw[1:]
+            if rest and all(item[:2] == b"\0\0" and len(item) > 2 for item in rest):
+                # headers on the first message only (an idempotent producer's batch): the
+                # others split by one comprehension (batched ingest's hot path)
+                h, body = split_ext(raw[0], what)
+                bodies = [body] + [item[2:] for item in rest]
+                headers = [h] + [None] * len(rest)
+            else:
+                for item in raw:
+                    h, body = split_ext(item, what)
+                    bodies.append(body)
+                    headers.append(h)
             if not multi and headers[0] and TRACE_ID_KEY in headers[0]:
                 traced = int(headers[0][TRACE_ID_KEY])
         else:
