@@ -94,6 +94,8 @@ def test_kill9_of_a_leader_while_producers_publish_and_retry(
     lost, dup = lost_and_duplicated(sent + http_sent, got)
     assert (lost, dup) == ([], [])
     assert len(got) == len(sent) + len(http_sent)
+    # some keyed HTTP requests reached followers, which forwarded them with their key
+    assert sum(cluster.state(n)["forwarded"] for n in cluster.nodes if n.is_running()) > 0
     # a late retry of every HTTP request, to the nodes alive now: all answered, none stored
     for i, body in enumerate(http_sent):
         node = cluster.nodes[i % len(cluster.nodes)]

@@ -9,8 +9,10 @@ from pathlib import Path
 
 from nsqx.client import Connection, NSQError
 from nsqx.protocol import v2
-from tests.client.helpers import run
+from tests.client.helpers import run, start_fixed
 from tests.nsqd.inprocess import running_node
+from tests.support.log_checker import stored
+from tests.support.nsqd_process import NsqdFactory
 
 KEY = "Idempotency-Key"
 
@@ -145,3 +147,20 @@ def test_keyed_pub_ext_is_stored_once(tmp_path: Path) -> None:
             finally:
                 c.close()
     run(main())
+
+
+def test_http_key_survives_kill9_and_a_lost_index(nsqd_factory: NsqdFactory) -> None:
+    """kill -9 right after the answer, and the index files gone too: the key is read back
+    from the log's headers, so the retry is answered and nothing is appended."""
+    node = start_fixed(nsqd_factory)
+    port = int(node.http_address.rsplit(":", 1)[1])
+    assert _post(port, "/pub?topic=k9", b"once", "kill-key")[:2] == (200, None)
+    assert _post(port, "/mpub?topic=k9", b"a\nb", "kill-key-2")[:2] == (200, None)
+    node.kill()
+    for f in node.data_path.rglob("pubkeys-*"):
+        f.unlink()
+    node.start()
+    assert _post(port, "/pub?topic=k9", b"once", "kill-key") == (200, "true", b"OK")
+    assert _post(port, "/mpub?topic=k9", b"a\nb", "kill-key-2") == (200, "true", b"OK")
+    assert _post(port, "/pub?topic=k9", b"other", "kill-key")[0] == 422
+    assert [b for b, _ in stored(node.http_address, "k9")] == [b"once", b"a", b"b"]
