@@ -84,6 +84,11 @@ def mark_command(topic: str, bodies: list[bytes], partition: int | None,
     else:
         first = b'{"%s":"%s"}' % (PRODUCER_HEADER.encode(), mark)
     if not multi:
+        if not headers and partition is None:  # the idempotent one-at-a-time PUB
+            body = bodies[0]
+            return b"".join((b"PUB_EXT ", topic.encode(), b"\n",
+                             _SIZE_NOHDR.pack(len(body) + 2 + len(first), len(first)),
+                             first, body))  # type: ignore[arg-type]
         return v2.pub_ext(topic, bodies[0], first, partition)
     if not headers:  # the common batch: only the mark, on the first message
         return _mpub_ext_marked(topic, bodies, partition, first)  # type: ignore[arg-type]

@@ -48,6 +48,7 @@ from nsqx.protocol.v2 import (
     identify_response,
     parse_fin,
     parse_identify,
+    parse_lone_marked_pub,
     parse_lone_pub,
     parse_rdy,
     parse_req,
@@ -59,6 +60,7 @@ from nsqx.protocol.v2 import (
 )
 from nsqx.storage.cursor import NotInFlight, NotOwner
 from nsqx.storage.message_id import MAX_OFFSET, parse_id
+from nsqx.storage.publish_keys import PRODUCER_HEADER
 from nsqx.storage.records import LogError
 
 if TYPE_CHECKING:
@@ -200,6 +202,9 @@ class ClientV2(asyncio.Protocol):
         if (data[:4] == b"PUB " and self._decoder is None and not self._blocked
                 and not self._backlog and self.parser.idle() and self._lone_pub(data)):
             return
+        if (data[:8] == b"PUB_EXT " and self._decoder is None and not self._blocked
+                and not self._backlog and self.parser.idle() and self._lone_pub(data, True)):
+            return
         if len(self.magic) < 4:
             need = 4 - len(self.magic)
             self.magic += data[:need]
@@ -228,24 +233,32 @@ class ClientV2(asyncio.Protocol):
         except ProtocolError as exc:  # corrupt or oversized compressed stream
             self._fatal(Fatal(exc.code, exc.text))
 
-    def _lone_pub(self, data: bytes) -> bool:
+    def _lone_pub(self, data: bytes, marked: bool = False) -> bool:
         """Publish a read holding exactly one plain PUB to an existing topic; False = not that.
 
         Speed: the one-at-a-time producer's path (see parse_lone_pub): the same _publish
         as parser -> _run -> _cmd_pub; cases with extra checks (auth, TLS required,
         exiting, bad input) return False before doing anything and go the general way.
+        ``marked``: an idempotent producer's ``PUB_EXT`` with only its mark
+        (parse_lone_marked_pub), the same _publish as _cmd_pub_variant.
         """
         nsqd = self.nsqd
         if len(self.magic) < 4 or nsqd.exiting or nsqd.auth_enabled or (
                 nsqd.tls_required_tcp and not self.tls):
             return False
-        pub = parse_lone_pub(data, self.parser.max_msg_size)
+        max_msg = self.parser.max_msg_size
+        pub = parse_lone_marked_pub(data, max_msg) if marked else parse_lone_pub(data, max_msg)
         if pub is None:
             return False
-        topic = nsqd.topics.get(pub[0].decode("ascii"))
+        name = pub[0].decode("ascii")
+        topic = nsqd.topics.get(name)
         if topic is not None and topic.ordered:
             return False  # refused (no partition named): the general path answers it
-        self._publish(pub[0].decode("ascii"), [pub[1]], 0, "E_PUB_FAILED", "PUB")
+        if marked:
+            self._publish(name, [pub[2]], 0, "E_PUB_FAILED", "PUB_EXT", None,
+                          [{PRODUCER_HEADER: pub[1]}])
+        else:
+            self._publish(name, [pub[1]], 0, "E_PUB_FAILED", "PUB")
         return True
 
     def _lone_fin(self, data: bytes) -> bool:
