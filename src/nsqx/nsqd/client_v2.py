@@ -1033,12 +1033,11 @@ class ClientV2(asyncio.Protocol):
         """A batch marked for idempotence (``nsqx-pub`` key or ``##nsqx_producer``
         sequence): appended once; a repeat is answered as the first was (nsqd.idempotence)."""
         dedupe = deduper_for(part)
-        slot_done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"), ok_from)
-
-        def done(base: int, exc: Exception | None, _replayed: bool) -> None:
-            slot_done(max(base, 0), exc)  # (-1: an older sequence, its offset forgotten)
+        # (a repeat of an older sequence answers base -1: 0 then, its offset is forgotten)
+        slot_done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"),
+                                            ok_from and (lambda base: ok_from(max(base, 0))))
         try:
-            dedupe.publish(bodies, defer_ms, headers, done, producer=self.remote_address)
+            dedupe.publish(bodies, defer_ms, headers, slot_done, producer=self.remote_address)
         except IdempotenceError as exc:  # refused before anything was appended
             slot_done(-1, ProtocolError(exc.code, exc.text, False))
 

@@ -41,7 +41,7 @@ log = logging.getLogger("nsqx.nsqd.idempotence")
 
 CHECKPOINT_INTERVAL = 1.0
 
-Done = Callable[[int, Exception | None, bool], None]  # (base, error, replayed)
+Done = Callable[[int, Exception | None], None]  # (base offset, error): Topic.publish's
 
 
 class IdempotenceError(Exception):
@@ -96,7 +96,7 @@ class _Pending:
 
     def __init__(self, fp: str) -> None:
         self.fp = fp
-        self.waiters: list[Done] = []
+        self.waiters: list[Done] = []  # repeats that arrived while it was being written
 
 
 class Deduper:
@@ -113,23 +113,23 @@ class Deduper:
 
     # -- admission -----------------------------------------------------------------------
     def publish(self, bodies: list[bytes], defer_ms: int,
-                headers: list[dict[str, bytes] | None], done: Done, producer: str = "") -> None:
-        """Append the batch unless its mark says it is stored; ``done(base, exc, replayed)``.
+                headers: list[dict[str, bytes] | None], done: Done, producer: str = "") -> bool:
+        """Append the batch unless its mark says it is stored; ``done(base, exc)`` once it
+        is. Returns whether this is a repeat (answered from the index, nothing appended).
 
         Raises :class:`IdempotenceError` (nothing appended, ``done`` not called) for a
         malformed mark, a key reused for another request, a sequence gap, a fenced epoch."""
         h0 = headers[0] or {}
         self.keys.catch_up(_readable_end(self.part))
-        raw = h0.get(PUB_KEY_HEADER)
-        if raw is not None:
-            self._keyed(raw, bodies, defer_ms, headers, done, producer)
-            return
         raw = h0.get(PRODUCER_HEADER)
+        if raw is not None:
+            return self._sequenced(raw, bodies, defer_ms, headers, done, producer)
+        raw = h0.get(PUB_KEY_HEADER)
         assert raw is not None
-        self._sequenced(raw, bodies, defer_ms, headers, done, producer)
+        return self._keyed(raw, bodies, defer_ms, headers, done, producer)
 
     def _keyed(self, raw: bytes, bodies: list[bytes], defer_ms: int,
-               headers: list[dict[str, bytes] | None], done: Done, producer: str) -> None:
+               headers: list[dict[str, bytes] | None], done: Done, producer: str) -> bool:
         parsed = parse_key(raw)
         if parsed is None or parsed[1] != len(bodies):
             raise IdempotenceError("E_BAD_IDEMPOTENCY_KEY",
@@ -140,14 +140,14 @@ class Deduper:
         if hit is not None:
             _same_request(fp, hit[2], count, hit[1])
             self.replayed += 1
-            done(hit[0], None, True)
-            return
+            done(hit[0], None)
+            return True
         pending = self._keys_pending.get(key)
         if pending is not None:
             _same_request(fp, pending.fp, count, count)
             pending.waiters.append(done)
             self.replayed += 1
-            return
+            return True
         pending = self._keys_pending[key] = _Pending(fp)
         h0 = headers[0]
 
@@ -156,13 +156,14 @@ class Deduper:
             if exc is None:
                 self.keys.acked(base, len(bodies), h0)
                 self._dirty()
-            done(base, exc, False)
+            done(base, exc)
             for w in pending.waiters:
-                w(base, exc, True)
+                w(base, exc)
         self._append(bodies, defer_ms, headers, finished, producer)
+        return False
 
     def _sequenced(self, raw: bytes, bodies: list[bytes], defer_ms: int,
-                   headers: list[dict[str, bytes] | None], done: Done, producer: str) -> None:
+                   headers: list[dict[str, bytes] | None], done: Done, producer: str) -> bool:
         parsed = parse_producer(raw)
         if parsed is None:
             raise IdempotenceError("E_BAD_PRODUCER",
@@ -180,13 +181,13 @@ class Deduper:
             if stored is not None and (epoch, seq) <= stored:
                 assert st is not None
                 self.replayed += 1
-                done(st.base if seq == st.seq else -1, None, True)
-                return
+                done(st.base if seq == st.seq else -1, None)
+                return True
             pending = self._seq_pending.get((pid, epoch, seq))
             if pending is not None:
                 self.replayed += 1
                 pending.waiters.append(done)
-                return
+                return True
             expected = newest[1] + 1 if epoch == newest[0] else 0
             if seq != expected:
                 raise IdempotenceError(
@@ -207,10 +208,11 @@ class Deduper:
             elif self._accepted.get(pid, (-1, -1)) >= (epoch, seq):
                 # not stored: the producer sends it again, with the same sequence
                 self._accepted[pid] = (epoch, seq - 1)
-            done(base, exc, False)
+            done(base, exc)
             for w in pending.waiters:
-                w(base, exc, True)
+                w(base, exc)
         self._append(bodies, defer_ms, headers, finished, producer)
+        return False
 
     def _append(self, bodies: list[bytes], defer_ms: int, headers: list[dict[str, bytes] | None],
                 finished: Callable[[int, Exception | None], None], producer: str) -> None:
@@ -224,17 +226,17 @@ class Deduper:
                             headers: list[dict[str, bytes] | None],
                             producer: str = "") -> tuple[int, bool]:
         """(base offset, replayed) once durable; the append's exception otherwise."""
-        fut: asyncio.Future[tuple[int, bool]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
-        def done(base: int, exc: Exception | None, replayed: bool) -> None:
+        def done(base: int, exc: Exception | None) -> None:
             if fut.done():
                 return
             if exc is not None:
                 fut.set_exception(exc)
             else:
-                fut.set_result((base, replayed))
-        self.publish(bodies, defer_ms, headers, done, producer)
-        return await fut
+                fut.set_result(base)
+        replayed = self.publish(bodies, defer_ms, headers, done, producer)
+        return await fut, replayed
 
     # -- persistence ---------------------------------------------------------------------
     def _dirty(self) -> None:
