@@ -115,3 +115,18 @@ def test_headers_tags_and_traced_publishes(nsqd: NsqdProcess) -> None:
     assert h[2] == h[3] == {"##client_dispatch_tag": b"red"}
     assert h[4] == {"##trace_id": b"42"}
     assert h[5] == {"a": b"b"} and h[6] == {} and h[0] == {}
+
+
+def test_a_lasting_gap_starts_a_new_epoch(nsqd: NsqdProcess) -> None:
+    """The leader does not know the sequence before this one (forgotten, or given up): the
+    refused batch is sent again as sequence 0 of a new epoch, stored once."""
+    async def main() -> None:
+        async with Producer(nsqd.tcp_address) as p:
+            await p.publish("gap", b"a")
+            (stream,) = p._seqs._streams
+            p._seqs._streams[stream][2] += 5  # as if 5 batches were lost without a trace
+            await p.publish("gap", b"b")
+            assert p._seqs._streams[stream][1:] == [1, 1]  # epoch 1, next sequence 1
+            await p.publish("gap", b"c")
+    run(main(), timeout=60)
+    assert [b for b, _ in stored(nsqd.http_address, "gap")] == [b"a", b"b", b"c"]

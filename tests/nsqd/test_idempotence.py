@@ -7,6 +7,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from nsqx.client import Connection, NSQError
 from nsqx.protocol import v2
 from tests.client.helpers import run, start_fixed
@@ -164,3 +166,22 @@ def test_http_key_survives_kill9_and_a_lost_index(nsqd_factory: NsqdFactory) -> 
     assert _post(port, "/mpub?topic=k9", b"a\nb", "kill-key-2") == (200, "true", b"OK")
     assert _post(port, "/pub?topic=k9", b"other", "kill-key")[0] == 422
     assert [b for b, _ in stored(node.http_address, "k9")] == [b"once", b"a", b"b"]
+
+
+def test_an_unknown_producer_starts_at_sequence_0(tmp_path: Path) -> None:
+    """A retried batch 1 that overtakes batch 0 must not make batch 0 look stored."""
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            c = Connection(f"127.0.0.1:{n.tcp_port}")
+            await c.connect()
+            try:
+                with pytest.raises(NSQError, match="expected sequence 0, got 1"):
+                    await c.command(v2.pub_ext("u", b"b1", _mark("new", 0, 1)))
+                assert await c.command(v2.pub_ext("u", b"b0", _mark("new", 0, 0))) == b"OK"
+                assert await c.command(v2.pub_ext("u", b"b1", _mark("new", 0, 1))) == b"OK"
+                got = await asyncio.get_running_loop().run_in_executor(
+                    None, stored, f"127.0.0.1:{n.http_port}", "u")
+                assert [b for b, _ in got] == [b"b0", b"b1"]
+            finally:
+                c.close()
+    run(main())

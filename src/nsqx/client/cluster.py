@@ -37,7 +37,7 @@ from .errors import ConnectionClosedError, NoConnectionsError, NSQError
 from .idempotent import RETRY_CODES as IDEMPOTENT_RETRY_CODES
 from .idempotent import Sequences, ext_headers, mark_command
 from .lookup import ACCEPT, lookup_url
-from .producer import Producer, _check_topic, key_partition
+from .producer import GAP_WAIT, Producer, _check_topic, key_partition
 
 __all__ = ["ClusterProducer", "PartitionLeader", "TopicLayout"]
 
@@ -216,6 +216,7 @@ class ClusterProducer:
         refresh = False
         mark: bytes | None = None
         chosen: int | None = None
+        gap_since: float | None = None
         while True:
             layout = await self.layout(topic, refresh=refresh)
             part = chosen if chosen is not None else self._pick(layout, partition, key)
@@ -224,11 +225,14 @@ class ClusterProducer:
             if leader is None:
                 error = NoConnectionsError(f"TOPIC({topic}) PARTITION({part}) has no leader now")
             else:
-                if idempotent and mark is None:
-                    chosen, mark = part, self._seqs.next((topic, part))
+                def command(part: int = part) -> bytes:
+                    # the sequence is taken when first written: in order on the connection
+                    nonlocal mark, chosen
+                    if idempotent and mark is None:
+                        chosen, mark = part, self._seqs.next((topic, part))
+                    return build(part, mark)
                 try:
-                    return part, await self._producer(leader.address).send_command(
-                        build(part, mark))
+                    return part, await self._producer(leader.address)._send(command)
                 except (ConnectionClosedError, NoConnectionsError, OSError) as e:
                     error = e  # (subclasses of NSQError: caught first)
                 except NSQError as e:
@@ -238,6 +242,12 @@ class ClusterProducer:
                             self._seqs.give_up((topic, part), mark)
                         raise
                     error = e
+                    if mark is not None and e.code == "E_OUT_OF_ORDER_SEQUENCE":
+                        gap_since = gap_since or time.monotonic()
+                        if time.monotonic() - gap_since >= GAP_WAIT:
+                            # refused, so not stored; the missing sequence is not coming
+                            self._seqs.give_up((topic, part), mark)
+                            mark, gap_since = None, None
             if time.monotonic() >= deadline:
                 if mark is not None:  # outcome unknown: the stream goes on in a new epoch
                     self._seqs.give_up((topic, part), mark)

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from nsqx.protocol import v2
@@ -61,6 +61,9 @@ log = logging.getLogger("nsqx.client")
 MAX_ROUTE_RETRIES = 4
 # a routed publish whose partition leader fails is sent to the new leader for this long
 LEADER_WAIT = 15.0
+# an idempotent publish refused for a sequence gap this long starts a new epoch (the
+# missing sequence is not being resent: the leader forgot the producer, or it was given up)
+GAP_WAIT = 2.0
 
 
 class Producer:
@@ -361,7 +364,10 @@ class Producer:
         nsqd's answer; for forwarding nodes and tools that already hold the wire bytes."""
         return await self._send(data)
 
-    async def _send(self, data: bytes, address: str | None = None) -> bytes:
+    async def _send(self, data: bytes | Callable[[], bytes], address: str | None = None) -> bytes:
+        """``data`` may be a function building the command when it is written (an
+        idempotent ClusterProducer takes its sequence number then, so they go out in
+        order)."""
         if self._closing:
             raise ClosedError("producer closed")
         self._start()
@@ -371,7 +377,7 @@ class Producer:
             while True:
                 conn = await self._wait_open(address)
                 try:
-                    fut = conn.command(data)
+                    fut = conn.command(data if isinstance(data, bytes) else data())
                 except ConnectionClosedError:
                     continue
                 self._inflight.add(fut)
@@ -406,6 +412,7 @@ class Producer:
         stream: tuple[str, str, int | None] | None = None
         mark = data = b""
         down_since: float | None = None
+        gap_since: float | None = None
         async with self._slots:
             while True:
                 error: Exception
@@ -451,6 +458,16 @@ class Producer:
                                 self._seqs.give_up(stream, mark)
                             raise
                         error = e
+                        if e.code == "E_OUT_OF_ORDER_SEQUENCE":
+                            gap_since = gap_since or loop.time()
+                            if loop.time() - gap_since >= GAP_WAIT:
+                                # not stored (refused before the append), and the missing
+                                # sequence is not coming: this batch starts a new epoch
+                                self._seqs.give_up(stream, mark)
+                                mark = self._seqs.next(stream)
+                                data = mark_command(topic, bodies, partition, headers, mark,
+                                                    multi)
+                                gap_since = None
                     finally:
                         self._inflight.discard(fut)
                 if self._closed or loop.time() >= deadline:

@@ -173,7 +173,14 @@ class Deduper:
         stored = (st.epoch, st.seq) if st is not None else None
         taken = self._accepted.get(pid)
         newest = stored if taken is None or (stored is not None and stored > taken) else taken
-        if newest is not None:
+        if newest is None:
+            if seq != 0:  # a retry may overtake the first batch: only 0 starts a producer
+                raise IdempotenceError(
+                    "E_OUT_OF_ORDER_SEQUENCE",
+                    f"producer {pid} epoch {epoch}: expected sequence 0, got {seq} on "
+                    f"partition {self.part.partition} (a producer this partition does not "
+                    "know, or forgot after --idempotency-window, starts at 0)", 409)
+        else:
             if epoch < newest[0]:
                 raise IdempotenceError(
                     "E_PRODUCER_FENCED",
