@@ -61,14 +61,18 @@ def test_window_and_count_bound_what_is_remembered(tmp_path: Path) -> None:
     lg = _log(tmp_path)
     keys = PublishKeys(tmp_path / "k.sqlite", lg, window=60, max_keys=2, max_producers=2)
     old = time.time() - 120
-    keys.put("old", 0, 1, "", old)
-    assert keys.get("old") is None  # outside the window
+    keys.put("h/old", 0, 1, "", old)
+    keys.put("w:1:2", 0, 1, "", old)  # the Spark sink's: kept 7 days whatever the window
+    assert keys.get("h/old") is None  # outside the window
+    assert keys.get("w:1:2") == (0, 1, "")
+    keys.expire()
+    assert keys.get("w:1:2") == (0, 1, "")
     for i in range(4):
-        keys.put(f"k{i}", i, 1, "")
+        keys.put(f"h/k{i}", i, 1, "")
         keys.put_producer(f"p{i}", 0, 0, i, 1)
     keys.expire()
-    assert keys.get("k0") is None and keys.get("k1") is None
-    assert keys.get("k3") == (3, 1, "")
+    assert keys.get("h/k0") is None and keys.get("h/k1") is None
+    assert keys.get("h/k3") == (3, 1, "")
     assert list(keys.producers) == ["p2", "p3"]
     n = keys.db.execute("SELECT count(*) FROM keys").fetchone()[0]  # type: ignore[union-attr]
     assert n == 2

@@ -47,7 +47,8 @@ Endpoints (query-string parameters, errors as upstream's ``{"message": CODE}``):
     in a small SQLite index under the topic directory (``pubkeys-p<P>.sqlite``); after a
     crash the index is completed from the log's headers, so a key acknowledged once is never
     appended again (``nsqx.nsqd.idempotence``, shared with HTTP ``Idempotency-Key`` and
-    idempotent TCP producers). Keys older than ``--idempotency-window`` (24 h) are forgotten. 400 ``MISSING_ARG_WRITER`` etc., 413 for
+    idempotent TCP producers). Keys older than 7 days (or ``--idempotency-window`` when
+    longer) are forgotten. 400 ``MISSING_ARG_WRITER`` etc., 413 for
     bodies over ``--max-body-size``.
 
 Authorization (nsqd with ``--auth-http-address``): the secret comes from an

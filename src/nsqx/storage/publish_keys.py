@@ -34,6 +34,10 @@ log = logging.getLogger("nsqx.storage.publish_keys")
 PUB_KEY_HEADER = "nsqx-pub"
 PRODUCER_HEADER = "##nsqx_producer"
 DEFAULT_WINDOW = 24 * 3600.0
+# the Spark sink's keys (``writer:batch:task``, no ``h/`` prefix) are kept at least this
+# long, as before the window existed: a streaming query may replay a micro-batch days later
+PIPELINE_KEY_TTL = 7 * 86400.0
+HTTP_KEY_PREFIX = "h/"
 DEFAULT_MAX_KEYS = 1_000_000
 DEFAULT_MAX_PRODUCERS = 10_000
 
@@ -85,6 +89,7 @@ class PublishKeys:
         self.path = path
         self.log = plog
         self.window = window
+        self.pipeline_window = max(window, PIPELINE_KEY_TTL)
         self.max_keys = max_keys
         self.max_producers = max_producers
         self.mem: OrderedDict[str, tuple[int, int, str, float]] = OrderedDict()
@@ -125,7 +130,8 @@ class PublishKeys:
         lo = max(watermark, self.log.start_offset)
         if self.log.flushed_offset > lo:
             try:
-                recent = self.log.offset_for_time(time.time_ns() - int(self.window * 1e9))
+                recent = self.log.offset_for_time(
+                    time.time_ns() - int(self.pipeline_window * 1e9))
             except Exception:  # an archive that cannot be read: scan what is local
                 recent = None
             if recent is not None:
@@ -176,16 +182,20 @@ class PublishKeys:
             self.covered = base + count
 
     # -- keys ----------------------------------------------------------------------------
+    def _key_window(self, key: str) -> float:
+        return self.window if key.startswith(HTTP_KEY_PREFIX) else self.pipeline_window
+
     def get(self, key: str) -> tuple[int, int, str] | None:
         """(base, count, fingerprint) of a key stored within the window."""
+        horizon = time.time() - self._key_window(key)
         hit = self.mem.get(key)
         if hit is not None:
-            return (hit[0], hit[1], hit[2]) if hit[3] >= time.time() - self.window else None
+            return (hit[0], hit[1], hit[2]) if hit[3] >= horizon else None
         if self.db is None:
             return None
         row = self.db.execute("SELECT base, count, fp, created FROM keys WHERE key=?",
                               (key,)).fetchone()
-        if row is None or row[3] < time.time() - self.window:
+        if row is None or row[3] < horizon:
             return None
         return int(row[0]), int(row[1]), row[2] or ""
 
@@ -208,13 +218,16 @@ class PublishKeys:
         """Forget keys older than the window, then the oldest past the count bound."""
         now = time.time() if now is None else now
         horizon = now - self.window
-        while self.mem and next(iter(self.mem.values()))[3] < horizon:
-            self.mem.popitem(last=False)
+        for k in [k for k, v in self.mem.items() if v[3] < now - self._key_window(k)]:
+            del self.mem[k]
         for pid in [p for p, s in self.producers.items() if s.seen < horizon]:
             del self.producers[pid]
         if self.db is not None:
             with self.db:
-                self.db.execute("DELETE FROM keys WHERE created < ?", (horizon,))
+                self.db.execute("DELETE FROM keys WHERE created < ? AND substr(key, 1, 2) = ?",
+                                (horizon, HTTP_KEY_PREFIX))
+                self.db.execute("DELETE FROM keys WHERE created < ?",
+                                (now - self.pipeline_window,))
                 (n,) = self.db.execute("SELECT count(*) FROM keys").fetchone()
                 if n > self.max_keys:
                     self.db.execute("DELETE FROM keys WHERE rowid IN (SELECT rowid FROM keys "
