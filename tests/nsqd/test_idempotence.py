@@ -185,3 +185,21 @@ def test_an_unknown_producer_starts_at_sequence_0(tmp_path: Path) -> None:
             finally:
                 c.close()
     run(main())
+
+
+def test_a_producer_naming_no_partition_sticks_to_one(tmp_path: Path) -> None:
+    """On a topic of several partitions its sequences must not be spread over them."""
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            n.ensure_partitions("multi", 4)
+            c = Connection(f"127.0.0.1:{n.tcp_port}")
+            await c.connect()
+            try:
+                for seq in range(6):
+                    cmd = v2.pub_ext("multi", b"m%d" % seq, _mark("sticky", 0, seq))
+                    assert await c.command(cmd) == b"OK"
+            finally:
+                c.close()
+            counts = sorted(p.log.next_offset for p in n.topics["multi"].partitions)
+            assert counts == [0, 0, 0, 6]
+    run(main())

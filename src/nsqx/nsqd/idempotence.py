@@ -72,9 +72,13 @@ def sticky_partition(topic: Any, headers: list[dict[str, bytes] | None]) -> int 
     h = headers[0]
     raw = h.get(PRODUCER_HEADER) if h else None
     parts = topic.partitions
-    if raw is None or len(parts) < 2 or topic.ordered or topic.routes is not None:
+    if raw is None or len(parts) < 2 or topic.ordered:
         return None
-    return key_partition(bytes(raw).split(b":")[0], len(parts))
+    pid = bytes(raw).split(b":")[0]
+    if topic.routes is not None:  # route-managed: one of the open partitions
+        open_ = sorted(topic.routes.open)
+        return open_[key_partition(pid, len(open_))] if open_ else None
+    return key_partition(pid, len(parts))
 
 
 def leads(part: Any) -> bool:
