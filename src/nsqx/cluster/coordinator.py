@@ -25,6 +25,7 @@ import contextlib
 import logging
 import ssl
 from collections import Counter
+from dataclasses import replace
 
 from nsqx.cluster.election import Election
 from nsqx.cluster.etcd import Compare, EtcdClient, EtcdError, Op
@@ -46,7 +47,38 @@ from nsqx.cluster.trust import Signer
 
 log = logging.getLogger("nsqx.cluster.coordinator")
 
-__all__ = ["Coordinator", "reconcile_partition"]
+__all__ = ["Coordinator", "reconcile_partition", "repair_contradictions"]
+
+
+def repair_contradictions(pm: PartitionMeta, live: set[str]) -> PartitionMeta:
+    """A record no member's step could have written (edited or forged in etcd) made
+    consistent with the live replicas (pure).
+
+    ISR members that are not replicas leave it; a live leader missing from its own ISR is put
+    back (it holds every message of its epoch: it is the reference the ISR is measured by);
+    a leader that is no replica, or is gone and not in the ISR, is replaced from the live ISR
+    with a new epoch. An ISR left with nobody cannot be guessed (electing a replica that may
+    lack acknowledged messages would lose them): the partition waits, logged as an error.
+    """
+    isr = tuple(n for n in pm.isr if n in pm.replicas)
+    leader = pm.leader
+    if leader is not None and leader in pm.replicas and leader in live and leader not in isr:
+        isr += (leader,)
+    fixed = pm if isr == pm.isr and set(pm.catchup) == set(pm.replicas) - set(isr) \
+        else pm.with_isr(isr)
+    if leader is not None and leader not in fixed.isr:
+        fixed = elect_leader(replace(fixed, leader=None), live, {})
+    if fixed != pm:
+        log.warning("TOPIC(%s) PARTITION(%d): metadata contradicted the live replicas (leader "
+                    "%s ISR %s, live: %s): repaired to leader %s ISR %s; who can write to etcd "
+                    "controls the cluster (docs/cluster-trust.md)", pm.topic, pm.partition,
+                    pm.leader, ",".join(pm.isr), ",".join(sorted(live)), fixed.leader,
+                    ",".join(fixed.isr))
+        if not fixed.isr:
+            log.error("TOPIC(%s) PARTITION(%d): its ISR names no replica: no replica is known "
+                      "to hold every acknowledged message, so none is elected; an operator "
+                      "must restore the ISR", pm.topic, pm.partition)
+    return fixed
 
 
 def reconcile_partition(pm: PartitionMeta, live: set[str], draining: set[str],
@@ -59,6 +91,7 @@ def reconcile_partition(pm: PartitionMeta, live: set[str], draining: set[str],
     move of this partition, if any (:func:`~nsqx.cluster.placement.move_step`); while it
     is pending leadership is not rebalanced.
     """
+    pm = repair_contradictions(pm, live)
     for node in list(pm.replicas):
         if node not in live and (node in pm.isr or pm.leader == node):
             pm = node_lost(pm, node, live, {})

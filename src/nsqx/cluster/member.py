@@ -56,7 +56,7 @@ from nsqx.cluster.forward import forward_command, traced_offset
 from nsqx.cluster.metadata import ClusterMetadata, Versioned
 from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import expand_isr, shrink_isr
-from nsqx.cluster.replication import LeaderProgress, truncation_point
+from nsqx.cluster.replication import LeaderProgress, Regressed, truncation_point
 from nsqx.cluster.route_store import (
     HeldResets,
     ResetRecord,
@@ -70,7 +70,15 @@ from nsqx.cluster.route_store import (
 )
 from nsqx.cluster.stream import PATH as STREAM_PATH
 from nsqx.cluster.stream import StreamConnection, StreamRefused, cork, serve
-from nsqx.cluster.trust import RefusalLog, Refused, SignedSession, Signer, Verifier
+from nsqx.cluster.trust import (
+    RefusalLog,
+    Refused,
+    SignedSession,
+    Signer,
+    Verifier,
+    receiver_name,
+)
+from nsqx.httpapi import make_runner
 from nsqx.netutil import bind_listener
 from nsqx.nsqd.config_api import apply_settings, export_settings
 from nsqx.nsqd.routing import TopicRoutes
@@ -360,6 +368,7 @@ class NodeMember:
         self.followers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._following: dict[tuple[str, int], tuple[str | None, int]] = {}
         self.nodes: dict[str, NodeInfo] = {}
+        self.node_leases: dict[str, int] = {}  # node -> its registration's lease: one run of it
         self._tasks: list[asyncio.Task[None]] = []
         self._http: SignedSession | None = None
         self._producers: dict[str, Any] = {}  # leader tcp address -> nsqx.client Producer
@@ -419,15 +428,19 @@ class NodeMember:
         app = web.Application()
         self._add_internal(app)
         app.router.add_get("/nsqx/cluster/state", self.h_state)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.SockSite(runner, sock, ssl_context=self.tls_server).start()
-        self._internal_runner = runner
+        # the public listeners' runner: a malformed request is one warning and Go's 400/431,
+        # never a traceback; no Server header
+        runner = make_runner(app, logging.getLogger("nsqx.cluster.http"))
         host, port = sock.getsockname()[:2]
         if host in ("0.0.0.0", "::", ""):
             host = self.nsqd.opts.broadcast_address or "127.0.0.1"
         port = getattr(self.nsqd.opts, "broadcast_cluster_port", 0) or port
         self.internal_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if self.verifier is not None:  # requests signed for another member are refused
+            self.verifier.receivers = {receiver_name(self.internal_address)}
+        await runner.setup()
+        await web.SockSite(runner, sock, ssl_context=self.tls_server).start()
+        self._internal_runner = runner
         log.info("CLUSTER: internal endpoints on %s (%s%s)", self.internal_address,
                  "signed requests only" if self.verifier else "NOT authenticated",
                  ", mutual TLS" if self.tls_server else "")
@@ -514,7 +527,8 @@ class NodeMember:
                 self._load(kvs)
                 async for events in self.meta.watch(self.meta.keys.root, rev + 1):
                     for ev in events:
-                        self._apply_kv(ev.kv.key, None if ev.type == "DELETE" else ev.kv.value)
+                        self._apply_kv(ev.kv.key, None if ev.type == "DELETE" else ev.kv.value,
+                                       ev.kv.lease)
                     self._reconcile()
             except EtcdError as e:
                 log.warning("CLUSTER: metadata watch failed (%s); retrying", e)
@@ -524,14 +538,15 @@ class NodeMember:
         self.partitions.clear()
         self.topic_meta.clear()
         self.nodes.clear()
+        self.node_leases.clear()
         self.route_histories.clear()
         self.route_passes.clear()
         self.route_resets.clear()
         for kv in kvs:
-            self._apply_kv(kv.key, kv.value)
+            self._apply_kv(kv.key, kv.value, kv.lease)
         self._reconcile()
 
-    def _apply_kv(self, key: bytes, value: bytes | None) -> None:
+    def _apply_kv(self, key: bytes, value: bytes | None, lease: int = 0) -> None:
         keys = self.meta.keys
         try:
             if key.startswith(keys.partitions):
@@ -551,8 +566,10 @@ class NodeMember:
                 nid = key[len(keys.nodes):].decode()
                 if value is None:
                     self.nodes.pop(nid, None)
+                    self.node_leases.pop(nid, None)
                 else:
                     self.nodes[nid] = NodeInfo.from_json(value)
+                    self.node_leases[nid] = lease
             elif key.startswith(routes_prefix(keys.root)):
                 name = key[len(routes_prefix(keys.root)):].decode()
                 if value is None:
@@ -972,8 +989,10 @@ class NodeMember:
                 await asyncio.sleep(0.3)
                 truncated = False
 
-    def _sign(self, method: str, path: str, params: dict[str, str]) -> dict[str, str] | None:
-        return self.signer.headers(method, path, params) if self.signer else None
+    def _sign(self, method: str, path: str, params: dict[str, str], *, to: str
+              ) -> dict[str, str] | None:
+        """Signature headers of a request to the member at cluster address ``to``."""
+        return self.signer.headers(method, path, params, to=to) if self.signer else None
 
     async def _get_json(self, url: str, **params: Any) -> dict:
         assert self._http is not None
@@ -1006,7 +1025,8 @@ class NodeMember:
                       "epoch": str(epoch), "node": self.node_id,
                       "wait_ms": str(int(FETCH_WAIT * 1000))}
             status, raw = await conn.get("/nsqx/replica/fetch", params, FETCH_WAIT + 5,
-                                         self._sign("GET", "/nsqx/replica/fetch", params))
+                                         self._sign("GET", "/nsqx/replica/fetch", params,
+                                                    to=conn.address))
             _check_answer(status, raw)
             nl = _index_nl(raw)
             head_raw, frames = raw[:nl], raw[nl + 1:]
@@ -1284,7 +1304,11 @@ class NodeMember:
             return 416, {"message": "OFFSET_OUT_OF_RANGE", "start": plog.start_offset,
                          "end": plog.flushed_offset}, b""
         now = time.monotonic()
-        gate.progress.on_fetch(node, offset, plog.flushed_offset, now)
+        try:  # one session per registration: a lower fetch in it is refused, not recorded
+            gate.progress.on_fetch(node, offset, plog.flushed_offset, now,
+                                   self.node_leases.get(node, 0))
+        except Regressed as e:
+            raise Refused(409, "E_OFFSET_REGRESSED", str(e)) from None
         gate.release()
         ordered = topic.ordered
         if ordered:  # ordered channels' cursors go with every answer, at least this often

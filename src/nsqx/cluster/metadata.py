@@ -109,19 +109,12 @@ class ClusterMetadata:
     # -- partitions ---------------------------------------------------------------------------
     async def partitions(self, topic: str) -> dict[int, Versioned]:
         kvs, _ = await self.etcd.get_prefix(self.keys.topic_partitions(topic))
-        out = {}
-        for kv in kvs:
-            pm = PartitionMeta.from_json(kv.value)
-            out[pm.partition] = Versioned(pm, kv.mod_revision)
+        out = {v.meta.partition: v for v in _versioned(kvs)}
         return dict(sorted(out.items()))
 
     async def all_partitions(self) -> dict[tuple[str, int], Versioned]:
         kvs, _ = await self.etcd.get_prefix(self.keys.partitions)
-        out = {}
-        for kv in kvs:
-            pm = PartitionMeta.from_json(kv.value)
-            out[(pm.topic, pm.partition)] = Versioned(pm, kv.mod_revision)
-        return out
+        return {(v.meta.topic, v.meta.partition): v for v in _versioned(kvs)}
 
     async def update_partition(self, current: Versioned,
                                change: Callable[[PartitionMeta], PartitionMeta]) -> Versioned | None:
@@ -151,3 +144,16 @@ class ClusterMetadata:
                     ) -> AsyncIterator[list[WatchEvent]]:
         async for events in self.etcd.watch_prefix(prefix, start_revision):
             yield events
+
+
+def _versioned(kvs: list) -> list[Versioned]:
+    """Partition records as read, a malformed one (written by hand or by an attacker with
+    etcd access) skipped with a warning: it must not stop the coordinator's pass over the
+    others."""
+    out = []
+    for kv in kvs:
+        try:
+            out.append(Versioned(PartitionMeta.from_json(kv.value), kv.mod_revision))
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring malformed partition record %r", kv.key)
+    return out

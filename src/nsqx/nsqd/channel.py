@@ -195,7 +195,9 @@ class Channel:
 
     @property
     def depth(self) -> int:
-        return self.cursor.depth(self._end_offset())
+        """Pending messages up to what is readable, paused or not: Go's depth counts a
+        paused topic's backlog (a pause stops delivery, not the count)."""
+        return self.cursor.depth(self.topic.readable_end)
 
     @property
     def message_count(self) -> int:

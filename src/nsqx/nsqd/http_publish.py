@@ -20,7 +20,7 @@ import orjson
 from nsqx.httpbase import HTTPError
 from nsqx.httpbase import first as _first
 from nsqx.nsqd.idempotence import IdempotenceError, deduper_for, fingerprint, leads
-from nsqx.nsqd.topic import BadPartition, PublishRefused, SealedPartition
+from nsqx.nsqd.topic import BadPartition, PartitionRequired, PublishRefused, SealedPartition
 from nsqx.protocol.routes import key_partition
 from nsqx.storage.publish_keys import PUB_KEY_HEADER
 
@@ -163,7 +163,7 @@ async def publish(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defer_ms:
                                   headers=headers, producer=producer)
     except asyncio.CancelledError:
         raise
-    except SealedPartition as exc:
+    except (SealedPartition, PartitionRequired) as exc:
         raise HTTPError(400, f"E_BAD_PARTITION {exc}") from None
     except BadPartition:
         raise HTTPError(400, "E_BAD_PARTITION") from None
@@ -250,7 +250,7 @@ async def publish_once(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defe
         raise
     except IdempotenceError as exc:
         raise HTTPError(exc.status, f"{exc.code[2:]}: {exc.text}") from None
-    except SealedPartition as exc:
+    except (SealedPartition, PartitionRequired) as exc:
         raise HTTPError(400, f"E_BAD_PARTITION {exc}") from None
     except BadPartition:
         raise HTTPError(400, "E_BAD_PARTITION") from None

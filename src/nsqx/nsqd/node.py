@@ -452,8 +452,12 @@ class NSQD:
         return ctx
 
     def _lock_data_path(self) -> None:
-        self.data_path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.data_path / ".nsqx.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # unusable: one FATAL line, as upstream (before this, stop() had nothing to save)
+            self.data_path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.data_path / ".nsqx.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise SystemExit(f"FATAL: --data-path={self.data_path} cannot be used: "
+                             f"{e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

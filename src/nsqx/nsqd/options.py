@@ -18,6 +18,7 @@ import zlib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from nsqx.extras import install_command
 from nsqx.flags import (
     LOG_LEVELS,
     Flag,
@@ -253,7 +254,7 @@ class Options:
             except ValueError as e:
                 raise OptionsError(f"--archive-url: {e}") from None
             if importlib.util.find_spec("pyarrow") is None:
-                raise OptionsError("--archive-url needs pyarrow: pip install 'nsqx[archive]'")
+                raise OptionsError(f"--archive-url needs pyarrow: {install_command('archive')}")
         if self.statsd_address and self.statsd_interval <= 0:
             raise OptionsError("--statsd-interval must be > 0")
         # the same ceilings as /channel/config and /topic/config (attempts: 16-bit field)
@@ -424,9 +425,9 @@ def _flags() -> list[Flag]:
         Flag("max-channel-consumers", INT, 0, "maximum channel consumer connection count per nsqd "
              "instance (default 0, i.e., unlimited)"),
         # nsqx tiered storage
-        Flag("archive-url", STR, "", "archive closed log segments as Parquet files to this "
+        Flag("archive-url", STR, "", "[nsqx] archive closed log segments as Parquet files to this "
              "directory or s3://bucket/prefix; old reads are served from there"),
-        Flag("archive-s3-endpoint", STR, "", "S3 endpoint (host:port or URL) for an s3:// "
+        Flag("archive-s3-endpoint", STR, "", "[nsqx] S3 endpoint (host:port or URL) for an s3:// "
              "--archive-url (credentials from the AWS environment variables)"),
         choice_flag("archive-compression", tuple(ARCHIVE_CODECS), "[nsqx] Parquet codec of the "
                     "archived files, as Kafka's compression.type (readers need no setting)"),

@@ -128,7 +128,7 @@ class Topic:
             if len(parts) == 1:
                 return parts[0]
             if self.ordered:
-                raise BadPartition(f"topic {self.name} is ordered: name a partition")
+                raise PartitionRequired(self.name, len(parts))
             first = parts[0]
             first._rr += 1
             if first.gate is not None:  # cluster mode: spread over the partitions led here
@@ -463,6 +463,17 @@ DELIVER_AT_KEY = "##deliver_at_ms"  # cluster mode: a DPUB's due time (ms), kept
 
 class BadPartition(ValueError):
     """A partition that does not exist, or a partitionless PUB to an ordered topic."""
+
+
+class PartitionRequired(BadPartition):
+    """A publish to an ordered topic that names no partition: order holds per partition,
+    so the producer must choose one (or a key that hashes to one). The text says so, for
+    HTTP publishers too, behind the upstream-style code ``E_BAD_PARTITION``."""
+
+    def __init__(self, topic: str, partitions: int) -> None:
+        super().__init__(f"topic {topic} is ordered: name a partition (0..{partitions - 1}: "
+                         f"PUB {topic} N, /pub?partition=N) or publish with a key "
+                         f"(nsqx.client: key=...), whose messages keep their order")
 
 
 class SealedPartition(BadPartition):
