@@ -173,7 +173,8 @@ class ClusterProducer:
                       key: bytes | str | None = None, headers: Mapping[str, bytes | str] | None = None,
                       tag: str | None = None, trace_id: int | None = None) -> int:
         """PUB one message to its partition's leader; returns the partition used.
-        ``headers``, ``tag``, ``trace_id`` as :meth:`Producer.publish`."""
+        ``headers``, ``tag``, ``trace_id`` as :meth:`Producer.publish` (the traced answer
+        is not returned here: the partition is)."""
         _check_topic(topic)
         hdrs = ext_headers(headers, tag, trace_id)
         part, _ = await self._send(topic, partition, key, lambda part, mark: mark_command(
