@@ -106,10 +106,15 @@ def _mpub_ext_marked(topic: str, bodies: list[bytes], partition: int | None,
     one pack per message instead of a header encoding: batched ingest's hot path)."""
     first = struct.pack(">H", len(mark_json)) + mark_json + bodies[0]
     parts = [struct.pack(">II", 0, len(bodies)), struct.pack(">I", len(first)), first]
-    pack = _SIZE_NOHDR.pack
-    for b in bodies[1:]:
-        parts.append(pack(len(b) + 2, 0))
-        parts.append(b)
+    rest = bodies[1:]
+    if rest and all(len(b) == len(rest[0]) for b in rest):  # one separator (mpub_body's way)
+        sep = _SIZE_NOHDR.pack(len(rest[0]) + 2, 0)
+        parts += (sep, sep.join(rest))
+    else:
+        pack = _SIZE_NOHDR.pack
+        for b in rest:
+            parts.append(pack(len(b) + 2, 0))
+            parts.append(b)
     body = b"".join(parts)
     head = (b"MPUB_EXT %s\n" % topic.encode() if partition is None
             else b"MPUB_EXT %s %d\n" % (topic.encode(), partition))

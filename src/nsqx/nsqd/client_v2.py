@@ -85,6 +85,9 @@ class Fatal(Exception):
         self.code, self.text = code, text
 
 
+_NO_EXT = {b"\0\0"}  # an MPUB_EXT message's JSON length when it has no header
+
+
 class ClientV2(asyncio.Protocol):
     """State and protocol handler of one client connection."""
 
@@ -1102,7 +1105,7 @@ class ClientV2(asyncio.Protocol):
         traced: int | None = None
         if what.endswith("_EXT"):
             rest = raw[1:]
-            if rest and all(item[:2] == b"\0\0" and len(item) > 2 for item in rest):
+            if rest and min(map(len, rest)) > 2 and {item[:2] for item in rest} == _NO_EXT:
                 # headers on the first message only (an idempotent producer's batch): the
                 # others split by one comprehension (batched ingest's hot path)
                 h, body = split_ext(raw[0], what)
