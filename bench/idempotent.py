@@ -12,6 +12,9 @@ first message) alternating, ``--runs`` times each:
 
 CPU per message is nsqd's (utime + stime from /proc/<pid>/stat) plus this client process's
 (``time.process_time``) over the publishing, divided by the messages; msgs/s is wall clock.
+Before measuring, one message is published the same way (the topic is created and, when
+idempotent, the partition's index opened: a one-time cost of ~20-30 ms per partition that
+would otherwise be spread over the run's messages).
 Medians of the runs are compared. Issue 33's targets: idempotent <= 1.1x plain CPU per
 message batched, <= 1.2x one at a time.
 """
@@ -98,6 +101,7 @@ def one_run(workload: str, idempotent: bool, args: argparse.Namespace) -> tuple[
         else:
             n = args.singles
             coro = singles(addr, idempotent, n, args.size)
+        asyncio.run(singles(addr, idempotent, 1, args.size))  # warm-up (see the docstring)
         s0, c0, w0 = cpu_seconds(proc.pid), time.process_time(), time.monotonic()
         asyncio.run(coro)
         s1, c1, w1 = cpu_seconds(proc.pid), time.process_time(), time.monotonic()
