@@ -138,6 +138,11 @@ class Options:
     max_delay: float = 0.0  # nsqx: ceiling of DPUB/REQ delays (0: --max-req-timeout's)
     max_attempts: int = 0  # nsqx: deliveries before a message goes to <topic>.dlq (0: never)
     msg_ttl: float = 0.0  # nsqx: messages older than this are skipped at delivery (0: kept)
+    # nsqx: idempotent publishes (Idempotency-Key, idempotent producers): how long and how
+    # many keys / producer ids each partition remembers
+    idempotency_window: float = 86400.0
+    idempotency_max_keys: int = 1_000_000
+    idempotency_max_producers: int = 10_000
     client_timeout: float = 60.0  # no flag upstream (default heartbeat = half of it)
 
     # client overridable configuration options
@@ -257,6 +262,11 @@ class Options:
             raise OptionsError("--max-attempts must be <= 65535")
         if self.msg_ttl > 366 * 24 * 3600:
             raise OptionsError("--msg-ttl must be <= 8784h0m0s (366 days)")
+        if self.idempotency_window <= 0:
+            raise OptionsError("--idempotency-window must be > 0")
+        if self.idempotency_max_keys < 1 or self.idempotency_max_producers < 1:
+            raise OptionsError("--idempotency-max-keys and --idempotency-max-producers "
+                               "must be >= 1")
 
     def go_value(self, cfg_name: str) -> Any:
         """The option as upstream's ``GET /config/:opt`` shows it; KeyError if no such option."""
@@ -392,6 +402,13 @@ def _flags() -> list[Flag]:
         Flag("msg-ttl", DUR, d.msg_ttl, "[nsqx] messages published longer ago than this are "
              "skipped (finished unseen, counted as expired) when a channel reaches them "
              "(0 = kept; per topic: /topic/config)"),
+        Flag("idempotency-window", DUR, d.idempotency_window, "[nsqx] how long a partition "
+             "remembers an Idempotency-Key or an idempotent producer's sequence (a retry "
+             "later than this is stored again)"),
+        Flag("idempotency-max-keys", INT, d.idempotency_max_keys, "[nsqx] Idempotency-Keys "
+             "each partition remembers at most (the oldest are forgotten first)"),
+        Flag("idempotency-max-producers", INT, d.idempotency_max_producers, "[nsqx] "
+             "idempotent producer ids each partition remembers at most (least recent first)"),
         Flag("max-body-size", INT, d.max_body_size, "maximum size of a single command body"),
         # client overridable configuration options
         Flag("max-heartbeat-interval", DUR, d.max_heartbeat_interval, "maximum client "

@@ -92,6 +92,7 @@ class Topic:
             )
             self.log = PartitionLog(self.dir / f"p{partition}", partition, config)
         self._idle_end = -1  # log end seen by the last release_idle_files()
+        self.dedupe: Any = None  # idempotent publishes' index (nsqd.idempotence), on first use
         self.committer = GroupCommitter(self.log, nsqd.loop, syncer=nsqd.fs_syncer,
                                         scheduler=nsqd.commit_scheduler)
         self.committer.on_flushed.append(self._on_flushed)
@@ -449,6 +450,9 @@ class Topic:
                     ch.cursor.close()
                 else:
                     ch.close()
+            if self.dedupe is not None:
+                self.dedupe.close()
+                self.dedupe = None
             self.log.close()
         if delete and not self.ephemeral:
             shutil.rmtree(self.dir, ignore_errors=True)

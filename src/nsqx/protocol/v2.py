@@ -18,6 +18,8 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
+import orjson
+
 from nsqx.speedups import native
 
 from .errors import ProtocolError, go_quote, raw_text
@@ -62,6 +64,7 @@ __all__ = [
     "parse_dpub_timeout",
     "parse_fin",
     "parse_identify",
+    "parse_lone_marked_pub",
     "parse_lone_pub",
     "parse_partition",
     "parse_rdy",
@@ -464,6 +467,41 @@ def parse_lone_pub(data: bytes, max_msg_size: int) -> tuple[bytes, bytes] | None
     return topic, data[nl + 5:]
 
 
+_MARK_OPEN = b'{"##nsqx_producer":"'
+_MARK_CHARS = frozenset(b"0123456789abcdefABCDEF.:-_")
+
+
+def parse_lone_marked_pub(data: bytes, max_msg_size: int) -> tuple[bytes, bytes, bytes] | None:
+    """(topic, producer mark, body) when ``data`` is exactly one ``PUB_EXT <topic>`` whose
+    only header is ``{"##nsqx_producer":"<id>:<epoch>:<seq>"}`` (an idempotent producer's
+    PUB), else None: the general path (parser, ``split_ext``, ``parse_ext_json``) takes the
+    rest and gives the same result for these (tests/protocol/test_lone_pub.py).
+
+    Speed: the idempotent producer's one-at-a-time PUB, as :func:`parse_lone_pub` is the
+    plain one's."""
+    nl = data.find(b"\n", 8, 74)
+    if nl < 0 or not data.startswith(b"PUB_EXT "):
+        return None
+    end = len(data)
+    if end < nl + 7:
+        return None
+    size = _I32_unpack_from(data, nl + 1)[0]
+    if end - nl - 5 != size or size <= 0 or size > max_msg_size:
+        return None
+    jlen = _U16_unpack_from(data, nl + 5)[0]
+    j0 = nl + 7
+    jend = j0 + jlen
+    if end <= jend or not data.startswith(_MARK_OPEN, j0) or data[jend - 2:jend] != b'"}':
+        return None
+    mark = data[j0 + len(_MARK_OPEN):jend - 2]
+    if not mark or not _MARK_CHARS.issuperset(mark):
+        return None
+    topic = data[8:nl]
+    if not valid_topic_name(topic):
+        return None
+    return topic, mark, data[jend:]
+
+
 def _line_too_long(max_line: int) -> ProtocolError:
     # upstream just drops the connection (bufio.ErrBufferFull); we say why first
     return ProtocolError("E_INVALID", f"command line too long (max {max_line} bytes)")
@@ -613,8 +651,8 @@ def parse_ext_json(raw: bytes | str) -> dict[str, bytes]:
     if len(raw) > MAX_EXT_JSON:
         raise ProtocolError("E_INVALID_JSON_HEADER",
                             f"json header too long {len(raw)} > {MAX_EXT_JSON}", False)
-    try:
-        obj = json.loads(raw, parse_constant=_reject_constant)
+    try:  # orjson: ~20x faster than json here, and it refuses NaN/Infinity as JSON does not
+        obj = orjson.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError("E_INVALID_JSON_HEADER",
                             f"fail to parse json header:{exc.__class__.__name__}", False) from None
