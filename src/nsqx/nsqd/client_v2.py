@@ -22,7 +22,7 @@ import orjson
 
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
-from nsqx.nsqd.channel import NotLeader, SeekError, load_position, now_ms, resolve_position
+from nsqx.nsqd.channel import NotLeader, SeekError, load_position, resolve_position
 from nsqx.nsqd.idempotence import (
     IdempotenceError,
     deduper_for,
@@ -290,9 +290,9 @@ class ClientV2(asyncio.Protocol):
             offset = ch.imported_offset(self.id, v)
             if offset < 0:
                 return False
-        if not ch.cursor.finish_head(self.id, offset):
+        if not ch.finish_head(self, offset):
             return False
-        self._finished(ch, offset)
+        self.finish_count += 1
         ch.pump_now(self)
         return True
 
@@ -523,8 +523,8 @@ class ClientV2(asyncio.Protocol):
     def in_flight_count(self) -> int:
         subs = self.subs
         if len(subs) == 1:
-            return subs[0].cursor.in_flight_of(self.id)
-        return sum(ch.cursor.in_flight_of(self.id) for ch in subs)
+            return subs[0].in_flight_of(self.id)
+        return sum(ch.in_flight_of(self.id) for ch in subs)
 
     # -- heartbeats -----------------------------------------------------------------------
     def _schedule_heartbeat(self) -> None:
@@ -877,21 +877,12 @@ class ClientV2(asyncio.Protocol):
         try:
             if ch is None:
                 raise NotInFlight
-            ch.cursor.finish(self.id, offset)
+            ch.finish(self, offset)
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_FIN_FAILED", f"FIN {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
-        self._finished(ch, offset)
+        self.finish_count += 1
         self._wake_subs(ch)
         return None
-
-    def _finished(self, ch: Channel, offset: int) -> None:
-        """Bookkeeping of one FIN the cursor took (both FIN paths)."""
-        self.finish_count += 1
-        if ch.topic.tracer is not None:
-            ch.topic.tracer.finished(ch, self, (offset,))
-        if ch.e2e is not None:
-            ch.record_finished(offset)
-        ch.dirty = True
 
     def _wake_subs(self, ch: Channel) -> None:
         """RDY room opened: every partition this client reads may send now."""
@@ -930,19 +921,12 @@ class ClientV2(asyncio.Protocol):
                 except ProtocolError as exc:
                     self._respond(frames.encode_error(exc.code, exc.text))
             return None
-        errors = self.channel.cursor.finish_many(self.id, offsets)
+        errors = self.channel.finish_many(self, offsets)
         self.finish_count += n - len(errors)
-        if self.channel.topic.tracer is not None:
-            bad = {off for off, _ in errors}
-            self.channel.topic.tracer.finished(
-                self.channel, self, [o for o in offsets if o not in bad] if bad else offsets)
-        if self.channel.e2e is not None and len(errors) < n:
-            self.channel.record_finished(offsets[-1], n - len(errors))
         for off, exc in errors:
             mid = b"%016x" % off
             self._respond(frames.encode_error(
                 "E_FIN_FAILED", f"FIN {mid.decode()} failed {_reason(exc)}"))
-        self.channel.dirty = True
         self.channel.wake()
         return None
 
@@ -952,13 +936,10 @@ class ClientV2(asyncio.Protocol):
         try:
             if ch is None:
                 raise NotInFlight
-            ch.cursor.requeue(self.id, offset, delay, now_ms())
+            ch.requeue(self, offset, delay)
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_REQ_FAILED", f"REQ {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
         self.requeue_count += 1
-        if ch.topic.tracer is not None:
-            ch.topic.tracer.requeued(ch, self, offset, delay)
-        ch.dirty = True
         self._wake_subs(ch)
         return None
 
@@ -967,9 +948,7 @@ class ClientV2(asyncio.Protocol):
         try:
             if ch is None:
                 raise NotInFlight
-            ch.cursor.touch(
-                self.id, offset, now_ms(), self.msg_timeout_ms,
-                max_msg_timeout_ms=int(self.nsqd.opts.max_msg_timeout * 1000))
+            ch.touch(self, offset, int(self.nsqd.opts.max_msg_timeout * 1000))
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
         return None
