@@ -21,7 +21,7 @@ from nsqx.nsqd.dead_letters import screen
 from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.headers import ext_frames
 from nsqx.nsqd.tags import TagDispatch, retag
-from nsqx.protocol.v2 import StartPosition
+from nsqx.protocol.v2 import StartKind, StartPosition
 from nsqx.storage.cursor import ChannelCursor, Delivery
 from nsqx.storage.message_id import parse_id
 from nsqx.storage.records import LogError
@@ -72,11 +72,11 @@ def resolve_position(topic: TopicView, pos: StartPosition) -> tuple[int, bool]:
         raise NotLeader(refusal)
     log_ = topic.log
     earliest, latest = log_.earliest_offset, log_.next_offset  # (the archive's start)
-    if pos.kind == "earliest":
+    if pos.kind == StartKind.EARLIEST:
         off, clamped = earliest, False
-    elif pos.kind == "latest":
+    elif pos.kind == StartKind.LATEST:
         return latest, False
-    elif pos.kind == "timestamp":
+    elif pos.kind == StartKind.TIMESTAMP:
         off, clamped = min(max(log_.offset_for_time(pos.value * 1_000_000_000), earliest),
                            latest), False
     elif pos.value > latest:
@@ -114,14 +114,14 @@ async def load_position(topic: TopicView, pos: StartPosition) -> None:
     lower = getattr(log_, "lower", None)
     if lower is None or log_.earliest_offset >= log_.start_offset:
         return
-    if pos.kind == "timestamp":
+    if pos.kind == StartKind.TIMESTAMP:
         off = await load_time(log_, pos.value * 1_000_000_000)
         if off is None:
             return
-    elif pos.kind == "latest":
+    elif pos.kind == StartKind.LATEST:
         return
     else:  # earliest, an offset (clamped up to the archive start)
-        off = 0 if pos.kind == "earliest" else pos.value
+        off = 0 if pos.kind == StartKind.EARLIEST else pos.value
     await load_archived(log_, max(off, log_.earliest_offset))
 
 
@@ -172,9 +172,7 @@ class Channel:
     def dirty(self, value: bool) -> None:
         """A dirty channel joins the node's set, so the persist pass visits only those."""
         if value and not self._dirty:
-            dirty = getattr(self.topic.nsqd, "dirty_channels", None)
-            if dirty is not None:
-                dirty.add(self)
+            self.topic.nsqd.dirty_channels.add(self)
         self._dirty = value
 
     @property
@@ -190,9 +188,7 @@ class Channel:
         return self.cursor.has_timers()
 
     def _on_armed(self) -> None:
-        timed = getattr(self.topic.nsqd, "timed_channels", None)
-        if timed is not None:
-            timed.add(self)
+        self.topic.nsqd.timed_channels.add(self)
 
     # -- state exposed to stats / http -------------------------------------------------
     @property
@@ -292,7 +288,7 @@ class Channel:
         self.reset_to(offset)
         log.info("TOPIC(%s) CHANNEL(%s): reset to offset %d (%s%s)%s", self.topic.name,
                  self.name, offset, pos.kind,
-                 f" {pos.value}" if pos.kind in ("offset", "timestamp") else "",
+                 f" {pos.value}" if pos.kind in (StartKind.OFFSET, StartKind.TIMESTAMP) else "",
                  f" by {who}" if who else "")
         self.wake()
         return SeekResult(offset, self.topic.log.earliest_offset, self.topic.log.next_offset,
@@ -389,7 +385,10 @@ class Channel:
         nothing changed, unless ``client`` holds exactly that one."""
         if not self.cursor.finish_head(client.id, offset):
             return False
-        self._finished(client, (offset,), offset, 1)
+        if self.topic.tracer is None and self.e2e is None:
+            self.dirty = True  # (_finished's only work then, without its call: per message)
+        else:
+            self._finished(client, (offset,), offset, 1)
         return True
 
     def finish_many(self, client: Session, offsets: list[int]) -> list[tuple[int, Exception]]:

@@ -15,7 +15,7 @@ import ssl
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -65,7 +65,7 @@ from nsqx.storage.records import LogError
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
-    from nsqx.nsqd.interfaces import NodeAPI
+    from nsqx.nsqd.interfaces import NodeAPI, TopicView
     from nsqx.protocol.v2 import StartPosition
 
 log = logging.getLogger("nsqx.nsqd.client")
@@ -673,7 +673,8 @@ class ClientV2(asyncio.Protocol):
             raise Fatal("E_UNAUTHORIZED", "AUTH no authorizations found")
         return state
 
-    def _check_auth(self, topic: str, channel: str | None, permission: str, cmd: str) -> Any:
+    def _check_auth(self, topic: str, channel: str | None, permission: str, cmd: str
+                    ) -> Awaitable[Any] | None:
         """None when allowed now; a coroutine when the authorization must be refreshed."""
         if not self.nsqd.auth_enabled:
             return None
@@ -751,7 +752,8 @@ class ClientV2(asyncio.Protocol):
         return None
 
     @staticmethod
-    async def _load_start(auth: Any, part: Any, start: StartPosition | None) -> None:
+    async def _load_start(auth: Awaitable[Any] | None, part: TopicView | None,
+                          start: StartPosition | None) -> None:
         """SUB_ADVANCED: the authorization first, then the archived row group its position
         names, read in a thread (``load_position``) so that resolving it on the loop waits
         for no store; an unreadable file fails as resolving it would."""
@@ -764,7 +766,7 @@ class ClientV2(asyncio.Protocol):
                 raise Fatal(getattr(exc, "code", "E_SUB_FAILED"),
                             f"SUB_ADVANCED {exc}") from None
 
-    async def _after(self, coro: Any, then: Callable[[], None]) -> None:
+    async def _after(self, coro: Awaitable[Any], then: Callable[[], None]) -> None:
         await coro
         try:
             then()
@@ -1009,7 +1011,7 @@ class ClientV2(asyncio.Protocol):
             part.publish(bodies, defer_ms, done, headers=headers, producer=self.remote_address)
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
 
-    def _publish_once(self, part: Any, bodies: list[bytes], defer_ms: int,
+    def _publish_once(self, part: TopicView, bodies: list[bytes], defer_ms: int,
                       headers: list[dict[str, bytes] | None], code: str, what: str,
                       ok_from: Callable[[int], bytes] | None) -> None:
         """A batch marked for idempotence (``nsqx-pub`` key or ``##nsqx_producer``
@@ -1197,7 +1199,7 @@ def _route_version_param(params: list[bytes], index: int, what: str) -> int | No
     return int(raw)
 
 
-def _check_serves_consumers(topic: Any, what: str) -> None:
+def _check_serves_consumers(topic: TopicView, what: str) -> None:
     """Cluster mode: only a partition's leader delivers (Youzan's fatal error otherwise)."""
     gate = topic.gate
     refusal = gate.refuse_consumers(topic) if gate is not None else None

@@ -676,10 +676,9 @@ class TopicRoutes:
             off = self.sealed.get(p)
             if off is None:
                 return end
-        cur = channel.cursor
-        if cur.confirmed >= off and cur.in_flight_count == 0:
-            if cur.confirmed == off:
-                cur.skip_to(off + 1)
+        if channel.confirmed >= off and channel.in_flight_count == 0:
+            if channel.confirmed == off:
+                channel.skip_to(off + 1)
                 channel.dirty = True
             self._set_state(name, on_command_fin(self.states[name], self.history, p))
             self._passed(name, p)

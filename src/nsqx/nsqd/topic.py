@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsqx.nsqd.channel import Channel, now_ms
+from nsqx.protocol.names import is_ephemeral
 from nsqx.storage.commit import GroupCommitter
 from nsqx.storage.cursor import ChannelCursor
 from nsqx.storage.log import LogConfig, MemoryLog, PartitionLog
@@ -63,7 +64,7 @@ class Topic:
         # fsync after this many messages, set on this topic (0: the node's --sync-every);
         # 1 makes every publish wait for its fsync
         self.sync_every = 0
-        self.ephemeral = name.endswith("#ephemeral")
+        self.ephemeral = is_ephemeral(name)
         # Youzan's ext flag: a topic created with extend=false refuses custom headers
         # (E_EXT_NOT_SUPPORT); nsqx topics take them by default
         self.ext = True
@@ -300,7 +301,7 @@ class Topic:
         ch = self.channels.get(name)
         if ch is not None:
             return ch
-        ephemeral = name.endswith("#ephemeral")
+        ephemeral = is_ephemeral(name)
         if not self.channels:
             start = max(self.pending_from, self.log.start_offset)
         else:
