@@ -319,6 +319,16 @@ class Topic:
             self.routes.channel_deleted(name)
         await self._delete_channel_here(name)
 
+    async def delete_unused_ephemeral(self, name: str) -> None:
+        """Delete ephemeral channel ``name`` once no partition's copy has a client: each
+        partition's copy asks when its last client leaves, so the first ask that finds the
+        channel unused deletes it everywhere and the others find nothing to do."""
+        copies = [p.channels[name] for p in self.partitions if name in p.channels]
+        if not copies or any(ch.clients or ch.exiting for ch in copies):
+            return
+        owner = next(p for p in self.partitions if name in p.channels)
+        await owner.delete_channel(name)
+
     async def _delete_channel_here(self, name: str) -> None:
         ch = self.channels.pop(name, None)
         if ch is None:
