@@ -55,6 +55,7 @@ from nsqx.cluster.fetchconn import FetchConnection
 from nsqx.cluster.forward import forward_command, traced_offset
 from nsqx.cluster.metadata import ClusterMetadata, Versioned
 from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
+from nsqx.cluster.outage import Outage
 from nsqx.cluster.placement import expand_isr, shrink_isr
 from nsqx.cluster.replication import LeaderProgress, truncation_point
 from nsqx.cluster.route_store import (
@@ -365,6 +366,7 @@ class NodeMember:
         self._producers: dict[str, Any] = {}  # leader tcp address -> nsqx.client Producer
         self.forwarded = 0
         self.etcd_ok = True
+        self.watch_outage = Outage("CLUSTER: metadata watch", log)  # backoff, one line a state
         # route-managed ordered topics: their histories and the barrier passes recorded by
         # the leaders (this node's own included), both from the etcd watch
         self.route_histories: dict[str, RouteHistory] = {}
@@ -511,14 +513,14 @@ class NodeMember:
         while True:
             try:
                 kvs, rev = await self.etcd.get_prefix(self.meta.keys.root)
+                self.watch_outage.ok()
                 self._load(kvs)
                 async for events in self.meta.watch(self.meta.keys.root, rev + 1):
                     for ev in events:
                         self._apply_kv(ev.kv.key, None if ev.type == "DELETE" else ev.kv.value)
                     self._reconcile()
             except EtcdError as e:
-                log.warning("CLUSTER: metadata watch failed (%s); retrying", e)
-                await asyncio.sleep(0.5)
+                await self.watch_outage.failed(e)
 
     def _load(self, kvs: list) -> None:
         self.partitions.clear()
