@@ -52,7 +52,8 @@ from aiohttp import web
 from nsqx.cluster.archive_fence import fence_for
 from nsqx.cluster.etcd import EtcdClient, EtcdError
 from nsqx.cluster.fetchconn import FetchConnection
-from nsqx.cluster.forward import forward_command, traced_offset
+from nsqx.cluster.forward import forward_command
+from nsqx.cluster.forwarding import Forwarder
 from nsqx.cluster.metadata import ClusterMetadata, Versioned
 from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.outage import Outage
@@ -88,7 +89,6 @@ FETCH_MAX_BYTES = 4 << 20
 CURSOR_EVERY = 1.0  # channel cursors ride with a fetch answer at least this often
 ORDERED_CURSOR_EVERY = 0.1  # ...and for ordered topics with every answer, this often when idle
 HTTP_ONLY_RETRY = 60.0  # a leader without the stream is asked again after this (upgraded?)
-FORWARD_TIMEOUT = 10.0  # a publish forwarded to the leader fails after this
 RESET_HOLD = 20.0  # a channel held for a cluster reset delivers again after this at most
 _FRAME_HEAD = struct.Struct(">IIQH")  # size, type, timestamp, attempts
 
@@ -169,13 +169,13 @@ class FollowerGate:
 
     def forward(self, topic: Any, bodies: list[bytes], defer_ms: int, done: Callable,
                 headers: list[dict[str, bytes] | None] | None = None) -> bool:
-        if self.member is None or self.leader is None:
+        if self.member is None:  # a leader may exist by the time the forward retries
             return False
         if defer_ms and (len(bodies) != 1 or (headers is not None and any(headers))):
             return False  # DPUB is one message without headers
         partition = topic.partition if len(topic.partitions) > 1 or topic.ordered else None
         command = forward_command(topic.name, partition, bodies, defer_ms, headers)
-        return self.member.forward(self.leader, topic.name, len(bodies), command, done)
+        return self.member.forward(topic, bodies, defer_ms, headers, command, done)
 
     def refuse(self, topic: Any, count: int) -> str | None:
         return (f"TOPIC({topic.name}) PARTITION({topic.partition}): this node is not the "
@@ -363,7 +363,7 @@ class NodeMember:
         self.nodes: dict[str, NodeInfo] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._http: SignedSession | None = None
-        self._producers: dict[str, Any] = {}  # leader tcp address -> nsqx.client Producer
+        self.forwarder = Forwarder(self)  # publishes that reach this node as a follower
         self.forwarded = 0
         self.etcd_ok = True
         self.watch_outage = Outage("CLUSTER: metadata watch", log)  # backoff, one line a state
@@ -470,9 +470,7 @@ class NodeMember:
         if self.lease:
             with contextlib.suppress(EtcdError):
                 await self.etcd.lease_revoke(self.lease)  # leadership moves at once
-        for producer in self._producers.values():
-            with contextlib.suppress(Exception):
-                await producer.close(timeout=1)
+        await self.forwarder.close()
         if self._http is not None:
             await self._http.close()
         for conn in self._streams.values():
@@ -1099,34 +1097,14 @@ class NodeMember:
             ch.dirty = True
 
     # -- forwarding publishes to the leader ---------------------------------------------------
-    def forward(self, leader_id: str, topic: str, count: int, command: bytes,
+    def forward(self, topic: Any, bodies: list[bytes], defer_ms: int,
+                headers: list[dict[str, bytes] | None] | None, command: bytes,
                 done: Callable) -> bool:
-        leader = self.nodes.get(leader_id)
-        if leader is None or leader_id == self.node_id:
-            return False
-        self.forwarded += count
-        asyncio.get_running_loop().create_task(
-            self._forward(leader.tcp_address, topic, count, command, done))
+        """Send a follower's publish to the partition's leader, whichever it is by then
+        (``forwarding.Forwarder``); ``done`` is called with the outcome."""
+        self.forwarded += len(bodies)
+        self.forwarder.start(topic, bodies, defer_ms, headers, command, done)
         return True
-
-    async def _forward(self, addr: str, topic: str, count: int, command: bytes,
-                       done: Callable) -> None:
-        from nsqx.client import Producer
-
-        producer = self._producers.get(addr)
-        if producer is None:
-            producer = self._producers[addr] = Producer(addr, wait_timeout=FORWARD_TIMEOUT,
-                                                        user_agent="nsqx-forward")
-        try:
-            async with asyncio.timeout(FORWARD_TIMEOUT):
-                answer = await producer.send_command(command)
-        except Exception as e:  # the leader refused, died or did not answer in time
-            log.warning("CLUSTER: TOPIC(%s): forwarding %d messages to the leader at %s "
-                        "failed: %s", topic, count, addr, e)
-            done(-1, PublishRefused(f"TOPIC({topic}): forwarding to the leader at {addr} "
-                                    f"failed: {e}"))
-            return
-        done(traced_offset(answer), None)
 
     # -- leader side: the replication API ---------------------------------------------------
     _INTERNAL_GET = ("/nsqx/replica/epochs", "/nsqx/replica/fetch", STREAM_PATH)
