@@ -72,7 +72,9 @@ from nsqx.cluster.route_store import (
 )
 from nsqx.cluster.stream import PATH as STREAM_PATH
 from nsqx.cluster.stream import StreamConnection, StreamRefused, cork, serve
+from nsqx.cluster.topic_delete import LocalCopies, local_names
 from nsqx.cluster.trust import RefusalLog, Refused, SignedSession, Signer, Verifier
+from nsqx.httpbase import HTTPError
 from nsqx.netutil import bind_listener
 from nsqx.nsqd.config_api import apply_settings, export_settings
 from nsqx.nsqd.routing import TopicRoutes
@@ -364,6 +366,8 @@ class NodeMember:
         self._tasks: list[asyncio.Task[None]] = []
         self._http: SignedSession | None = None
         self.forwarder = Forwarder(self)  # publishes that reach this node as a follower
+        self.copies = LocalCopies(Path(nsqd.data_path), nsqd.delete_topic, self._reconcile)
+        nsqd.topic_delete_hook = self.delete_topic
         self.forwarded = 0
         self.etcd_ok = True
         self.watch_outage = Outage("CLUSTER: metadata watch", log)  # backoff, one line a state
@@ -471,6 +475,7 @@ class NodeMember:
             with contextlib.suppress(EtcdError):
                 await self.etcd.lease_revoke(self.lease)  # leadership moves at once
         await self.forwarder.close()
+        await self.copies.close()
         if self._http is not None:
             await self._http.close()
         for conn in self._streams.values():
@@ -581,14 +586,20 @@ class NodeMember:
 
     def _reconcile(self) -> None:
         """Bring every local partition to the role the metadata gives it."""
+        self.copies.sweep(self.topic_meta, local_names(self.nsqd.topics))  # deleted topics
         for k, pm in self.partitions.items():
             if self.node_id not in pm.replicas:
                 self._drop_role(k)
                 continue
+            tm = self.topic_meta.get(pm.topic)
+            if self.copies.stale(pm.topic, tm, pm.topic in self.nsqd.topics):
+                self._drop_role(k)  # an earlier topic's copy: a role once it is deleted
+                continue
             topic = self._local_partition(pm.topic, pm.partition)
             if topic is None:
                 continue
-            tm = self.topic_meta.get(pm.topic)
+            if tm is not None:
+                self.copies.holds(tm)
             if tm is not None and topic.sync_every != tm.sync_every:
                 topic.set_sync_every(tm.sync_every)  # the topic's fsync policy, on every replica
             gate = self.gates.get(k)
@@ -1105,6 +1116,22 @@ class NodeMember:
         self.forwarded += len(bodies)
         self.forwarder.start(topic, bodies, defer_ms, headers, command, done)
         return True
+
+    # -- deleting a topic: a cluster operation (cluster.topic_delete) ------------------------
+    async def delete_topic(self, name: str) -> bool:
+        """nsqd's ``/topic/delete`` in cluster mode: the topic leaves etcd, so every member
+        deletes its replica (this one at once); False when neither etcd nor this node knew
+        it."""
+        try:
+            removed = await self.meta.delete_topic(name)
+        except EtcdError as e:
+            log.error("CLUSTER: TOPIC(%s): delete refused: etcd: %s", name, e)
+            raise HTTPError(503, "E_CLUSTER_UNAVAILABLE") from None
+        here = name in self.nsqd.topics
+        if here:
+            with contextlib.suppress(KeyError):
+                await self.nsqd.delete_topic(name)
+        return bool(removed) or here
 
     # -- leader side: the replication API ---------------------------------------------------
     _INTERNAL_GET = ("/nsqx/replica/epochs", "/nsqx/replica/fetch", STREAM_PATH)

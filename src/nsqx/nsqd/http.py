@@ -222,6 +222,11 @@ class _Handlers:
 
     async def topic_delete(self, request: web.Request) -> web.Response:
         name = self._topic_arg(request, validate=False)
+        cluster_delete = getattr(self.nsqd, "topic_delete_hook", None)
+        if cluster_delete is not None:  # cluster mode: every replica and the metadata
+            if not await cluster_delete(name):
+                raise HTTPError(404, "TOPIC_NOT_FOUND")
+            return _empty()
         try:
             await _maybe_await(self.nsqd.delete_topic(name))
         except KeyError:

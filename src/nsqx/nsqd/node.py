@@ -11,7 +11,7 @@ import resource
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +123,9 @@ class NSQD:
         self.plugins: list[Any] = []
         self.http_route_hooks: list[Callable[[Any], None]] = []
         self.topic_hooks: list[Callable[[Topic], None]] = []  # called with each new Topic
+        # cluster mode: /topic/delete deletes the topic in the cluster (every replica);
+        # returns False when nothing knew the name
+        self.topic_delete_hook: Callable[[str], Awaitable[bool]] | None = None
         self._tracer: Any = None  # see tracer
         self._http_app: Any = None  # http_fast.DeferredApp of the plain listener, see start()
         self._idle_socks: list[socket.socket] = []  # listening, not served yet: see start()
