@@ -72,7 +72,7 @@ from nsqx.cluster.route_store import (
 )
 from nsqx.cluster.stream import PATH as STREAM_PATH
 from nsqx.cluster.stream import StreamConnection, StreamRefused, cork, serve
-from nsqx.cluster.topic_delete import LocalCopies, local_names
+from nsqx.cluster.topic_delete import LocalCopies, local_names, refuse_imported_topics
 from nsqx.cluster.trust import RefusalLog, Refused, SignedSession, Signer, Verifier
 from nsqx.httpbase import HTTPError
 from nsqx.netutil import bind_listener
@@ -440,6 +440,7 @@ class NodeMember:
 
     # -- plugin ---------------------------------------------------------------------------
     async def start(self) -> None:
+        refuse_imported_topics(self.nsqd.topics)
         self.node_id = self._identity()
         if self.secret:
             self.signer = Signer(self.secret, self.node_id)

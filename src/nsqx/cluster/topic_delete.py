@@ -22,7 +22,7 @@ import orjson
 from nsqx.cluster.model import TopicMeta
 from nsqx.storage.fileio import write_durably
 
-__all__ = ["LocalCopies"]
+__all__ = ["LocalCopies", "local_names", "refuse_imported_topics"]
 
 log = logging.getLogger("nsqx.cluster.member")
 
@@ -117,3 +117,20 @@ class LocalCopies:
 def local_names(topics: dict[str, Any]) -> set[str]:
     """The durable topics of a node (ephemeral ones are never cluster topics)."""
     return {name for name, t in topics.items() if not t.ephemeral}
+
+
+def refuse_imported_topics(topics: dict[str, Any]) -> None:
+    """Refuse cluster mode on a data path with topics imported from Go nsqd (issue 28
+    defect 6, docs/migrating.md): their frames carry Go's ids, which only the partition's
+    ``imported-ids`` table maps to offsets. Replication copies frames but not that table,
+    so a follower's id check would refuse the frames and FIN/REQ/TOUCH by Go id would stop
+    working on a new leader. SystemExit with the topics and what to do."""
+    held = sorted(f"{t.name}/{p.partition}" for t in topics.values() if not t.ephemeral
+                  for p in t.partitions if getattr(p.log, "imported", None) is not None)
+    if held:
+        raise SystemExit(
+            f"FATAL: cluster mode refused: topic partition(s) {', '.join(held)} hold messages "
+            f"imported from Go nsqd (their imported-ids table), which cluster replication does "
+            f"not carry; run this data path as a standalone nsqd until those messages are "
+            f"consumed (the table is dropped then), or move the topics out first "
+            f"(docs/migrating.md, 'Imported topics and cluster mode')")
