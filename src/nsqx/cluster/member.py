@@ -1121,8 +1121,9 @@ class NodeMember:
     # -- deleting a topic: a cluster operation (cluster.topic_delete) ------------------------
     async def delete_topic(self, name: str) -> bool:
         """nsqd's ``/topic/delete`` in cluster mode: the topic leaves etcd, so every member
-        deletes its replica (this one at once); False when neither etcd nor this node knew
-        it."""
+        deletes its replica (this one at once). Idempotent: a name already gone is not an
+        error (nsqadmin deletes through nsqlookupd and then on each node); the result says
+        whether etcd or this node knew it."""
         try:
             removed = await self.meta.delete_topic(name)
         except EtcdError as e:

@@ -224,8 +224,7 @@ class _Handlers:
         name = self._topic_arg(request, validate=False)
         cluster_delete = getattr(self.nsqd, "topic_delete_hook", None)
         if cluster_delete is not None:  # cluster mode: every replica and the metadata
-            if not await cluster_delete(name):
-                raise HTTPError(404, "TOPIC_NOT_FOUND")
+            await cluster_delete(name)  # idempotent, as nsqlookupd's: 200 for a name gone
             return _empty()
         try:
             await _maybe_await(self.nsqd.delete_topic(name))

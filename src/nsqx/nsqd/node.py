@@ -123,8 +123,8 @@ class NSQD:
         self.plugins: list[Any] = []
         self.http_route_hooks: list[Callable[[Any], None]] = []
         self.topic_hooks: list[Callable[[Topic], None]] = []  # called with each new Topic
-        # cluster mode: /topic/delete deletes the topic in the cluster (every replica);
-        # returns False when nothing knew the name
+        # cluster mode: /topic/delete deletes the topic in the cluster (every replica),
+        # idempotently; returns whether anything knew the name
         self.topic_delete_hook: Callable[[str], Awaitable[bool]] | None = None
         self._tracer: Any = None  # see tracer
         self._http_app: Any = None  # http_fast.DeferredApp of the plain listener, see start()
