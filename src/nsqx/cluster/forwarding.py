@@ -125,6 +125,10 @@ class Forwarder:
                         reason = f"the leader at {node.tcp_address}: {reason_of(e)}"
                     except (LeaderMoved, OSError, TimeoutError) as e:
                         reason = f"the leader at {node.tcp_address}: {reason_of(e)}"
+                    except Exception as e:  # unexpected: answered, never left hanging
+                        log.exception("CLUSTER: TOPIC(%s): forwarding failed", topic.name)
+                        self._fail(topic, len(bodies), node.tcp_address, reason_of(e), done)
+                        return
                     else:
                         done(traced_offset(answer), None)
                         return
