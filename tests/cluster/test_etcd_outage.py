@@ -20,10 +20,14 @@ from nsqx.cluster.outage import Outage
 FAILURES = 40
 
 
+async def _no_delete(name: str) -> None:
+    raise AssertionError(f"nothing is deleted here ({name})")
+
+
 def _member(tmp_path: Path) -> NodeMember:
     nsqd = SimpleNamespace(opts=SimpleNamespace(cluster_replication="stream"),
                            data_path=str(tmp_path), http_route_hooks=[], topic_hooks=[],
-                           archiver=None, topics={})
+                           archiver=None, topics={}, delete_topic=_no_delete)
     return NodeMember(nsqd, ["http://127.0.0.1:1"], "t")
 
 
