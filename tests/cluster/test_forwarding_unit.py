@@ -40,7 +40,9 @@ class Topic:
         self.gate: Any = FollowerGate()
         self.published: list[list[bytes]] = []
 
-    def publish(self, bodies: list[bytes], defer_ms: int, done: Any, *, headers: Any) -> None:
+    def publish(self, bodies: list[bytes], defer_ms: int, done: Any, *, headers: Any,
+                trace: bool = True) -> None:
+        assert not trace, "done records the trace events already: no second pub event"
         self.published.append(bodies)
         done(7, None)
 

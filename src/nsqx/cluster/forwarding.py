@@ -108,7 +108,8 @@ class Forwarder:
                     refusal = self._local_refusal(topic, len(bodies))
                     if refusal is None:  # this node leads now: append here
                         self.local_appends += 1
-                        topic.publish(bodies, defer_ms, done, headers=headers)
+                        # done records the pub trace events already (the first publish)
+                        topic.publish(bodies, defer_ms, done, headers=headers, trace=False)
                         return
                     reason = f"this node leads but refuses: {refusal}"
                 elif node is None:

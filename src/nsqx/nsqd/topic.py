@@ -179,17 +179,18 @@ class Topic:
     def publish(self, bodies: list[bytes], defer_ms: int = 0,
                 done: Callable[[int, Exception | None], None] | None = None, *,
                 headers: list[dict[str, bytes] | None] | None = None,
-                producer: str = "") -> asyncio.Future[int] | None:
+                producer: str = "", trace: bool = True) -> asyncio.Future[int] | None:
         """Append a batch, durable per policy: returns a future, or calls `done` (no future).
 
         `headers` (one dict or None per body) go to the log's header sidecar, never into
         the frames stock clients receive. `producer` (remote address) names the publisher
-        in trace events.
+        in trace events. `trace=False`: `done` records the trace events already (a
+        forwarded publish this node appends itself once it leads, cluster.forwarding).
         """
         base = self.log.next_offset
         kw: dict = {} if headers is None else {"headers": headers}
         outer: asyncio.Future[int] | None = None
-        if self.tracer is not None:  # pub events once the batch is durable
+        if self.tracer is not None and trace:  # pub events once the batch is durable
             if done is None:
                 outer = self.nsqd.loop.create_future()
                 done = settle(outer)
