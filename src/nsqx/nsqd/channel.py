@@ -291,7 +291,7 @@ class Channel:
         if self.tags is not None:
             retag(self)
         if self.ephemeral and not self.clients and not self.exiting:
-            self.topic.nsqd.loop.create_task(self.topic.delete_channel(self.name))
+            self.topic.nsqd.loop.create_task(self.topic.delete_unused_ephemeral(self.name))
 
     # -- delivery ------------------------------------------------------------------------
     def _end_offset(self) -> int:
