@@ -66,11 +66,15 @@ def test_a_replica_down_during_the_delete_drops_its_copy_when_back(cluster: Clus
     assert http("POST", f"http://{lk}/topic/delete?topic=again")[0] == 200
     live = [n for n in cluster.nodes if n is not away]
     wait_until(lambda: gone_everywhere(cluster, "again", live), what="deleted on live replicas")
+    # the killed node's lease outlives it by its TTL: until it expires, placement may still
+    # give the new topic a replica there, which would leave it below its min ISR
+    wait_until(lambda: len(cluster.stats()["nodes"]) == 2, what="the killed node's lease gone")
     code, body = http("POST", f"http://{lk}/topic/create?topic=again&partition_num=1"
                       f"&replicator=2")
     assert code == 200, body
     new_leader = cluster.leader("again")
-    assert pub(new_leader, "again", b"new")[0] == 200
+    # the new partition's leader may still be taking its role (503 until it has)
+    wait_until(lambda: pub(new_leader, "again", b"new")[0] == 200, what="the new topic writable")
     away.restart(graceful=False)
     # its old copy is deleted on the way back: not served, not mistaken for a replica
     wait_until(lambda: "again" not in local_topics(away) or
