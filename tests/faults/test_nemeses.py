@@ -1,0 +1,84 @@
+"""Jepsen's nemeses on nodes that are hosts, under stock pynsq load, judged by the checker.
+
+One topic (1 partition, 3 replicas, min ISR 2, default fsync policy), one pynsq producer and
+one consumer on the client host for the whole run; the nemeses follow one another: each is
+injected, held for HOLD seconds (past the node lease and the ISR lag timeout), healed, and the
+next starts once the ISR is full again and writes are acknowledged. Checked per nemesis
+(tests/faults/checker.py): 0 acknowledged messages lost, nothing invented, no epoch led by
+two nodes, the cluster recovered; duplicates and the longest time without an ack reported.
+
+CI runs every nemesis once (~2.5 min). More, from one command:
+    .venv/bin/python bench/chaos.py --only faults --minutes 20 [--nemesis kill ...]
+(or NSQX_FAULT_NEMESES=halves,kill NSQX_FAULT_ROUNDS=5 pytest tests/faults/test_nemeses.py -s)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.chaos_check import Load, read_events
+from tests.faults.checker import Window, invented, judge, split_brains, table
+from tests.faults.hosts import HostCluster
+from tests.faults.nemesis import NEMESES
+from tests.support.cluster import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
+
+CHOSEN = [n for n in os.environ.get("NSQX_FAULT_NEMESES", ",".join(NEMESES)).split(",") if n]
+ROUNDS = int(os.environ.get("NSQX_FAULT_ROUNDS", "1"))
+HOLD = float(os.environ.get("NSQX_FAULT_HOLD", "8"))
+
+
+def test_nemeses_lose_no_acknowledged_message(host_cluster: HostCluster, tmp_path: Path) -> None:
+    unknown = set(CHOSEN) - set(NEMESES)
+    assert not unknown, f"unknown nemeses {unknown}; known: {sorted(NEMESES)}"
+    c = host_cluster
+    c.create_topic("faults")
+    load = Load(c.lookupd_http, "faults", 3600, tmp_path, stop_file=tmp_path / "stop",
+                prefix=["ip", "netns", "exec", c.client.ns])
+    windows: list[Window] = []
+    try:
+        wait_until(lambda: load.acked() > 200, timeout=60, what="traffic before the faults")
+        for _ in range(ROUNDS):
+            for name in CHOSEN:
+                w = Window(name, time.time())
+                if windows:
+                    windows[-1].end = w.start
+                heal = NEMESES[name](c, "faults")
+                time.sleep(HOLD)
+                heal()
+                w.healed = time.time()
+                windows.append(w)
+                acked = load.acked()
+                try:
+                    wait_until(lambda a=acked: len(c.partitions("faults")[0]["isr"]) == 3
+                               and load.acked() > a + 50, timeout=90,
+                               what=f"{name}: full ISR and writes acknowledged")
+                except AssertionError:
+                    w.recovered = False
+                time.sleep(1)
+        windows[-1].end = time.time()
+        load.end()
+        tally = load.finish()
+    finally:
+        load.stop()
+    published = max((e["end"] for e in read_events(load.prod_out) if "end" in e), default=0)
+    rows = judge(windows, load.ack_times(), tally.seen)
+    brains = split_brains({n.name: n.logs() for n in c.nodes})
+    made_up = invented(tally.seen, published)
+    report = (f"{table(rows)}\nrun: {tally}; published {published}; invented {len(made_up)}; "
+              f"epochs led by two nodes {len(brains)}")
+    print(f"\n{report}")
+    if os.environ.get("NSQX_FAULT_REPORT"):
+        Path(os.environ["NSQX_FAULT_REPORT"]).write_text(json.dumps(
+            [r.__dict__ for r in rows] + [{"invented": made_up, "split_brains": len(brains)}]))
+    assert len(tally.acked) > 500, report
+    assert not tally.lost, f"lost acknowledged messages {sorted(tally.lost)[:20]}\n{report}"
+    assert not made_up, report
+    assert not brains, f"{brains}\n{report}"
+    assert all(r.recovered for r in rows), report
