@@ -26,6 +26,7 @@ class Window:
     healed: float = 0.0
     end: float = 0.0  # the next window's start (or the end of the run)
     recovered: bool = True  # the ISR was full again before the next window
+    stale_refusals: int = 0  # signed requests refused as too old/new during the window
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Row:
     duplicates: int = 0
     longest_gap: float = 0.0
     recovered: bool = True
+    stale_refusals: int = 0
 
 
 def split_brains(logs: dict[str, str]) -> dict[tuple[str, int, int], set[str]]:
@@ -50,7 +52,7 @@ def split_brains(logs: dict[str, str]) -> dict[tuple[str, int, int], set[str]]:
 def judge(windows: list[Window], acks: dict[int, float], seen: Counter[int]) -> list[Row]:
     rows = []
     for w in windows:
-        row = Row(w.nemesis, recovered=w.recovered)
+        row = Row(w.nemesis, recovered=w.recovered, stale_refusals=w.stale_refusals)
         times = sorted(t for t in acks.values() if w.start <= t < w.end)
         for n, t in acks.items():
             if w.start <= t < w.end:
@@ -71,9 +73,9 @@ def invented(seen: Counter[int], published: int) -> list[int]:
 
 def table(rows: list[Row]) -> str:
     head = (f"{'nemesis':<16}{'acked':>8}{'lost':>6}{'dups':>7}"
-            f"{'longest no-ack s':>18}  recovered")
+            f"{'longest no-ack s':>18}{'stale-refused':>15}  recovered")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r.nemesis:<16}{r.acked:>8}{len(r.lost):>6}{r.duplicates:>7}"
-                     f"{r.longest_gap:>18.1f}  {'yes' if r.recovered else 'NO'}")
+                     f"{r.longest_gap:>18.1f}{r.stale_refusals:>15}  {'yes' if r.recovered else 'NO'}")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from typing import Any
 
 from nsqx.cluster.etcd_server import etcd_binary
 from nsqx.cluster.trust import generate_secret_file
+from tests.faults.clock import NodeClock, build_shim
 from tests.faults.netns import Host, Net
 from tests.support.cluster import http, wait_until
 from tests.support.lookupd_process import lookupd_command
@@ -25,8 +26,11 @@ from tests.support.nsqd_process import nsqd_command
 class Server:
     """One server process on a host; restarted with the same command and data."""
 
-    def __init__(self, host: Host, cmd: list[str], log_dir: Path, health_url: str) -> None:
+    def __init__(self, host: Host, cmd: list[str], log_dir: Path, health_url: str,
+                 env: dict[str, str] | None = None) -> None:
         self.host, self.cmd, self.log_dir, self.health_url = host, cmd, log_dir, health_url
+        self.env = env
+        self.clock: NodeClock | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -40,7 +44,8 @@ class Server:
 
     def start(self, timeout: float = 60.0) -> Server:
         self.starts += 1
-        self.proc = self.host.spawn(self.cmd, self.log_dir / f"{self.name}-{self.starts}.log")
+        self.proc = self.host.spawn(self.cmd, self.log_dir / f"{self.name}-{self.starts}.log",
+                                    self.env)
 
         def healthy() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
@@ -66,7 +71,10 @@ class Server:
 
 
 class HostCluster:
-    """etcd, nsqlookupd and ``nodes`` nsqd, each on its own host, plus the client host."""
+    """etcd, nsqlookupd and ``nodes`` nsqd, each on its own host, plus the client host.
+
+    Each nsqd runs with the clock shim when it builds (``node.clock`` shifts its wall
+    clock; None without a C compiler)."""
 
     def __init__(self, net: Net, base: Path, nodes: int = 3,
                  nsqd_args: list[str] | None = None) -> None:
@@ -90,11 +98,17 @@ class HostCluster:
             *lookupd_command(), f"--tcp-address={lk_host.ip}:4160",
             f"--http-address={lk_host.ip}:4161", f"--broadcast-address={lk_host.ip}",
             *cluster], base, f"http://{lk_host.ip}:4161/ping")
+        shim = build_shim(base)
         self.nodes = [Server(h, [
             *nsqd_command(), f"--tcp-address={h.ip}:4150", f"--http-address={h.ip}:4151",
             f"--broadcast-address={h.ip}", f"--data-path={base / (h.name + '-data')}",
             f"--lookupd-tcp-address={lk_host.ip}:4160", *cluster, *(nsqd_args or [])],
-            base, f"http://{h.ip}:4151/ping") for h in node_hosts]
+            base, f"http://{h.ip}:4151/ping",
+            {"LD_PRELOAD": str(shim), "NSQX_CLOCK_FILE": str(base / f"{h.name}.clock")}
+            if shim else None) for h in node_hosts]
+        if shim:
+            for n in self.nodes:
+                n.clock = NodeClock(base / f"{n.name}.clock")
 
     def start(self) -> HostCluster:
         self.etcd.start()
@@ -136,6 +150,16 @@ class HostCluster:
 
     def by_id(self, node_id: str) -> Server:
         return next(n for n in self.nodes if self.node_id(n) == node_id)
+
+    def stale_refusals(self) -> int:
+        """Signed requests refused as too old or too new, summed over the nsqds' /metrics."""
+        total = 0
+        for n in self.nodes:
+            code, text = self.get(f"http://{n.host.ip}:4151/metrics", timeout=3)
+            for line in str(text).splitlines() if code == 200 else ():
+                if 'reason="E_STALE_SIGNATURE"' in line:
+                    total += int(float(line.split()[-1]))
+        return total
 
     def leader(self, topic: str) -> Server:
         return self.by_id(self.partitions(topic)[0]["leader"])

@@ -9,12 +9,20 @@ hosts of their own and can be.
 - ``etcd-minority``: etcd cut off from the leader only (a minority of the nsqds).
 - ``pause``: SIGSTOP of the leader (SIGCONT heals).
 - ``kill``: kill -9 of the leader (a restart on the same data heals).
+- ``clock-skew``: the leader's wall clock 20 s ahead (inside the 30 s signature window).
+- ``clock-jumps``: a follower's wall clock jumps between -25 s and +25 s twice a second.
+- ``clock-far``: a follower restarted (kill -9) with its wall clock 90 s ahead: outside the
+  window, the requests it signs to rejoin are refused (as they must be; a replication stream
+  already open was authenticated when it opened and is not signed again, so the restart is
+  what makes it sign anew); writes go on with the other two, and it rejoins once its clock
+  is right again.
 """
 
 from __future__ import annotations
 
 import random
 import signal
+import threading
 from collections.abc import Callable
 
 from tests.faults.hosts import HostCluster
@@ -72,7 +80,55 @@ def kill(c: HostCluster, topic: str) -> Heal:
     return lambda: leader.start()
 
 
+def _clock(c: HostCluster, name: str):  # type: ignore[no-untyped-def]
+    clock = next(n for n in c.nodes if n.name == name).clock
+    assert clock is not None, "no clock shim (no C compiler): the clock nemeses cannot run"
+    return clock
+
+
+def clock_skew(c: HostCluster, topic: str) -> Heal:
+    leader, _ = _followers(c, topic)
+    clock = _clock(c, leader)
+    clock.set(20)
+    return lambda: clock.set(0)
+
+
+def clock_jumps(c: HostCluster, topic: str) -> Heal:
+    _, followers = _followers(c, topic)
+    clock = _clock(c, followers[0])
+    done = threading.Event()
+
+    def strobe() -> None:
+        sign = 1
+        while not done.wait(0.5):
+            clock.set(25 * sign)
+            sign = -sign
+
+    t = threading.Thread(target=strobe, daemon=True)
+    t.start()
+
+    def heal() -> None:
+        done.set()
+        t.join(5)
+        clock.set(0)
+    return heal
+
+
+def clock_far(c: HostCluster, topic: str) -> Heal:
+    _, followers = _followers(c, topic)
+    node = next(n for n in c.nodes if n.name == followers[0])
+    clock = _clock(c, node.name)
+    node.kill()
+    clock.set(90)
+    node.start()
+    return lambda: clock.set(0)
+
+
 NEMESES: dict[str, Callable[[HostCluster, str], Heal]] = {
     "halves": halves, "isolate-leader": isolate_leader, "one-way": one_way, "bridge": bridge,
     "etcd-minority": etcd_minority, "pause": pause, "kill": kill,
+    "clock-skew": clock_skew, "clock-jumps": clock_jumps, "clock-far": clock_far,
 }
+# inside the signature window a shifted clock must not be refused; outside it, it must be
+WITHIN_WINDOW = {"clock-skew", "clock-jumps"}
+REFUSED = {"clock-far"}

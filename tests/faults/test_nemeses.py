@@ -1,11 +1,13 @@
 """Jepsen's nemeses on nodes that are hosts, under stock pynsq load, judged by the checker.
 
 One topic (1 partition, 3 replicas, min ISR 2, default fsync policy), one pynsq producer and
-one consumer on the client host for the whole run; the nemeses follow one another: each is
+one consumer on the client host for the whole run; each nsqd's wall clock can be shifted
+(tests/faults/clock.py); the nemeses follow one another: each is
 injected, held for HOLD seconds (past the node lease and the ISR lag timeout), healed, and the
 next starts once the ISR is full again and writes are acknowledged. Checked per nemesis
 (tests/faults/checker.py): 0 acknowledged messages lost, nothing invented, no epoch led by
-two nodes, the cluster recovered; duplicates and the longest time without an ack reported.
+two nodes, the cluster recovered, a clock shifted inside the 30 s signature window never
+refused and one outside it always; duplicates and the longest time without an ack reported.
 
 CI runs every nemesis once (~2.5 min). More, from one command:
     .venv/bin/python bench/chaos.py --only faults --minutes 20 [--nemesis kill ...]
@@ -24,7 +26,7 @@ import pytest
 from tests.cluster.chaos_check import Load, read_events
 from tests.faults.checker import Window, invented, judge, split_brains, table
 from tests.faults.hosts import HostCluster
-from tests.faults.nemesis import NEMESES
+from tests.faults.nemesis import NEMESES, REFUSED, WITHIN_WINDOW
 from tests.support.cluster import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.compat]
@@ -49,6 +51,7 @@ def test_nemeses_lose_no_acknowledged_message(host_cluster: HostCluster, tmp_pat
                 w = Window(name, time.time())
                 if windows:
                     windows[-1].end = w.start
+                refused = c.stale_refusals()
                 heal = NEMESES[name](c, "faults")
                 time.sleep(HOLD)
                 heal()
@@ -61,6 +64,7 @@ def test_nemeses_lose_no_acknowledged_message(host_cluster: HostCluster, tmp_pat
                                what=f"{name}: full ISR and writes acknowledged")
                 except AssertionError:
                     w.recovered = False
+                w.stale_refusals = c.stale_refusals() - refused
                 time.sleep(1)
         windows[-1].end = time.time()
         load.end()
@@ -82,3 +86,6 @@ def test_nemeses_lose_no_acknowledged_message(host_cluster: HostCluster, tmp_pat
     assert not made_up, report
     assert not brains, f"{brains}\n{report}"
     assert all(r.recovered for r in rows), report
+    # a clock inside the 30 s signature window is never refused; one outside it always is
+    assert not any(r.stale_refusals for r in rows if r.nemesis in WITHIN_WINDOW), report
+    assert all(r.stale_refusals for r in rows if r.nemesis in REFUSED), report
