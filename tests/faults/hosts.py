@@ -16,6 +16,7 @@ from typing import Any
 
 from nsqx.cluster.etcd_server import etcd_binary
 from nsqx.cluster.trust import generate_secret_file
+from tests.faults import power
 from tests.faults.clock import NodeClock, build_shim
 from tests.faults.netns import Host, Net
 from tests.support.cluster import http, wait_until
@@ -31,6 +32,7 @@ class Server:
         self.host, self.cmd, self.log_dir, self.health_url = host, cmd, log_dir, health_url
         self.env = env
         self.clock: NodeClock | None = None
+        self.journal: Path | None = None  # the power-loss journal, when it has one
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -74,10 +76,11 @@ class HostCluster:
     """etcd, nsqlookupd and ``nodes`` nsqd, each on its own host, plus the client host.
 
     Each nsqd runs with the clock shim when it builds (``node.clock`` shifts its wall
-    clock; None without a C compiler)."""
+    clock; None without a C compiler); with ``power_shim`` also with the power-loss journal
+    (``node.journal``, see tests/faults/power.py)."""
 
     def __init__(self, net: Net, base: Path, nodes: int = 3,
-                 nsqd_args: list[str] | None = None) -> None:
+                 nsqd_args: list[str] | None = None, power_shim: Path | None = None) -> None:
         self.net, self.base = net, base
         self.client = net.add_host("client")
         etcd_host = net.add_host("etcd")
@@ -99,16 +102,24 @@ class HostCluster:
             f"--http-address={lk_host.ip}:4161", f"--broadcast-address={lk_host.ip}",
             *cluster], base, f"http://{lk_host.ip}:4161/ping")
         shim = build_shim(base)
-        self.nodes = [Server(h, [
-            *nsqd_command(), f"--tcp-address={h.ip}:4150", f"--http-address={h.ip}:4151",
-            f"--broadcast-address={h.ip}", f"--data-path={base / (h.name + '-data')}",
-            f"--lookupd-tcp-address={lk_host.ip}:4160", *cluster, *(nsqd_args or [])],
-            base, f"http://{h.ip}:4151/ping",
-            {"LD_PRELOAD": str(shim), "NSQX_CLOCK_FILE": str(base / f"{h.name}.clock")}
-            if shim else None) for h in node_hosts]
-        if shim:
-            for n in self.nodes:
-                n.clock = NodeClock(base / f"{n.name}.clock")
+        self.nodes = []
+        for h in node_hosts:
+            data = base / f"{h.name}-data"
+            data.mkdir()
+            env = {"LD_PRELOAD": str(shim), "NSQX_CLOCK_FILE": str(base / f"{h.name}.clock")} \
+                if shim else {}
+            if power_shim:
+                pw = power.env(power_shim, data, base / f"{h.name}.journal")
+                env = {**pw, "LD_PRELOAD": " ".join(filter(None, (env.get("LD_PRELOAD"),
+                                                                  pw["LD_PRELOAD"])))}
+            node = Server(h, [
+                *nsqd_command(), f"--tcp-address={h.ip}:4150", f"--http-address={h.ip}:4151",
+                f"--broadcast-address={h.ip}", f"--data-path={data}",
+                f"--lookupd-tcp-address={lk_host.ip}:4160", *cluster, *(nsqd_args or [])],
+                base, f"http://{h.ip}:4151/ping", env or None)
+            node.clock = NodeClock(base / f"{h.name}.clock") if shim else None
+            node.journal = base / f"{h.name}.journal" if power_shim else None
+            self.nodes.append(node)
 
     def start(self) -> HostCluster:
         self.etcd.start()
@@ -134,9 +145,11 @@ class HostCluster:
             raise ValueError(f"/cluster/stats: {code} {body}")
         return body
 
-    def create_topic(self, name: str, partitions: int = 1, replicas: int = 3) -> None:
+    def create_topic(self, name: str, partitions: int = 1, replicas: int = 3,
+                     extra: str = "") -> None:
+        """``extra``: more query, e.g. ``&syncdisk=1``."""
         code, body = self.get(f"http://{self.lookupd_http}/topic/create?topic={name}"
-                              f"&partition_num={partitions}&replicator={replicas}", "POST")
+                              f"&partition_num={partitions}&replicator={replicas}{extra}", "POST")
         assert code == 200, body
         wait_until(lambda: all(len(p["isr"]) == replicas and p["leader"]
                                for p in self.partitions(name)), timeout=60,
