@@ -11,7 +11,8 @@ as many cycles as fit in the given minutes (a cycle takes ~12 s), and prints pyt
 output with each cycle's failover time.
 
 ``faults`` is the namespace suite (tests/faults/test_nemeses.py, root only: every process on
-its own network namespace, Jepsen's nemeses with nftables, SIGSTOP and kill -9): the chosen
+its own network namespace, Jepsen's nemeses with nftables, SIGSTOP, kill -9 and wall-clock
+shifts): the chosen
 nemeses (default all) run in turn for as many rounds as fit, and it prints one row per
 nemesis window: acked, lost, duplicates, longest time without an ack, recovered.
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CYCLE_S = 12  # one fault, failover, restart and rejoin
 NEMESIS_S = 15  # one nemesis window of the fault suite: 8 s held, then the ISR full again
-ALL_NEMESES = 7  # tests/faults/nemesis.py NEMESES (the test refuses an unknown name)
+ALL_NEMESES = 10  # tests/faults/nemesis.py NEMESES (the test refuses an unknown name)
 SCENARIOS = {
     "kill": "tests/cluster/test_chaos.py::test_no_acknowledged_message_is_lost[kill-any]",
     "stop": "tests/cluster/test_chaos.py::test_no_acknowledged_message_is_lost[stop-leader]",
@@ -44,7 +45,7 @@ def main() -> int:
                     help="run only this scenario (repeatable; default all)")
     ap.add_argument("--nemesis", action="append", help="faults: run only this nemesis "
                     "(repeatable; default all: halves, isolate-leader, one-way, bridge, "
-                    "etcd-minority, pause, kill)")
+                    "etcd-minority, pause, kill, clock-skew, clock-jumps, clock-far)")
     args = ap.parse_args()
     chosen = args.only or sorted(SCENARIOS)
     nemeses = args.nemesis or []
