@@ -36,6 +36,8 @@ ROUNDS = int(os.environ.get("NSQX_FAULT_ROUNDS", "1"))
 HOLD = float(os.environ.get("NSQX_FAULT_HOLD", "8"))
 
 
+# each window is bounded (held HOLD s, then at most 90 s to recover): the limit scales with them
+@pytest.mark.timeout(240 + ROUNDS * len(CHOSEN) * (HOLD + 100))
 def test_nemeses_lose_no_acknowledged_message(host_cluster: HostCluster, tmp_path: Path) -> None:
     unknown = set(CHOSEN) - set(NEMESES)
     assert not unknown, f"unknown nemeses {unknown}; known: {sorted(NEMESES)}"
