@@ -100,8 +100,16 @@ static void before_change(int fd, char kind, uint64_t off, uint64_t len) {
     if (!rec) return;
     put(&b, &kind, 1); put(&b, &pl, 4); put(&b, path, pl); put(&b, &off, 8);
     if (kind == 'W') put(&b, &len, 8);
-    put(&b, &size, 8); put(&b, &oldlen, 8);
-    if (oldlen && real_pread(fd, b, oldlen, (off_t)off) != (ssize_t)oldlen) oldlen = 0;
+    put(&b, &size, 8);
+    char *lenp = b;
+    b += 8;
+    if (oldlen && real_pread(fd, b, oldlen, (off_t)off) != (ssize_t)oldlen) {
+        /* a write-only descriptor: read the old bytes through one of our own */
+        int rfd = open(path, O_RDONLY | O_CLOEXEC);
+        if (rfd < 0 || real_pread(rfd, b, oldlen, (off_t)off) != (ssize_t)oldlen) oldlen = 0;
+        if (rfd >= 0) close(rfd);
+    }
+    memcpy(lenp, &oldlen, 8);  /* the length of the old bytes actually journaled */
     b += oldlen;
     pthread_mutex_lock(&mu);
     emit(rec, (size_t)(b - rec));
