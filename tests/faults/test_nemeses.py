@@ -2,14 +2,14 @@
 
 One topic (1 partition, 3 replicas, min ISR 2, default fsync policy), one pynsq producer and
 one consumer on the client host for the whole run; each nsqd's wall clock can be shifted
-(tests/faults/clock.py); the nemeses follow one another: each is
-injected, held for HOLD seconds (past the node lease and the ISR lag timeout), healed, and the
-next starts once the ISR is full again and writes are acknowledged. Checked per nemesis
+(tests/faults/clock.py); the nemeses follow one another: each is injected, held for HOLD
+seconds (6: past the 3 s node lease and the 3 s ISR lag timeout), healed, and the next
+starts once the ISR is full again and writes are acknowledged. Checked per nemesis
 (tests/faults/checker.py): 0 acknowledged messages lost, nothing invented, no epoch led by
 two nodes, the cluster recovered, a clock shifted inside the 30 s signature window never
 refused and one outside it always; duplicates and the longest time without an ack reported.
 
-CI runs every nemesis once (~2.5 min). More, from one command:
+CI runs every nemesis once (~2 min). More, from one command:
     .venv/bin/python bench/chaos.py --only faults --minutes 20 [--nemesis kill ...]
 (or NSQX_FAULT_NEMESES=halves,kill NSQX_FAULT_ROUNDS=5 pytest tests/faults/test_nemeses.py -s)
 """
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 CHOSEN = [n for n in os.environ.get("NSQX_FAULT_NEMESES", ",".join(NEMESES)).split(",") if n]
 ROUNDS = int(os.environ.get("NSQX_FAULT_ROUNDS", "1"))
-HOLD = float(os.environ.get("NSQX_FAULT_HOLD", "8"))
+HOLD = float(os.environ.get("NSQX_FAULT_HOLD", "6"))
 
 
 # each window is bounded (held HOLD s, then at most 90 s to recover): the limit scales with them
