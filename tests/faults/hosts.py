@@ -164,15 +164,28 @@ class HostCluster:
     def by_id(self, node_id: str) -> Server:
         return next(n for n in self.nodes if self.node_id(n) == node_id)
 
-    def stale_refusals(self) -> int:
-        """Signed requests refused as too old or too new, summed over the nsqds' /metrics."""
-        total = 0
+    def stale_refusals(self) -> dict[str, tuple[int, int]]:
+        """Per nsqd: (its start number, signed requests it refused as too old or too new),
+        from its /metrics; a restart starts the count again (see :func:`refusals_since`)."""
+        out = {}
         for n in self.nodes:
             code, text = self.get(f"http://{n.host.ip}:4151/metrics", timeout=3)
+            count = 0
             for line in str(text).splitlines() if code == 200 else ():
                 if 'reason="E_STALE_SIGNATURE"' in line:
-                    total += int(float(line.split()[-1]))
-        return total
+                    count += int(float(line.split()[-1]))
+            out[n.name] = (n.starts, count)
+        return out
 
     def leader(self, topic: str) -> Server:
         return self.by_id(self.partitions(topic)[0]["leader"])
+
+
+def refusals_since(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> int:
+    """Refusals counted between two :meth:`HostCluster.stale_refusals` (a node restarted in
+    between counts from 0)."""
+    total = 0
+    for name, (starts, count) in after.items():
+        b_starts, b_count = before.get(name, (starts, 0))
+        total += count - (b_count if b_starts == starts else 0)
+    return total

@@ -25,7 +25,7 @@ import pytest
 
 from tests.cluster.chaos_check import Load, read_events
 from tests.faults.checker import Window, invented, judge, split_brains, table
-from tests.faults.hosts import HostCluster
+from tests.faults.hosts import HostCluster, refusals_since
 from tests.faults.nemesis import NEMESES, REFUSED, WITHIN_WINDOW
 from tests.support.cluster import wait_until
 
@@ -66,7 +66,7 @@ def test_nemeses_lose_no_acknowledged_message(host_cluster: HostCluster, tmp_pat
                                what=f"{name}: full ISR and writes acknowledged")
                 except AssertionError:
                     w.recovered = False
-                w.stale_refusals = c.stale_refusals() - refused
+                w.stale_refusals = refusals_since(refused, c.stale_refusals())
                 time.sleep(1)
         windows[-1].end = time.time()
         load.end()
