@@ -6,9 +6,10 @@ start again on what is left and deliver what it acknowledged, per fsync policy:
 - the defaults (fsync every 2,500 messages or 2 s): what is lost is only the newest
   acknowledged messages (a tail of the publish order), counted and reported.
 
-And of every node of a cluster at once (3 nsqd on their own hosts, min ISR 2, pynsq load;
-etcd keeps power: it fsyncs its own log): with ``syncdisk=1`` 0 lost, and every acknowledged
-message still in the log; with the defaults what the log lost (acknowledged in the last
+And in a cluster (3 nsqd on their own hosts, min ISR 2, pynsq load; etcd keeps power: it
+fsyncs its own log): of the leader alone, with the defaults, 0 lost and every acknowledged
+message still in the log (the followers have it); of every node at once with ``syncdisk=1``
+the same; with the defaults what the log lost (acknowledged in the last
 ``--sync-timeout``; a consumer that was caught up had them already) is counted and reported,
 and nothing acknowledged after the restart may be lost.
 """
@@ -91,24 +92,41 @@ def test_power_loss_of_one_node(policy: str, nsqd_factory, tmp_path: Path) -> No
         assert not lost, f"{len(lost)} acknowledged messages lost: {lost[:20]}"
 
 
-@pytest.mark.parametrize("policy", ["default", "syncdisk-1"])
-def test_power_loss_of_every_node_at_once(policy: str, net: Net, tmp_path: Path) -> None:
+LEADER_BACK_IN_ITS_LEASE = pytest.mark.xfail(strict=True, reason=(
+    "issue 28: a leader that loses power and is back within its etcd lease resumes leading "
+    "at the same epoch with the log it has left, and its followers truncate acknowledged "
+    "records to follow it ('truncating 318 diverged records (318 -> 0)')"))
+
+
+@pytest.mark.parametrize(("who", "policy"), [
+    ("every", "default"), ("every", "syncdisk-1"), ("leader-after-failover", "default"),
+    pytest.param("leader-within-lease", "default", marks=LEADER_BACK_IN_ITS_LEASE)])
+def test_power_loss_in_a_cluster(who: str, policy: str, net: Net, tmp_path: Path) -> None:
+    """``every`` node at once, or the partition's leader alone (its followers keep what they
+    received in their page cache), restarted once another leader took over or at once,
+    within its lease (10 s here, so that the restart surely comes before it ends)."""
     shim = build_shim(tmp_path)
     if shim is None:
         pytest.skip("no C compiler: the power-loss shim cannot be built")
-    c = HostCluster(net, tmp_path, power_shim=shim).start()
+    c = HostCluster(net, tmp_path, power_shim=shim, nsqd_args=[
+        "--cluster-node-ttl=10s"] if who == "leader-within-lease" else None).start()
     c.create_topic("pw", extra="&syncdisk=1" if policy == "syncdisk-1" else "")
     load = Load(c.lookupd_http, "pw", 3600, tmp_path, stop_file=tmp_path / "stop",
                 prefix=["ip", "netns", "exec", c.client.ns])
     try:
         wait_until(lambda: load.acked() > 300, timeout=60, what="traffic before the cut")
-        for n in c.nodes:  # every node loses power at the same instant
+        victims = c.nodes if who == "every" else [c.leader("pw")]
+        epoch = c.partitions("pw")[0]["epoch"]
+        for n in victims:  # they lose power at the same instant
             n.signal(signal.SIGKILL)
         cut = time.time()
-        for n in c.nodes:
+        for n in victims:
             n.kill()
-        undone = [lose_unsynced(n.journal) for n in c.nodes if n.journal]
-        for n in c.nodes:
+        undone = [lose_unsynced(n.journal) for n in victims if n.journal]
+        if who == "leader-after-failover":
+            wait_until(lambda: c.partitions("pw")[0]["epoch"] > epoch
+                       and c.partitions("pw")[0]["leader"], timeout=60, what="a new leader")
+        for n in victims:
             n.start()
         acked = load.acked()
         wait_until(lambda: len(c.partitions("pw")[0]["isr"]) == 3 and load.acked() > acked + 100,
@@ -125,7 +143,7 @@ def test_power_loss_of_every_node_at_once(policy: str, net: Net, tmp_path: Path)
     lost_before = [n for n in tally.lost if times.get(n, cut) <= cut]
     window = cut - min((times[n] for n in lost_before), default=cut)
     lost_after = sorted(set(tally.lost) - set(lost_before))
-    print(f"\npower loss of every node ({policy}): {tally}; lost acked before the cut "
+    print(f"\npower loss of {who} node(s) ({policy}): {tally}; lost acked before the cut "
           f"{len(lost_before)} (in the last {window:.2f} s); lost acked after it "
           f"{len(lost_after)} {lost_after[:3]}..{lost_after[-3:]} (acked "
           f"{[round(times[n] - cut, 2) for n in lost_after[:3]]} s after the cut); "
@@ -133,7 +151,7 @@ def test_power_loss_of_every_node_at_once(policy: str, net: Net, tmp_path: Path)
           f"the log {len(gone)} (acked in the last "
           f"{cut - min((times[n] for n in gone), default=cut):.2f} s before the cut)")
     assert len(tally.acked) > 300, str(tally)
-    if policy == "syncdisk-1":
+    if policy == "syncdisk-1" or who != "every":
         assert not tally.lost, f"lost acknowledged messages {sorted(tally.lost)[:20]}: {tally}"
         assert not gone, f"acknowledged messages gone from the log: {gone[:20]}"
     else:  # what goes was acknowledged just before the cut; nothing acked after it
