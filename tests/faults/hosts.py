@@ -110,8 +110,8 @@ class HostCluster:
                 if shim else {}
             if power_shim:
                 pw = power.env(power_shim, data, base / f"{h.name}.journal")
-                env = {**pw, "LD_PRELOAD": " ".join(filter(None, (env.get("LD_PRELOAD"),
-                                                                  pw["LD_PRELOAD"])))}
+                env = {**env, **pw, "LD_PRELOAD": " ".join(filter(None, (
+                    env.get("LD_PRELOAD"), pw["LD_PRELOAD"])))}
             node = Server(h, [
                 *nsqd_command(), f"--tcp-address={h.ip}:4150", f"--http-address={h.ip}:4151",
                 f"--broadcast-address={h.ip}", f"--data-path={data}",
