@@ -100,11 +100,13 @@ LEADER_BACK_IN_ITS_LEASE = pytest.mark.xfail(strict=True, reason=(
 
 @pytest.mark.parametrize(("who", "policy"), [
     ("every", "default"), ("every", "syncdisk-1"), ("leader-after-failover", "default"),
-    pytest.param("leader-within-lease", "default", marks=LEADER_BACK_IN_ITS_LEASE)])
+    pytest.param("leader-within-lease", "default", marks=LEADER_BACK_IN_ITS_LEASE),
+    ("leader-within-lease", "syncdisk-1"), ("follower", "default")])
 def test_power_loss_in_a_cluster(who: str, policy: str, net: Net, tmp_path: Path) -> None:
     """``every`` node at once, or the partition's leader alone (its followers keep what they
     received in their page cache), restarted once another leader took over or at once,
-    within its lease (10 s here, so that the restart surely comes before it ends)."""
+    within its lease (10 s here, so that the restart surely comes before it ends), or one
+    follower."""
     shim = build_shim(tmp_path)
     if shim is None:
         pytest.skip("no C compiler: the power-loss shim cannot be built")
@@ -115,7 +117,9 @@ def test_power_loss_in_a_cluster(who: str, policy: str, net: Net, tmp_path: Path
                 prefix=["ip", "netns", "exec", c.client.ns])
     try:
         wait_until(lambda: load.acked() > 300, timeout=60, what="traffic before the cut")
-        victims = c.nodes if who == "every" else [c.leader("pw")]
+        leader = c.leader("pw")
+        victims = {"every": c.nodes,
+                   "follower": [next(n for n in c.nodes if n is not leader)]}.get(who, [leader])
         epoch = c.partitions("pw")[0]["epoch"]
         for n in victims:  # they lose power at the same instant
             n.signal(signal.SIGKILL)
@@ -135,9 +139,9 @@ def test_power_loss_in_a_cluster(who: str, policy: str, net: Net, tmp_path: Path
         tally = load.finish()
     finally:
         load.stop()
-    leader = c.leader("pw")
+    final = c.leader("pw")
     in_log = {int(b) for b in c.net.call(fetch_bodies, SimpleNamespace(
-        http_address=f"{leader.host.ip}:4151"), "pw")}
+        http_address=f"{final.host.ip}:4151"), "pw")}
     gone = sorted(tally.acked - in_log)  # delivered (before the cut) but not in the log
     times = load.ack_times()
     lost_before = [n for n in tally.lost if times.get(n, cut) <= cut]
