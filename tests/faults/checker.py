@@ -79,3 +79,38 @@ def table(rows: list[Row]) -> str:
         lines.append(f"{r.nemesis:<16}{r.acked:>8}{len(r.lost):>6}{r.duplicates:>7}"
                      f"{r.longest_gap:>18.1f}{r.stale_refusals:>15}  {'yes' if r.recovered else 'NO'}")
     return "\n".join(lines)
+
+
+@dataclass
+class OrderedTally:
+    """Per-key order on an ordered topic (tests/faults/ordered_load.py's events)."""
+
+    acked: int = 0
+    lost: list[tuple[str, int]] = field(default_factory=list)
+    duplicates: int = 0
+    violations: list[tuple[str, int, int]] = field(default_factory=list)  # key, seq, after
+
+    def __str__(self) -> str:
+        return (f"ordered: acked {self.acked}, lost {len(self.lost)}, duplicates "
+                f"{self.duplicates}, order violations {len(self.violations)}")
+
+
+def judge_ordered(events_out: list[dict], events_in: list[dict]) -> OrderedTally:
+    """Every acknowledged (key, seq) delivered; per key, each number delivered for the first
+    time only after every smaller one (a redelivery of an older one is a duplicate, not a
+    violation: at-least-once)."""
+    acked = {(e["ack"], e["seq"]) for e in events_out if "ack" in e}
+    seen: Counter[tuple[str, int]] = Counter()
+    highest: dict[str, int] = {}
+    t = OrderedTally(acked=len(acked))
+    for e in events_in:
+        if "got" not in e:
+            continue
+        k, n = e["got"], e["seq"]
+        if seen[(k, n)] == 0 and n < highest.get(k, -1):
+            t.violations.append((k, n, highest[k]))
+        seen[(k, n)] += 1
+        highest[k] = max(highest.get(k, -1), n)
+    t.lost = sorted(acked - set(seen))
+    t.duplicates = sum(c - 1 for c in seen.values())
+    return t

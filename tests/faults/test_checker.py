@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.checker import Window, invented, judge, split_brains
+from tests.faults.checker import Window, invented, judge, judge_ordered, split_brains
 from tests.faults.power import build_shim, env, lose_unsynced
 
 
@@ -73,3 +73,14 @@ def test_power_journal_keeps_only_what_was_synced(tmp_path: Path) -> None:
     assert (data / "f").read_bytes() == b"A" * 20 + b"C" * 10 + b"A" * 70 + b"B" * 50
     assert (data / "f.2").read_bytes() == b"D" * 30
     assert report.undone_writes == 1
+
+
+def test_judge_ordered_counts_order_violations_not_redeliveries() -> None:
+    out = [{"ack": "a", "seq": n} for n in range(4)] + [{"ack": "b", "seq": 0}]
+    got = [{"got": "a", "seq": 0}, {"got": "a", "seq": 1}, {"got": "a", "seq": 0},  # redelivery
+           {"got": "a", "seq": 3}, {"got": "a", "seq": 2},  # 2 first seen after 3
+           {"got": "b", "seq": 1}]  # never published, b:0 never delivered
+    t = judge_ordered(out, got)
+    assert t.violations == [("a", 2, 3)]
+    assert t.lost == [("b", 0)]
+    assert t.duplicates == 1
