@@ -17,9 +17,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
 
 from nsqx.client import ClusterProducer, ConnConfig, Connection
 from nsqx.client.cluster import layout_from_lookup
@@ -100,6 +103,51 @@ async def consume(lookupd: str, topic: str, channel: str, partitions: int, secon
     await asyncio.sleep(seconds)
     for t in tasks:
         t.cancel()
+
+
+def _events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(errors="replace").splitlines()
+            if line.startswith("{")]
+
+
+class OrderedLoad:
+    """This script's producer and consumer as subprocesses (``prefix``: ``ip netns exec``)."""
+
+    def __init__(self, lookupd: str, topic: str, partitions: int, tmp: Path,
+                 prefix: Sequence[str] = (), keys: int = 8) -> None:
+        self.stop_file = tmp / f"{topic}-stop"
+        self.out, self.inp = tmp / f"{topic}-producer.jsonl", tmp / f"{topic}-consumer.jsonl"
+        cmd = [*prefix, sys.executable, __file__]
+        self.consumer = subprocess.Popen(
+            [*cmd, "consume", lookupd, topic, "c", str(partitions), "3600"],
+            stdout=self.inp.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.producer = subprocess.Popen(
+            [*cmd, "produce", lookupd, topic, ",".join(f"k{i}" for i in range(keys)),
+             str(self.stop_file)],
+            stdout=self.out.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def acked(self) -> int:
+        return sum(1 for e in _events(self.out) if "ack" in e)
+
+    def finish(self, timeout: float = 60.0) -> tuple[list[dict], list[dict]]:
+        """Stop publishing, give the consumer ``timeout`` s to get every acknowledged
+        message, stop it; the producer's and the consumer's events."""
+        self.stop_file.touch()
+        self.producer.wait(30)
+        acked = {(e["ack"], e["seq"]) for e in _events(self.out) if "ack" in e}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if acked <= {(e["got"], e["seq"]) for e in _events(self.inp) if "got" in e}:
+                break
+            time.sleep(0.5)
+        self.stop()
+        return _events(self.out), _events(self.inp)
+
+    def stop(self) -> None:
+        for p in (self.producer, self.consumer):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.chaos_check import Load, read_events
-from tests.faults.checker import Window, invented, judge, split_brains, table
+from tests.faults.checker import Window, invented, judge, judge_ordered, split_brains, table
 from tests.faults.hosts import HostCluster, refusals_since
 from tests.faults.nemesis import NEMESES, REFUSED, WITHIN_WINDOW
+from tests.faults.ordered_load import OrderedLoad
 from tests.support.cluster import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.compat]
@@ -43,11 +44,19 @@ def test_nemeses_lose_no_acknowledged_message(host_cluster: HostCluster, tmp_pat
     assert not unknown, f"unknown nemeses {unknown}; known: {sorted(NEMESES)}"
     c = host_cluster
     c.create_topic("faults")
+    # three partitions: one led by each node (placement spreads leaders), so every fault to
+    # a node hits an ordered partition's leader too
+    c.create_topic("ordered", partitions=3, extra="&orderedmulti=true")
+    prefix = ["ip", "netns", "exec", c.client.ns]
     load = Load(c.lookupd_http, "faults", 3600, tmp_path, stop_file=tmp_path / "stop",
-                prefix=["ip", "netns", "exec", c.client.ns])
+                prefix=prefix)
+    ordered = OrderedLoad(c.lookupd_http, "ordered", 3, tmp_path, prefix)
+    leaders = {p["leader"] for p in c.partitions("ordered")}
+    assert len(leaders) == 3, f"ordered partitions not led by three nodes: {leaders}"
     windows: list[Window] = []
     try:
-        wait_until(lambda: load.acked() > 200, timeout=60, what="traffic before the faults")
+        wait_until(lambda: load.acked() > 200 and ordered.acked() > 50, timeout=60,
+                   what="traffic before the faults")
         for _ in range(ROUNDS):
             for name in CHOSEN:
                 w = Window(name, time.time())
@@ -70,15 +79,17 @@ def test_nemeses_lose_no_acknowledged_message(host_cluster: HostCluster, tmp_pat
                 time.sleep(1)
         windows[-1].end = time.time()
         load.end()
+        order = judge_ordered(*ordered.finish())
         tally = load.finish()
     finally:
         load.stop()
+        ordered.stop()
     published = max((e["end"] for e in read_events(load.prod_out) if "end" in e), default=0)
     rows = judge(windows, load.ack_times(), tally.seen)
     brains = split_brains({n.name: n.logs() for n in c.nodes})
     made_up = invented(tally.seen, published)
     report = (f"{table(rows)}\nrun: {tally}; published {published}; invented {len(made_up)}; "
-              f"epochs led by two nodes {len(brains)}")
+              f"epochs led by two nodes {len(brains)}\n{order}")
     print(f"\n{report}")
     if os.environ.get("NSQX_FAULT_REPORT"):
         Path(os.environ["NSQX_FAULT_REPORT"]).write_text(json.dumps(
@@ -88,6 +99,9 @@ def test_nemeses_lose_no_acknowledged_message(host_cluster: HostCluster, tmp_pat
     assert not made_up, report
     assert not brains, f"{brains}\n{report}"
     assert all(r.recovered for r in rows), report
+    assert order.acked > 50, report
+    assert not order.lost, f"ordered: lost {order.lost[:20]}\n{report}"
+    assert not order.violations, f"ordered: out of order {order.violations[:20]}\n{report}"
     # a clock inside the 30 s signature window is never refused; one outside it always is
     assert not any(r.stale_refusals for r in rows if r.nemesis in WITHIN_WINDOW), report
     assert all(r.stale_refusals for r in rows if r.nemesis in REFUSED), report
