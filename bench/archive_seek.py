@@ -93,7 +93,7 @@ def build(root: Path, gib: float, segment_mb: int, body_bytes: int) -> None:
         def pieces(lo: int = lo, hi: int = hi):  # as the archiver: one row group per slice
             for cur in range(lo, hi, ROW_GROUP_ROWS):
                 n = min(ROW_GROUP_ROWS, hi - cur)
-                yield frames_to_batch(frames(cur, n, body_bytes, rng), cur, 0, {}, [(lo, 1)])
+                yield frames_to_batch(frames(cur, n, body_bytes, rng), cur, {}, [(lo, 1)])
 
         key = archive.key_for("bench", 0, lo, T0 + lo * STEP)
         size = archive.write(key, pieces())

@@ -16,7 +16,10 @@ BUILD = rb"\(nsqx [\w.+-]+, (compiled C speedups|interpreted \([^)]*\))\)"
 
 
 def _lines(log: bytes) -> list[bytes]:
-    return [ln.split(b": ", 1)[1] for ln in log.splitlines() if b"INFO: " in ln]
+    lines = [ln.split(b": ", 1)[1] for ln in log.splitlines() if b"INFO: " in ln]
+    versions = [ln for ln in lines if b" v1.3.0 " in ln]
+    assert len(versions) == 1, versions  # the banner, once (issue 30 item 8)
+    return lines
 
 
 def test_nsqd_banner_and_ready_line(nsqd: NsqdProcess) -> None:

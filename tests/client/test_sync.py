@@ -63,3 +63,28 @@ def test_deferred_message_published_before_channel_keeps_its_delay(nsqd: NsqdPro
     got = consume(nsqd, "dnc", 1)
     # upstream: the topic pump hands it to the new channel with PutMessageDeferred
     assert time.monotonic() - t0 >= 1.4 and got[0].body == b"later"
+
+
+def test_publish_without_http_takes_either_port(nsqd: NsqdProcess) -> None:
+    """Issue 30 item 8: ``publish(addr, topic, body)`` as README's tour suggests it."""
+    publish(nsqd.tcp_address, "either", b"over tcp")
+    publish(nsqd.http_address, "either", b"over http")  # the port answered HTTP: retried so
+    publish(f"http://{nsqd.http_address}", "either", [b"a", b"b"])
+    assert sorted(m.body for m in consume(nsqd, "either", 4)) == [b"a", b"b", b"over http",
+                                                                  b"over tcp"]
+    with pytest.raises(NSQError, match="HTTP server"):  # http=False said it is TCP
+        publish(nsqd.http_address, "either", b"x", http=False)
+
+
+@pytest.mark.parametrize("http", [True, False], ids=["http", "tcp"])
+def test_ordered_topic_without_partition_says_what_is_needed(nsqd: NsqdProcess,
+                                                             http: bool) -> None:
+    urllib.request.urlopen(urllib.request.Request(
+        f"http://{nsqd.http_address}/topic/create?topic=ord&partition_num=2&orderedmulti=true",
+        method="POST")).read()
+    addr = nsqd.http_address if http else nsqd.tcp_address
+    with pytest.raises(NSQError) as err:
+        publish(addr, "ord", b"x", http=http)
+    assert err.value.code == "E_BAD_PARTITION"
+    assert "ordered: name a partition (0..1" in err.value.text
+    assert "key" in err.value.text

@@ -174,6 +174,45 @@ def test_cluster_up_survives_a_member_death_and_restarts_it(tmp_path: Path) -> N
     assert out.returncode == 1 and "no `nsqx cluster up` is running" in out.stderr
 
 
+def test_cluster_up_locks_etcd_and_gives_members_the_login(tmp_path: Path) -> None:
+    """Issue 31: whoever reached etcd's client port could rewrite a partition's leader and
+    ISR. `cluster up` turns etcd's auth on; its members log in with the password kept beside
+    the cluster secret; started again on the same data, it finds auth on and logs in."""
+    base = free_block([0, 1, 2, 3])
+    lk = free_block([0, 1])
+    etcd_port = free_block([0, 1])
+    root = tmp_path / "c"
+    cmd = [sys.executable, "-m", "nsqx.cli.nsqx_cmd", "cluster", "up", "--nodes=1",
+           f"--base-port={base}", f"--lookupd-port={lk}", f"--etcd-port={etcd_port}",
+           f"--data-path={root}", "--cluster-id=up"]
+    lookupd = f"127.0.0.1:{lk + 1}"
+    for run in range(2):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        failed = None
+        try:
+            wait_until(lambda: len(http("GET", f"http://{lookupd}/cluster/stats")[1]["nodes"])
+                       == 1, timeout=60, what="the node registered (logged in to etcd)")
+            assert (root / "etcd.password").stat().st_mode & 0o777 == 0o600
+            code, body = http("POST", f"http://127.0.0.1:{etcd_port}/v3/kv/put",
+                              json.dumps({"key": "L254cS91cC9mb3JnZWQ=", "value": "eA=="}).encode())
+            assert code != 200 and "user name is empty" in str(body), (code, body)
+            if run == 0:
+                code, body = http("POST", f"http://{lookupd}/topic/create?topic=t&replicator=1"
+                                  "&partition_num=1")
+                assert code == 200, body
+            wait_until(lambda: http("POST", f"http://127.0.0.1:{base + 1}/pub?topic=t",
+                                    b"m")[0] == 200, timeout=30, what="a publish")
+        except AssertionError as e:
+            failed = e
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            text = proc.communicate(timeout=60)[0]
+        assert failed is None, f"run {run}: {failed}\n{text}\n" + "".join(
+            f"--- {f.name}\n{f.read_text()[-3000:]}" for f in sorted(root.glob("*.log")))
+        assert proc.returncode == 0, text
+        assert f"(auth on: user root, password in {root / 'etcd.password'})" in text, text
+
+
 def test_cluster_up_restart_after(tmp_path: Path) -> None:
     proc, lk_http, root = _up(tmp_path, 1, "--restart-after=500ms")
     try:

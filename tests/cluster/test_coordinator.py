@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from nsqx.cluster.coordinator import Coordinator, reconcile_partition
+from nsqx.cluster.coordinator import Coordinator, reconcile_partition, repair_contradictions
 from nsqx.cluster.etcd import EtcdClient
 from nsqx.cluster.etcd_server import EtcdServer
 from nsqx.cluster.metadata import ClusterMetadata
@@ -242,6 +242,61 @@ def test_a_requested_move_is_carried_out_and_cleared(etcd_server: EtcdServer) ->
                 await coord.meta.etcd.close()
 
     run(body())
+
+
+def test_forged_leader_and_isr_are_repaired_from_the_live_replicas(
+        etcd_server: EtcdServer) -> None:
+    """Issue 31: a PUT naming an ISR of a node with no lease made every publish fail and the
+    coordinator did not repair it."""
+    async def body() -> None:
+        async with EtcdClient([etcd_server.endpoint]) as etcd:
+            meta = ClusterMetadata(etcd, CID)
+            nodes = Nodes(meta)
+            for n in ("n1", "n2", "n3"):
+                await nodes.up(n)
+            await meta.create_topic(TopicMeta("t", 2, 3), ["n1", "n2", "n3"])
+            coord = Coordinator(EtcdClient([etcd_server.endpoint]), CID, "lookupd-1", ttl=2,
+                                rebalance=False)
+            coord.start()
+            try:
+                await eventually(lambda: _true(coord.passes > 0))
+                ps = {k: v.meta for k, v in (await meta.partitions("t")).items()}
+                # as an attacker with etcd access writes them: unchecked
+                forged = {0: PartitionMeta("t", 0, ps[0].replicas, ps[0].leader, ps[0].epoch,
+                                           ("ghost",), ()),
+                          1: PartitionMeta("t", 1, ps[1].replicas, "ghost", ps[1].epoch,
+                                           ("ghost", ps[1].replicas[1]), ())}
+                # a record that is not even JSON must not stop the pass over the others
+                await etcd.put(meta.keys.partition("junk", 0), b"{not json")
+                for p, pm in forged.items():
+                    await etcd.put(meta.keys.partition("t", p), pm.to_json())
+
+                async def repaired() -> bool:
+                    now = {k: v.meta for k, v in (await meta.partitions("t")).items()}
+                    return all("ghost" not in (pm.leader, *pm.isr) and pm.leader is not None
+                               for pm in now.values())
+
+                await eventually(repaired, timeout=20)
+                now = {k: v.meta for k, v in (await meta.partitions("t")).items()}
+                # the live leader kept its epoch; the forged one was replaced with a new one
+                assert now[0].leader == ps[0].leader and now[0].epoch == ps[0].epoch
+                assert now[0].isr == (ps[0].leader,), now[0]
+                assert now[1].leader == ps[1].replicas[1] and now[1].epoch > ps[1].epoch
+                for pm in now.values():
+                    pm.check()
+            finally:
+                await coord.close()
+                await coord.meta.etcd.close()
+
+    run(body())
+
+
+def test_an_isr_naming_no_replica_elects_nobody() -> None:
+    pm = PartitionMeta("t", 0, ("a", "b"), "ghost", 4, ("ghost",), ())
+    out = repair_contradictions(pm, {"a", "b"})
+    assert out.leader is None and out.isr == () and out.catchup == ("a", "b")
+    assert out.epoch == 5
+    assert repair_contradictions(out, {"a", "b"}) == out  # stable: no epoch per pass
 
 
 def test_reconcile_partition_rebalances_to_the_preferred_replica() -> None:

@@ -14,6 +14,7 @@ from nsqx.cluster.trust import (
     Verifier,
     generate_secret_file,
     load_secret,
+    receiver_name,
 )
 
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -124,3 +125,45 @@ def test_refusals_are_counted_always_and_logged_once_a_minute_per_caller(
     assert len(warned) == 3 and "10.0.0.9" in warned[0] and "10.0.0.8" in warned[1]
     assert r.counts["E_BAD_SIGNATURE"] == 7
     assert 'nsqx_cluster_refused_requests_total{reason="E_BAD_SIGNATURE"} 7' in r.prometheus()
+
+
+def test_a_signature_is_good_on_its_receiver_only() -> None:
+    """Issue 31: a request copied off the wire worked on another node."""
+    clock = Clock()
+    s = Signer(SECRET, "n1", clock)
+    here = Verifier(SECRET, clock=clock, receivers=["127.0.0.1:4153"])
+    there = Verifier(SECRET, clock=clock, receivers=["[::1]:4253"])
+    h = s.headers("GET", "/nsqx/replica/fetch", Q, to="127.0.0.1:4153")
+    e = refused(verify, there, h)
+    assert (e.status, e.code) == (401, "E_WRONG_RECEIVER") and "127.0.0.1:4153" in e.detail
+    # naming the other receiver instead breaks the signature
+    e = refused(verify, there, {**h, "X-Nsqx-To": "::1:4253"})
+    assert e.code == "E_BAD_SIGNATURE"
+    assert verify(here, h) == "n1"
+    # addresses compare as registered, however the host is bracketed or cased
+    assert verify(there, s.headers("GET", "/nsqx/replica/fetch", Q, to="[::1]:4253")) == "n1"
+    assert receiver_name("[FE80::1]:7") == receiver_name("fe80::1:7") == "fe80::1:7"
+
+
+def test_a_restarted_receiver_refuses_what_was_signed_before_it_started() -> None:
+    """Issue 31: the nonce window lives in memory, so a restart forgot it; what it forgot
+    is older than the restart."""
+    clock = Clock()
+    s = Signer(SECRET, "n1", clock)
+    first = Verifier(SECRET, clock=clock)
+    h = s.headers("GET", "/nsqx/replica/fetch", Q)
+    assert verify(first, h) == "n1"
+    clock.t += 1.2  # the receiver restarts 1.2 s later, well inside the 30 s window
+    second = Verifier(SECRET, clock=clock)
+    e = refused(verify, second, h)
+    assert (e.status, e.code) == (401, "E_REPLAYED") and "before this node started" in e.detail
+    clock.t += 0.001  # a millisecond after the start is after it
+    assert verify(second, s.headers("GET", "/nsqx/replica/fetch", Q)) == "n1"
+
+
+def test_a_request_signed_in_the_receivers_first_millisecond_is_accepted() -> None:
+    clock = Clock(1_000_000.0004)  # the start and the signature within one millisecond
+    v = Verifier(SECRET, clock=clock)
+    h = Signer(SECRET, "n1", clock).headers("GET", "/p", {})
+    assert h["X-Nsqx-Time"] == "1000000.000"
+    assert verify(v, h, {}, path="/p") == "n1"

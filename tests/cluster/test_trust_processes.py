@@ -7,6 +7,8 @@ followers stopped, a plain HTTP client fetching at the leader's log end in their
 
 from __future__ import annotations
 
+import base64
+import json
 import signal
 import time
 import urllib.parse
@@ -86,7 +88,8 @@ def test_each_forged_request_is_refused_clearly_and_counted(cluster: Cluster) ->
     end = cluster.state(leader)["partitions"][0]["log_end"]
     q = {"topic": "forged", "partition": 0, "epoch": epoch, "node": fid, "offset": end,
          "wait_ms": 0}
-    base = f"http://{cluster.state(leader)['cluster_address']}"
+    addr = cluster.state(leader)["cluster_address"]
+    base = f"http://{addr}"
     sq = {k: str(v) for k, v in q.items()}
 
     def check(got: tuple[int, Any], status: int, code: str) -> None:
@@ -95,7 +98,7 @@ def test_each_forged_request_is_refused_clearly_and_counted(cluster: Cluster) ->
     check(get(base + FETCH, q), 401, "E_UNAUTHENTICATED")                       # no credential
     bad = Signer(b"guessed secret, quite long enough", fid)
     check(get(base + FETCH, q, bad.headers("GET", FETCH, sq)), 401, "E_BAD_SIGNATURE")
-    h = cluster.signer(fid).headers("GET", FETCH, sq)                             # a member's
+    h = cluster.signer(fid).headers("GET", FETCH, sq, to=addr)                    # a member's
     assert get(base + FETCH, q, h)[0] == 200
     check(get(base + FETCH, q, h), 401, "E_REPLAYED")                            # replayed
     check(cluster.internal(leader, "GET", FETCH, q, as_node=oid), 403, "E_NODE_MISMATCH")
@@ -167,3 +170,52 @@ def test_a_member_with_another_secret_is_told_once(
     time.sleep(2)  # it keeps retrying; the warning is not repeated
     found = warnings()
     assert 1 <= len(found) <= 2 and "E_BAD_SIGNATURE" in found[0], found
+
+
+def test_a_lower_fetch_does_not_move_a_followers_progress_back(cluster: Cluster) -> None:
+    """Issue 31: a fetch at a lower offset lowered a follower's recorded progress and with it
+    ``acked_end`` (3 -> 0). Within one registration of the follower it is refused now."""
+    cluster.create_topic("prog", partitions=1, replicas=3)
+    leader, follower, _ = cluster.roles("prog")
+    fid = cluster.node_id(follower)
+    for i in range(3):
+        assert pub(leader, "prog", b"m%d" % i) == 200
+
+    def mine() -> dict[str, Any]:
+        return cluster.state(leader)["partitions"][0]
+
+    wait_until(lambda: mine()["followers"].get(fid, 0) >= 3, what="the follower at 3")
+    epoch = cluster.partitions("prog")[0]["epoch"]
+    got = cluster.internal(leader, "GET", FETCH, {"topic": "prog", "partition": 0,
+                                                  "epoch": epoch, "node": fid, "offset": 0,
+                                                  "wait_ms": 0}, as_node=fid)
+    assert got[0] == 409 and got[1]["message"] == "E_OFFSET_REGRESSED", got
+    now = mine()
+    assert now["acked_end"] >= 3 and now["followers"][fid] >= 3, now
+    assert cluster.state(leader)["refused"].get("E_OFFSET_REGRESSED") == 1
+    assert pub(leader, "prog", b"after") == 200  # the real follower keeps acknowledging
+
+
+def test_a_forged_isr_in_etcd_is_repaired_and_publishes_work_again(
+        etcd_server: EtcdServer, cluster: Cluster) -> None:
+    """Issue 31: a PUT to the partition record naming an ISR of a node that does not exist
+    made every publish fail (E_PUB_FAILED), and the coordinator did not repair it."""
+    cluster.create_topic("t3", partitions=1, replicas=3)
+    leader = cluster.leader("t3")
+    assert pub(leader, "t3", b"before") == 200
+    key = f"/nsqx/{cluster.cluster_id}/partitions/t3/0"
+    code, got = http("POST", f"{etcd_server.endpoint}/v3/kv/range",
+                     json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode())
+    assert code == 200, got
+    record = json.loads(base64.b64decode(got["kvs"][0]["value"]))
+    forged = {**record, "isr": ["ghost"], "catchup": []}
+    code, got = http("POST", f"{etcd_server.endpoint}/v3/kv/put", json.dumps({
+        "key": base64.b64encode(key.encode()).decode(),
+        "value": base64.b64encode(json.dumps(forged).encode()).decode()}).encode())
+    assert code == 200, got
+    wait_until(lambda: "ghost" not in cluster.partitions("t3")[0]["isr"]
+               and cluster.partitions("t3")[0]["leader"] == record["leader"], timeout=30,
+               what="the coordinator repaired the forged ISR")
+    wait_until(lambda: pub(leader, "t3", b"after") == 200, timeout=60,
+               what="publishes acknowledged again")
+    assert "metadata contradicted the live replicas" in cluster.lookupd.log_bytes().decode()

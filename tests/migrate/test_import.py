@@ -104,6 +104,8 @@ def test_import_then_a_stock_client_gets_each_channels_pending_messages(
     st = stats(nsqd)
     assert set(st) == {"orders", "events", "lonely"}
     assert st["events"]["paused"] is True
+    # the paused topic's backlog is counted, as Go's depth counts it (issue 30)
+    assert {c["channel_name"]: c["depth"] for c in st["events"]["channels"]} == {"a": 4, "b": 4}
     chans = {c["channel_name"]: c for c in st["orders"]["channels"]}
     assert chans["audit"]["paused"] is True and chans["billing"]["paused"] is False
     assert {n: c["depth"] for n, c in chans.items()} == {"billing": 9, "shipping": 13,

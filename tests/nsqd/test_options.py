@@ -122,6 +122,16 @@ def test_every_upstream_flag_exists() -> None:
     assert set(UPSTREAM_FLAGS) <= names
 
 
+def test_flags_beyond_upstream_are_marked_as_nsqx_own() -> None:
+    """--help tells upstream's flags from nsqx's own (issue 30 item 7: --archive-* were not)."""
+    unmarked = [f.name for f in flag_set()
+                if f.name not in UPSTREAM_FLAGS and not f.help.startswith("[nsqx] ")]
+    assert unmarked == []
+    listed = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    assert [f.name for f in flag_set() if f.help.startswith("[nsqx] ")
+            and f"`--{f.name}`" not in listed] == []  # its "Flags beyond upstream"
+
+
 @pytest.mark.parametrize("argv", [
     ["-msg-timeout=30s", "-max-rdy-count=10"],
     ["-msg-timeout", "30s", "-max-rdy-count", "10"],

@@ -22,6 +22,7 @@ from nsqx.protocol.routes import (
     parse_command,
     routes_key,
 )
+from nsqx.protocol.v2 import StartKind, StartPosition
 
 
 def two() -> RouteHistory:
@@ -173,6 +174,16 @@ def test_versions_and_changes_lookup() -> None:
     with pytest.raises(RouteError, match="no change produced route version 0"):
         h.change(0)
     assert h.version_at(50) == 0 and h.version_at(100) == 1 and h.version_at(10**9) == 2
+
+
+def test_restart_version_of_each_start_position() -> None:
+    """One resolver for nsqd's and the cluster's channel reset (nsqd.routing, route_coord)."""
+    h = two().split(0, 4).commit(1, now_ms=100_000).move(1, "c").commit(2, now_ms=200_000)
+    assert h.restart_version(StartPosition(StartKind.EARLIEST)) == 0
+    assert h.restart_version(StartPosition(StartKind.LATEST)) == 2
+    assert h.restart_version(StartPosition(StartKind.TIMESTAMP, 150)) == 1
+    with pytest.raises(RouteError, match="not to a partition's offset"):
+        h.restart_version(StartPosition(StartKind.OFFSET, 5))
 
 
 def test_ids_exhausted() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from nsqx.protocol import v2
 from nsqx.protocol.errors import ProtocolError
-from nsqx.protocol.v2 import Command, CommandParser, StartPosition
+from nsqx.protocol.v2 import Command, CommandParser, StartKind, StartPosition
 
 
 @pytest.mark.parametrize("raw,want", [
@@ -25,6 +25,20 @@ from nsqx.protocol.v2 import Command, CommandParser, StartPosition
 ])
 def test_positions(raw: bytes, want: StartPosition) -> None:
     assert v2.parse_start_position(raw) == want
+
+
+@pytest.mark.parametrize("raw", [b"earliest", b"latest", b"timestamp:1700000000",
+                                 b"offset:42"])
+def test_kind_is_an_enum_and_text_reads_back(raw: bytes) -> None:
+    pos = v2.parse_start_position(raw)
+    assert isinstance(pos.kind, StartKind) and pos.to_text().encode() == raw
+    assert v2.parse_start_position(pos.to_text().encode()) == pos
+
+
+def test_a_kind_given_as_str_becomes_the_enum_and_a_bad_one_is_refused() -> None:
+    assert StartPosition("timestamp", 5).kind is StartKind.TIMESTAMP
+    with pytest.raises(ValueError):
+        StartPosition("first")
 
 
 @pytest.mark.parametrize("raw", [

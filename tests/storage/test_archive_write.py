@@ -83,12 +83,12 @@ def test_split_frames_refuses_malformed_frames_at_their_index(monkeypatch, nativ
         with pytest.raises(ValueError, match="malformed frame 3"):
             split_frames(bad, 100, 1 << 20)
         with pytest.raises(ValueError, match="malformed frame at offset 13"):
-            frames_to_batch(bad, 10, 0, {}, [])
+            frames_to_batch(bad, 10, {}, [])
     with pytest.raises(ValueError, match="truncated frame at offset 12"):
-        frames_to_batch(good[:-1], 10, 0, {}, [])
+        frames_to_batch(good[:-1], 10, {}, [])
     # mixed sizes round trip, with their ids, timestamps and attempts
     data = b"".join(frame(b"b" * (i * 7 % 50), 10 + i, T0 + i, i) for i in range(20))
-    chunk, _ = table_to_chunk(pa.Table.from_batches([frames_to_batch(data, 10, 0, {}, [])]),
+    chunk, _ = table_to_chunk(pa.Table.from_batches([frames_to_batch(data, 10, {}, [])]),
                               10, "x")
     assert bytes(chunk.data) == data
 

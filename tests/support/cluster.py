@@ -184,9 +184,10 @@ class Cluster:
                  as_node: str | None = "probe", timeout: float = 10.0) -> tuple[int, Any]:
         """A request to ``n``'s cluster listener, signed as ``as_node`` (None: unsigned)."""
         q = {k: str(v) for k, v in query.items()}
-        headers = self.signer(as_node).headers(method, path, q) if as_node else None
-        return http(method, f"http://{self.state(n)['cluster_address']}{path}?{urlencode(q)}",
-                    headers=headers, timeout=timeout)
+        addr = self.state(n)["cluster_address"]
+        headers = self.signer(as_node).headers(method, path, q, to=addr) if as_node else None
+        return http(method, f"http://{addr}{path}?{urlencode(q)}", headers=headers,
+                    timeout=timeout)
 
 
 def publish_with_followers_stopped(cluster: Cluster, topic: str, forge: Callable[[], None],

@@ -16,6 +16,9 @@ etcd: the endpoint a node is given). Then, from the test's thread:
   forwarded and the connection carrying byte ``n + 1`` is reset there, the rest of its
   read lost: an answer cut in the middle (``cuts`` counts them).
 
+With ``record=True`` it also keeps what each client sent (the first 64 KiB of every
+connection, in ``recorded``): an on-path observer's capture, for replay tests.
+
 Only loopback, only what the tests need: no latency or bandwidth shaping.
 """
 
@@ -57,8 +60,10 @@ class FaultProxy:
     """Forwards ``127.0.0.1:port`` to ``target_host:target_port`` until told otherwise."""
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1", *,
-                 port: int = 0, name: str = "") -> None:
+                 port: int = 0, name: str = "", record: bool = False) -> None:
         self.target = (target_host, target_port)
+        self.record = record
+        self.recorded: list[bytearray] = []  # per connection, what the client sent (record)
         self.port = port or free_port()
         self.name = name or f"proxy:{self.port}->{target_port}"
         self.mode = "open"  # open | drop | refuse
@@ -155,7 +160,11 @@ class FaultProxy:
             other = asyncio.get_running_loop().create_task(
                 self._pump(up_reader, writer, down=conn))
             conn.tasks.append(other)
-            await self._pump(reader, conn.up)
+            capture = None
+            if self.record:
+                capture = bytearray()
+                self.recorded.append(capture)
+            await self._pump(reader, conn.up, capture=capture)
             await other
         except (asyncio.CancelledError, ConnectionError, OSError):
             pass
@@ -164,8 +173,9 @@ class FaultProxy:
             conn.abort()
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                    down: _Conn | None = None) -> None:
-        """Copy src to dst; ``down``: the connection this pump answers on (cut_after)."""
+                    down: _Conn | None = None, capture: bytearray | None = None) -> None:
+        """Copy src to dst; ``down``: the connection this pump answers on (cut_after);
+        ``capture``: where the bytes forwarded are also kept (64 KiB at most)."""
         with contextlib.suppress(ConnectionError, OSError):
             while True:
                 data = await src.read(65536)
@@ -182,6 +192,8 @@ class FaultProxy:
                         down.abort()  # both ends reset, the rest of this read lost
                         return
                     self._cut_after -= len(data)
+                if capture is not None and len(capture) < 65536:
+                    capture += data[:65536 - len(capture)]
                 dst.write(data)
                 await dst.drain()
         with contextlib.suppress(ConnectionError, OSError, RuntimeError):

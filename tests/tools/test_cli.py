@@ -144,6 +144,25 @@ def test_host_pool_skips_failed_hosts() -> None:
     assert p.get() in ("a", "b", "c")  # all dead: revived
 
 
+def test_destinations_pick_and_mark_by_mode() -> None:
+    """nsq_to_nsq's and nsq_to_http's shared choice of address (tools.nsq_to_http)."""
+    from nsqx.tools.nsq_to_http import Destinations
+
+    rr = Destinations(["a", "b", "c"], "round-robin", 0)
+    assert [rr.pick() for _ in range(4)] == ["b", "c", "a", "b"]  # upstream starts at 1
+    rr.failed("c")
+    assert [rr.pick() for _ in range(3)] == ["c", "a", "b"]  # round-robin never skips
+    for mode in ("hostpool", "epsilon-greedy"):
+        hp = Destinations(["a", "b", "c"], mode, 0)
+        hp.failed("b")
+        assert [hp.pick() for _ in range(4)] == ["a", "c", "a", "c"]
+        hp.done("b", 0.0)
+        assert "b" in [hp.pick() for _ in range(3)]
+    fan = Destinations(["a", "b"], "fanout", 0)
+    fan.failed("a")
+    assert not fan.pool.dead_until  # fanout publishes to all: nothing is marked
+
+
 def test_rate_reporter_tty_line_in_place() -> None:
     import asyncio
     import io

@@ -42,7 +42,7 @@ from nsqx.httpapi import (
     v1_json,
 )
 from nsqx.protocol.errors import ProtocolError
-from nsqx.protocol.names import valid_channel_name, valid_topic_name
+from nsqx.protocol.names import is_ephemeral, valid_channel_name, valid_topic_name
 from nsqx.protocol.v2 import parse_start_position
 
 from . import pages
@@ -600,7 +600,7 @@ class AdminHTTP:
         body = await self._json_body(request, "INVALID_BODY")
         topic = body.get("topic")
         if (not isinstance(topic, str) or not valid_topic_name(topic)
-                or topic.endswith("#ephemeral")):
+                or is_ephemeral(topic)):
             raise HTTPError(400, "INVALID_TOPIC")
         partitions = _bounded_int(body, "partitions", 1, MAX_PARTITIONS, 1, "INVALID_PARTITIONS")
         replicas = _bounded_int(body, "replicas", 0, MAX_REPLICAS, 0, "INVALID_REPLICAS")

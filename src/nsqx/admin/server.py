@@ -14,7 +14,7 @@ from nsqx.netutil import bind_listener
 from .cluster import ClusterClient
 from .http import AdminHTTP
 from .notify import Notifier
-from .options import Options, version_string
+from .options import Options
 from .sampler import Sampler
 
 __all__ = ["NSQAdmin"]
@@ -43,7 +43,6 @@ class NSQAdmin:
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
-        log.info("%s", version_string())
         try:
             sock = bind_listener(self.opts.http_address)
         except OSError as e:

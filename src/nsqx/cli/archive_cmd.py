@@ -12,6 +12,8 @@ import json
 import sys
 from typing import Any
 
+from nsqx.cli.common import help_when_bare
+
 __all__ = ["add_archive_commands"]
 
 
@@ -19,7 +21,9 @@ def cmd_archive_ls(args: argparse.Namespace) -> int:
     try:
         from nsqx.storage.archive import Archive, ArchiveError
     except ImportError:  # pragma: no cover - pyarrow is the archive extra
-        print("nsqx archive: needs pyarrow (pip install 'nsqx[archive]')", file=sys.stderr)
+        from nsqx.extras import install_command
+
+        print(f"nsqx archive: needs pyarrow: {install_command('archive')}", file=sys.stderr)
         return 2
     try:
         archive = Archive(args.archive_url, s3_endpoint=args.archive_s3_endpoint or None)
@@ -43,6 +47,7 @@ def add_archive_commands(sub: Any) -> None:
     p = sub.add_parser("archive", help="tiered storage: the archived Parquet files",
                        description=__doc__.split("\n\n")[0])
     asub = p.add_subparsers(dest="archive_command", metavar="COMMAND")
+    help_when_bare(p)
     ls = asub.add_parser("ls", help="list a topic's archived files (key and size)")
     ls.add_argument("topic", nargs="?", default=None, help="topic (all topics if omitted)")
     ls.add_argument("--archive-url", required=True,

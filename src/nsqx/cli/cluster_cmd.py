@@ -21,7 +21,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from nsqx.cli.common import answer_failed, auth_headers
+from nsqx.cli.cluster_preflight import exit_detached, preflight, wait_in_foreground
+from nsqx.cli.common import answer_failed, auth_headers, help_when_bare
 
 __all__ = ["add_cluster_commands", "add_node_commands"]
 
@@ -99,7 +100,17 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         print(f"nsqx cluster up: --restart-after: {e}", file=sys.stderr)
         return 2
     root = Path(args.data_path).resolve()
+    problem = preflight(root, args)  # before anything starts: one line, in the foreground
+    if problem:
+        print(f"nsqx cluster up: {problem}", file=sys.stderr)
+        return 1
     root.mkdir(parents=True, exist_ok=True)
+    if args.background:
+        code = wait_in_foreground(root, args)
+        if code is not None:
+            return code
+        exit_detached(root, lambda: cmd_cluster_up(argparse.Namespace(**{**vars(args),
+                                                                    "background": False})))
     control = root / CONTROL_DIR
     control.mkdir(exist_ok=True)
     for stale in control.glob("restart-*"):
@@ -124,11 +135,14 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
                 etcd = EtcdServer(root / "etcd", client_port=args.etcd_port,
                                   peer_port=args.etcd_port + 1, log_path=root / "etcd.log")
                 etcd.start()
-            except EtcdNotFound as e:
+                endpoint = _lock_etcd(etcd, root)
+            except (EtcdNotFound, RuntimeError, OSError) as e:
                 print(f"nsqx cluster up: {e}", file=sys.stderr)
                 return 1
-            endpoint = etcd.endpoint
-        print(f"etcd        {endpoint}")
+        where = endpoint.partition("?")[0]  # the login options are for the members
+        if etcd is not None:
+            where += f" (auth on: user root, password in {root / 'etcd.password'})"
+        print(f"etcd        {where}")
         common = [f"--cluster-leadership-addresses={endpoint}", f"--cluster-id={args.cluster_id}",
                   f"--cluster-secret-file={secret}"]
         lookupd_tcp = []
@@ -174,6 +188,21 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             (root / STATE_FILE).unlink()
         if etcd is not None:
             etcd.stop()
+
+
+def _lock_etcd(etcd: Any, root: Path) -> str:
+    """Turn the started etcd's auth on (user root, the password in ``root/etcd.password``
+    beside the cluster secret, made on first use): whoever can write to etcd controls the
+    cluster. The endpoint with the login every member is given."""
+    from urllib.parse import urlencode
+
+    from nsqx.cluster.trust import generate_secret_file
+
+    password_file = root / "etcd.password"
+    if not password_file.exists():
+        generate_secret_file(password_file)
+    etcd.enable_auth(password_file.read_text().strip())
+    return f"{etcd.endpoint}?{urlencode({'user': 'root', 'password_file': str(password_file)})}"
 
 
 def _supervise(root: Path, members: list[_Member], stop: dict[str, bool],
@@ -294,9 +323,28 @@ def cmd_node_drain(args: argparse.Namespace) -> int:
         return 1
     if status != 200:
         return answer_failed(prog, "nsqlookupd", status, body)
-    what = "no longer draining" if args.undo else "draining: its partitions move to other nodes"
-    print(f"{args.node}: {what}")
+    if args.undo:
+        print(f"{args.node}: no longer draining")
+        return 0
+    status, stats = _call(prog, "GET", args.lookupd_http_address, "/cluster/stats")
+    stuck = stuck_partitions(stats, args.node) if status == 200 else []
+    if stuck:
+        print(f"{args.node}: draining, but there is nowhere to move {', '.join(stuck)}: every "
+              f"other live node already holds a replica; its partitions move once a node "
+              f"joins (or after the topic's replica count is lowered); `nsqx node drain "
+              f"{args.node} --undo` cancels")
+    else:
+        print(f"{args.node}: draining: its partitions move to other nodes")
     return 0
+
+
+def stuck_partitions(stats: Any, node: str) -> list[str]:
+    """``topic/partition`` of ``node``'s replicas that no live, undrained node can take
+    (each already holds one): the coordinator adds no replica, so the drain waits."""
+    live = {n["id"] for n in stats.get("nodes") or ()}
+    spare = live - set(stats.get("draining") or ()) - {node}
+    return [f"{name}/{p['partition']}" for name, t in sorted(stats.get("topics", {}).items())
+            for p in t["partitions"] if node in p["replicas"] and spare <= set(p["replicas"])]
 
 
 def _call(prog: str, method: str, address: str, path: str) -> tuple[int | None, Any]:
@@ -311,6 +359,7 @@ def add_cluster_commands(sub: Any) -> None:
     c = sub.add_parser("cluster", help="cluster mode: a loopback cluster for trying it, status",
                        description="Cluster mode (etcd metadata, replicated partitions).")
     csub = c.add_subparsers(dest="cluster_command", metavar="COMMAND")
+    help_when_bare(c)
     p = csub.add_parser(
         "up", help="start etcd + nsqlookupd + N nsqd in cluster mode on 127.0.0.1",
         description="Start a whole cluster on this machine for trying cluster mode: etcd (from "
@@ -320,7 +369,15 @@ def add_cluster_commands(sub: Any) -> None:
         "LOOKUPD_PORT+100*j and +1. The members share DATA_PATH/cluster.secret (made on "
         "first use) to sign their requests to each other. A member that dies is reported "
         "and the others keep running; `nsqx cluster restart NAME` (or --restart-after) "
-        "starts it again. Ctrl-C or SIGTERM stops everything.")
+        "starts it again. Ctrl-C or SIGTERM stops everything. Before starting anything "
+        "it checks that etcd is installed, every port is free and DATA_PATH was made with "
+        "these ports, and fails with one line if not.")
+    p.add_argument("--background", action="store_true",
+                   help="check, start, wait until every member answers, then return and "
+                   "leave the cluster running (output in DATA_PATH/cluster-up.log, pid in "
+                   "DATA_PATH/cluster-up.pid: `kill` it to stop everything)")
+    p.add_argument("--wait", type=float, default=120.0, metavar="SECONDS",
+                   help="--background: how long to wait for the members (default 120)")
     p.add_argument("--nodes", type=int, default=3, help="nsqd count (default 3)")
     p.add_argument("--lookupds", type=int, default=1, help="nsqlookupd count (default 1)")
     p.add_argument("--data-path", default=DEFAULT_DIR,
@@ -354,6 +411,7 @@ def add_cluster_commands(sub: Any) -> None:
 def add_node_commands(sub: Any) -> None:
     n = sub.add_parser("node", help="cluster node administration (drain)")
     nsub = n.add_subparsers(dest="node_command", metavar="COMMAND")
+    help_when_bare(n)
     p = nsub.add_parser(
         "drain", help="move every partition replica away from a node",
         description="Ask the coordinator to move a node's replicas to other nodes: a new "

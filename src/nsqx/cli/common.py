@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = ["AUTH_SECRET_ENV", "LOCAL_LOOKUPD_HTTP", "LOCAL_NSQD_HTTP", "LOCAL_NSQD_TCP",
            "answer_failed", "auth_headers", "command_group",
+           "help_when_bare",
            "default_to_local", "http_call", "http_failed", "nsqd_http"]
 
 # what every nsqx command talks to when given no address: the local programs' default ports
@@ -109,5 +110,11 @@ def command_group(sub: Any, name: str, help: str, description: str) -> Any:
     group = sub.add_parser(name, help=help, description=description)
     commands = group.add_subparsers(dest=f"{name}_command", metavar="COMMAND",
                                     parser_class=_RawDescriptionParser)
-    group.set_defaults(func=lambda a: (group.print_help(), 2)[1])
+    help_when_bare(group)
     return commands
+
+
+def help_when_bare(group: argparse.ArgumentParser) -> None:
+    """``nsqx GROUP`` with no command prints the group's own help (its commands) and exits
+    2; without this the top-level help came out, which does not list them."""
+    group.set_defaults(func=lambda _args: (group.print_help(), 2)[1])

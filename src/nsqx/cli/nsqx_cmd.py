@@ -33,6 +33,7 @@ from nsqx.cli.common import (
     LOCAL_NSQD_TCP,
     command_group,
     default_to_local,
+    help_when_bare,
     http_call,
     http_failed,
 )
@@ -134,7 +135,7 @@ def add_spark_commands(sub: Any) -> None:
     spark = sub.add_parser("spark", help="data pipeline jobs on Apache Spark",
                            description="Spark jobs on the nsq data source (nsqx.spark).")
     ssub = spark.add_subparsers(dest="spark_command", metavar="COMMAND")
-    spark.set_defaults(func=lambda a: (spark.print_help(), 2)[1])
+    help_when_bare(spark)
 
     p = ssub.add_parser("archive", help="archive a topic to Parquet, exactly once (streaming)",
                         description="Stream a topic into DIR as Parquet partitioned by "

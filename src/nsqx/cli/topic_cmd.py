@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from nsqx.cli.common import answer_failed, nsqd_http
+from nsqx.cli.common import answer_failed, help_when_bare, nsqd_http
 
 __all__ = ["add_topic_commands"]
 
@@ -273,6 +273,7 @@ def add_topic_commands(sub: Any) -> None:
     t = sub.add_parser("topic", help="create, describe, move, split and merge partitioned/ordered "
                        "topics")
     tsub = t.add_subparsers(dest="topic_command", metavar="COMMAND")
+    help_when_bare(t)
     p = tsub.add_parser(
         "create", help="create a topic with partitions (ordered, replicated in a cluster)",
         description="Create TOPIC with --partitions on one nsqd (--nsqd-http-address) or in "

@@ -9,8 +9,11 @@ connection) it looks the topic up again and retries on the new leader. A key pic
 partition with :func:`~nsqx.client.producer.key_partition` over the topic's own partition
 count, so every message of a key lands in one partition, in order.
 
-A publish whose connection closed before its answer may have been stored anyway: the
-retry makes it at-least-once, as :class:`Producer`'s own retries do.
+Idempotent by default (``idempotent=False`` opts out): each (topic, partition) is a
+sequence stream of its own (:mod:`nsqx.client.idempotent`), and the partition's replicated
+log carries the sequences, so a publish whose connection closed before its answer, sent
+again to the same or to a new leader, is stored once. Not idempotent, such a retry is
+at-least-once, as :class:`Producer`'s own retries are.
 """
 
 from __future__ import annotations
@@ -21,16 +24,20 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 
+from nsqx.protocol import v2
+
 from .errors import ConnectionClosedError, NoConnectionsError, NSQError
+from .idempotent import RETRY_CODES as IDEMPOTENT_RETRY_CODES
+from .idempotent import Sequences, ext_headers, mark_command
 from .lookup import ACCEPT, lookup_url
-from .producer import Producer, key_partition
+from .producer import GAP_WAIT, Producer, _check_topic, key_partition
 
 __all__ = ["ClusterProducer", "PartitionLeader", "TopicLayout"]
 
@@ -81,13 +88,15 @@ class ClusterProducer:
 
     ``lookupd_http_addresses``: nsqlookupd HTTP addresses of the cluster (any of them
     answers). A layout is looked up on first use of a topic and again after ``max_age``
-    seconds or a failure; a publish is retried on the new leader until ``wait_timeout``.
-    Other keyword arguments go to each node's :class:`Producer` (``tls``, ``auth_secret``...).
+    seconds or a failure; a publish is retried on the new leader until ``wait_timeout``
+    (its publish timeout). Other keyword arguments go to each node's :class:`Producer`
+    (``tls``, ``auth_secret``...).
     """
 
     def __init__(self, lookupd_http_addresses: str | Sequence[str], *,
                  wait_timeout: float = 10.0, max_age: float = 30.0,
-                 http_timeout: float = 5.0, **producer_options: Any) -> None:
+                 http_timeout: float = 5.0, idempotent: bool = True,
+                 **producer_options: Any) -> None:
         if isinstance(lookupd_http_addresses, str):
             lookupd_http_addresses = [lookupd_http_addresses]
         if not lookupd_http_addresses:
@@ -97,6 +106,8 @@ class ClusterProducer:
         self.max_age = max_age
         self.http_timeout = http_timeout
         self.producer_options = producer_options
+        self.idempotent = idempotent
+        self._seqs = Sequences()
         self._layouts: dict[str, TopicLayout] = {}
         self._producers: dict[str, Producer] = {}
         self._rr = itertools.count()
@@ -154,59 +165,100 @@ class ClusterProducer:
         if p is None:
             p = self._producers[address] = Producer(
                 address, wait_timeout=min(self.wait_timeout, 5.0), retries=0,
-                **self.producer_options)
+                idempotent=False, **self.producer_options)  # the sequences are kept here
         return p
 
     # -- publishing ---------------------------------------------------------------------
     async def publish(self, topic: str, body: bytes, *, partition: int | None = None,
-                      key: bytes | str | None = None) -> int:
-        """PUB one message to its partition's leader; returns the partition used."""
-        return await self._send(topic, partition, key,
-                                lambda p, part: p.publish(topic, body, partition=part))
+                      key: bytes | str | None = None, headers: Mapping[str, bytes | str] | None = None,
+                      tag: str | None = None, trace_id: int | None = None) -> int:
+        """PUB one message to its partition's leader; returns the partition used.
+        ``headers``, ``tag``, ``trace_id`` as :meth:`Producer.publish` (the traced answer
+        is not returned here: the partition is)."""
+        _check_topic(topic)
+        hdrs = ext_headers(headers, tag, trace_id)
+        part, _ = await self._send(topic, partition, key, lambda part, mark: mark_command(
+            topic, [body], part, hdrs, mark, False), idempotent=self.idempotent)
+        return part
 
     async def mpublish(self, topic: str, bodies: Iterable[bytes], *,
-                       partition: int | None = None, key: bytes | str | None = None) -> int:
+                       partition: int | None = None, key: bytes | str | None = None,
+                       headers: Mapping[str, bytes | str] | None = None,
+                       tag: str | None = None) -> int:
         """MPUB (all or none) to one partition's leader; returns the partition used."""
+        _check_topic(topic)
         bodies = list(bodies)
-        return await self._send(topic, partition, key,
-                                lambda p, part: p.mpublish(topic, bodies, partition=part))
+        if not bodies:
+            raise ValueError("mpublish needs at least one message")
+        hdrs = ext_headers(headers, tag, None)
+        part, _ = await self._send(topic, partition, key, lambda part, mark: mark_command(
+            topic, bodies, part, hdrs, mark, True), idempotent=self.idempotent)
+        return part
 
     async def dpublish(self, topic: str, delay: float, body: bytes) -> int:
         """DPUB to a leader of the topic (DPUB names no partition: that leader picks one of
-        the partitions it leads); returns the partition whose leader took it."""
-        return await self._send(topic, None, None,
-                                lambda p, part: p.dpublish(topic, delay, body))
+        the partitions it leads); returns the partition whose leader took it. At least once:
+        DPUB has no form that carries a sequence."""
+        _check_topic(topic)
+        if delay < 0:
+            raise ValueError("delay must be >= 0")
+        part, _ = await self._send(topic, None, None, lambda _part, _mark: v2.dpub(
+            topic, round(delay * 1000), body), idempotent=False)
+        return part
 
     async def _send(self, topic: str, partition: int | None, key: bytes | str | None,
-                    send: Any) -> int:
+                    build: Callable[[int, bytes | None], bytes], *,
+                    idempotent: bool) -> tuple[int, bytes]:
+        """(partition, answer). An idempotent publish takes its sequence when first sent and
+        keeps it (and its partition) through every retry, to whichever node leads then."""
         if partition is not None and key is not None:
             raise ValueError("give a partition or a key, not both")
         deadline = time.monotonic() + self.wait_timeout
         refresh = False
+        mark: bytes | None = None
+        chosen: int | None = None
+        gap_since: float | None = None
         while True:
             layout = await self.layout(topic, refresh=refresh)
-            part = self._pick(layout, partition, key)
+            part = chosen if chosen is not None else self._pick(layout, partition, key)
             leader = layout.leaders.get(part)
             error: Exception
             if leader is None:
                 error = NoConnectionsError(f"TOPIC({topic}) PARTITION({part}) has no leader now")
             else:
+                def command(part: int = part) -> bytes:
+                    # the sequence is taken when first written: in order on the connection
+                    nonlocal mark, chosen
+                    if idempotent and mark is None:
+                        chosen, mark = part, self._seqs.next((topic, part))
+                    return build(part, mark)
                 try:
-                    await send(self._producer(leader.address), part)
-                    return part
+                    return part, await self._producer(leader.address)._send(command)
                 except (ConnectionClosedError, NoConnectionsError, OSError) as e:
                     error = e  # (subclasses of NSQError: caught first)
                 except NSQError as e:
-                    if e.code not in RETRY_CODES:
+                    if e.code not in RETRY_CODES and (
+                            mark is None or e.code not in IDEMPOTENT_RETRY_CODES):
+                        if mark is not None and e.code == "E_PRODUCER_FENCED":
+                            self._seqs.give_up((topic, part), mark)
                         raise
                     error = e
+                    if mark is not None and e.code == "E_OUT_OF_ORDER_SEQUENCE":
+                        gap_since = gap_since or time.monotonic()
+                        if time.monotonic() - gap_since >= GAP_WAIT:
+                            # refused, so not stored; the missing sequence is not coming
+                            self._seqs.give_up((topic, part), mark)
+                            mark, gap_since = None, None
             if time.monotonic() >= deadline:
+                if mark is not None:  # outcome unknown: the stream goes on in a new epoch
+                    self._seqs.give_up((topic, part), mark)
                 raise error
             log.info("TOPIC(%s) PARTITION(%d): %s; looking up the leader again", topic, part,
                      error)
             self.retries += 1
-            refresh = True
-            await asyncio.sleep(0.1)
+            gap = isinstance(error, NSQError) and error.code == "E_OUT_OF_ORDER_SEQUENCE"
+            refresh = not gap  # an earlier sequence is being sent again: wait for it
+            await asyncio.sleep(0.05 if gap else 0.1)
 
     def _pick(self, layout: TopicLayout, partition: int | None, key: bytes | str | None) -> int:
         if key is not None:

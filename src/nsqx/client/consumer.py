@@ -19,6 +19,13 @@ every connection, waits ``backoff_multiplier * 2**level`` seconds (capped at
 level down, and at level 0 every connection gets its full RDY again. Signals arriving while a
 backoff timer runs are ignored (so a burst of failures counts once).
 
+Ordered topics (Youzan's ``SUB_ORDERED``): an nsqd that refuses the plain SUB with
+``E_SUB_ORDER_IS_MUST`` gets one connection per partition, ``SUB_ORDERED <topic> <channel>
+<k>`` for k = 0, 1, ... until ``E_BAD_PARTITION`` (partitions another node leads,
+``E_FAILED_ON_NOT_LEADER``, are skipped). nsqd delivers each partition in log order with one
+message in flight; a ``max_in_flight`` of at least the partition count reads them all at
+once.
+
 Messages with ``attempts > max_attempts`` are finished without calling the handler, after
 calling the ``give_up`` hook. ``close()`` sends CLS, waits for messages in flight to be
 answered (up to a timeout), requeues what is left (REQ 0) and closes.
@@ -132,8 +139,12 @@ class Consumer:
         self.reconnect_interval = reconnect_interval
 
         self._max_in_flight = max_in_flight
-        self._conns: dict[str, Connection] = {}
-        self._pending: set[str] = set()  # addresses being connected
+        self._conns: dict[str, Connection] = {}  # by slot: address, or address/p<k>
+        self._pending: set[str] = set()  # slots being connected
+        self._ordered: dict[str, set[int]] = {}  # ordered nsqd -> partitions it serves us
+        self._probed: set[str] = set()  # ordered nsqd whose partitions were all tried
+        self._probing: set[str] = set()
+        self._reconnecting: set[str] = set()
         self._total_rdy = 0
         self._rdy_retry: dict[str, asyncio.TimerHandle] = {}
         self._need_redistribute = False
@@ -223,22 +234,83 @@ class Consumer:
             self._maybe_update_rdy(c)
 
     async def connect_to_nsqd(self, address: str) -> Connection | None:
-        """Connect and SUB (no-op if already connected). Raises on failure."""
+        """Connect and SUB (no-op if already connected); an ordered topic's nsqd gets one
+        SUB_ORDERED connection per partition (the first one is returned). Raises on failure."""
         if self._stopping:
             raise ClosedError("consumer closing")
+        if address in self._ordered:
+            return await self._connect_ordered(address)
         if address in self._conns or address in self._pending:
             return self._conns.get(address)
-        self._pending.add(address)
+        try:
+            return await self._open(address, None)
+        except NSQError as e:
+            if e.code != "E_SUB_ORDER_IS_MUST":
+                raise
+        log.info("[%s] topic %s is ordered: reading each partition in order (SUB_ORDERED)",
+                 address, self.topic)
+        if self.start_position is not None:
+            log.warning("[%s] start %s is not applied to an ordered topic (SUB_ORDERED has "
+                        "no position)", address, self.start_position)
+        self._ordered.setdefault(address, set())
+        return await self._connect_ordered(address)
+
+    async def _connect_ordered(self, address: str) -> Connection | None:
+        """SUB_ORDERED to partitions 0, 1, ... of ``address`` not connected yet, until
+        E_BAD_PARTITION says there are no more."""
+        if address in self._probing:
+            return None
+        self._probing.add(address)
+        first: Connection | None = None
+        try:
+            k = 0
+            while not self._stopping:
+                slot = _slot(address, k)
+                if slot in self._conns or slot in self._pending:
+                    first = first or self._conns.get(slot)
+                    k += 1
+                    continue
+                try:
+                    conn = await self._open(address, k)
+                except NSQError as e:
+                    if e.code == "E_BAD_PARTITION":
+                        self._probed.add(address)
+                        break
+                    if e.code != "E_FAILED_ON_NOT_LEADER":  # another node leads it: skip
+                        raise
+                else:
+                    self._ordered[address].add(k)
+                    first = first or conn
+                k += 1
+        finally:
+            self._probing.discard(address)
+        return first
+
+    def _connected(self, address: str) -> bool:
+        """Whether every subscription this consumer wants on ``address`` is open."""
+        parts = self._ordered.get(address)
+        if parts is None:
+            return address in self._conns
+        return address in self._probed and all(_slot(address, k) in self._conns
+                                                for k in parts)
+
+    async def _open(self, address: str, partition: int | None) -> Connection:
+        """One connection: IDENTIFY, then SUB (``partition`` None) or SUB_ORDERED."""
+        slot = _slot(address, partition)
+        self._pending.add(slot)
         conn = Connection(
             address, self.config,
             on_message=self._on_message, on_response=self._on_response,
             on_error=self._on_error, on_close=self._on_close, make_message=self._make_message)
+        conn.partition = partition
         try:
             resp = await conn.connect()
             if resp.get("max_rdy_count", 2500) < self._max_in_flight:
                 log.warning("[%s] max_rdy_count %s < max_in_flight %d", address,
                             resp.get("max_rdy_count"), self._max_in_flight)
-            if self.start_position is None:
+            if partition is not None:
+                await conn.command(v2.sub_ordered(self.topic, self.channel, partition))
+            elif self.start_position is None:
                 await conn.command(v2.sub(self.topic, self.channel))
             else:
                 await conn.command(v2.sub_advanced(self.topic, self.channel, 0,
@@ -247,15 +319,15 @@ class Consumer:
             conn.close()
             raise
         finally:
-            self._pending.discard(address)
+            self._pending.discard(slot)
         if self._stopping:
             conn.close()
             raise ClosedError("consumer closing")
         if conn.closing or not conn.is_open:
             raise NSQError("E_CONNECTION_CLOSED", f"{address} closed after SUB")
         conn.last_message_time = time.monotonic()
-        self._conns[address] = conn
-        log.info("[%s] subscribed to %s/%s", address, self.topic, self.channel)
+        self._conns[slot] = conn
+        log.info("[%s] subscribed to %s/%s", slot, self.topic, self.channel)
         # lower the others first, then this one (go-nsq ConnectToNSQD)
         for c in list(self._conns.values()):
             if c is not conn:
@@ -424,9 +496,10 @@ class Consumer:
 
     def _on_close(self, conn: Connection, exc: BaseException | None) -> None:
         addr = conn.address
-        if self._conns.get(addr) is not conn:
+        slot = _key(conn)
+        if self._conns.get(slot) is not conn:
             return
-        del self._conns[addr]
+        del self._conns[slot]
         rdy = conn.rdy
         self._total_rdy -= rdy
         conn.rdy = 0
@@ -438,7 +511,7 @@ class Consumer:
                 [m for m in self._unanswered if m.connection is conn])
         if self._drained is not None:
             self._drained.set()
-        h = self._rdy_retry.pop(addr, None)
+        h = self._rdy_retry.pop(slot, None)
         if h is not None:
             h.cancel()
         left = len(self._conns)
@@ -446,30 +519,37 @@ class Consumer:
             self._need_redistribute = True
         if self._stopping:
             return
-        log.warning("[%s] connection closed (%d left)", addr, left)
+        log.warning("[%s] connection closed (%d left)", slot, left)
+        if conn.partition is not None:
+            # leadership may have moved: the next lookup tries every partition again
+            self._probed.clear()
         if self._poller is not None:
             self._poller.trigger()
         if addr in self.nsqd_tcp_addresses:
             self._schedule_reconnect(addr)
 
     def _schedule_reconnect(self, addr: str) -> None:
-        self._run(self._reconnect(addr))
+        if addr not in self._reconnecting:
+            self._reconnecting.add(addr)
+            self._run(self._reconnect(addr))
 
     async def _reconnect(self, addr: str) -> None:
         delay = min(0.25, self.reconnect_interval)
-        while not self._stopping and addr not in self._conns:
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-            if self._stopping or addr in self._conns or addr in self._pending:
-                return
-            try:
-                await self.connect_to_nsqd(addr)
-                return
-            except Exception as e:
-                log.warning("[%s] reconnect failed: %r", addr, e)
-                delay = min(delay * 2, self.reconnect_interval)
+        try:
+            while not self._stopping and not self._connected(addr):
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                if self._stopping or self._connected(addr) or addr in self._pending:
+                    return
+                try:
+                    await self.connect_to_nsqd(addr)
+                except Exception as e:
+                    log.warning("[%s] reconnect failed: %r", addr, e)
+                    delay = min(delay * 2, self.reconnect_interval)
+        finally:
+            self._reconnecting.discard(addr)
 
     async def _on_lookup(self, found: set[str]) -> None:
-        new = [a for a in found if a not in self._conns and a not in self._pending]
+        new = [a for a in found if not self._connected(a) and a not in self._pending]
         if not new or self._stopping:
             return
         results = await asyncio.gather(*(self.connect_to_nsqd(a) for a in new),
@@ -483,7 +563,7 @@ class Consumer:
         conn = msg.connection
         if conn is None:
             return None
-        if conn.in_flight > 0 and self._conns.get(conn.address) is conn:
+        if conn.in_flight > 0 and self._conns.get(_key(conn)) is conn:
             conn.in_flight -= 1
             self._in_flight -= 1
             self._unanswered.discard(msg)
@@ -542,7 +622,7 @@ class Consumer:
         if conn.closing or not conn.is_open or self._stopping:
             return False
         count = min(count, conn.max_rdy_count)
-        h = self._rdy_retry.pop(conn.address, None)
+        h = self._rdy_retry.pop(_key(conn), None)
         if h is not None:
             h.cancel()
         # never exceed max_in_flight in total (truncate if possible)
@@ -552,14 +632,14 @@ class Consumer:
         if max_possible <= 0 and count > 0:
             if conn.rdy == 0:
                 # could not leave RDY 0: retry later so this conn does not starve
-                self._rdy_retry[conn.address] = asyncio.get_running_loop().call_later(
+                self._rdy_retry[_key(conn)] = asyncio.get_running_loop().call_later(
                     self.rdy_retry_interval, self._rdy_retry_fire, conn, count)
             return False
         self._send_rdy(conn, count)
         return True
 
     def _rdy_retry_fire(self, conn: Connection, count: int) -> None:
-        self._rdy_retry.pop(conn.address, None)
+        self._rdy_retry.pop(_key(conn), None)
         self._update_rdy(conn, count)
 
     def _send_rdy(self, conn: Connection, count: int) -> None:
@@ -649,3 +729,12 @@ class Consumer:
         log.warning("[%s] backoff timeout expired, sending RDY 1", choice.address)
         # while in backoff only one message at a time
         self._update_rdy(choice, 1)
+
+
+def _slot(address: str, partition: int | None) -> str:
+    """A subscription's key: the address for a plain SUB, ``address/p<k>`` for a partition."""
+    return address if partition is None else f"{address}/p{partition}"
+
+
+def _key(conn: Connection) -> str:
+    return _slot(conn.address, conn.partition)

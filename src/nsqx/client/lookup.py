@@ -6,6 +6,12 @@ kept, e.g. for an auth proxy). The answer is ``{"channels": [...], "producers": 
 the pre-1.0 ``{"status_code":200,"data":{...}}`` wrapping); a producer is reached at
 ``broadcast_address:tcp_port`` (legacy ``address`` accepted). 404 (topic not registered yet)
 means no producers. Every lookupd is queried each round and the answers are merged.
+
+Polling: go-nsq queries at once, then every interval after a random jitter; a topic that is
+not registered yet is then found a minute or more later. Here a round that finds no producer
+is retried soon (1 s, doubling up to the interval, each +-20 %), and the interval (with the
+jitter before the first) applies once producers are known. Each lookupd's answer is logged
+when it first comes and when it changes (no producer yet: a warning), never every round.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import aiohttp
 import orjson
 
 __all__ = ["LookupdPoller", "lookup", "lookup_url", "producers_from_response"]
+
+FIRST_RETRY = 1.0  # seconds before the first retry of a round that found no producer
 
 log = logging.getLogger("nsqx.client")
 
@@ -97,6 +105,8 @@ class LookupdPoller:
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._answers: dict[str, tuple[str, ...] | None] = {}  # last logged, per lookupd
+        self.found: set[str] | None = None  # the last round's producers (None: no answer)
 
     async def poll_once(self) -> set[str] | None:
         """Query all lookupds; the union of producers, or None if none answered."""
@@ -111,10 +121,32 @@ class LookupdPoller:
         for addr, res in zip(self.addresses, results, strict=True):
             if isinstance(res, BaseException):
                 log.warning("lookupd %s query for topic %s failed: %r", addr, self.topic, res)
+                self._answers[addr] = None
                 continue
             ok = True
             found.update(res)
-        return found if ok else None
+            self._log_answer(addr, tuple(sorted(res)))
+        self.found = found if ok else None
+        return self.found
+
+    def _log_answer(self, addr: str, producers: tuple[str, ...]) -> None:
+        """Tell the first answer of a lookupd and every change, not each round's."""
+        if addr in self._answers and self._answers[addr] == producers:
+            return
+        self._answers[addr] = producers
+        if producers:
+            log.info("lookupd %s: topic %s is on %s", addr, self.topic, ", ".join(producers))
+        else:
+            log.warning("lookupd %s: no nsqd has topic %s yet; asking again soon", addr,
+                        self.topic)
+
+    def next_wait(self, retry: float | None) -> tuple[float, float | None]:
+        """(seconds until the next round, the retry delay after it): soon and doubling while
+        the last round found no producer, else the interval."""
+        if self.found:
+            return self.interval, None
+        delay = min(self.interval, FIRST_RETRY if retry is None else retry)
+        return delay * random.uniform(0.8, 1.2), min(self.interval, delay * 2)
 
     def start(self, *, polled: bool = False) -> None:
         """Start polling; ``polled=True``: the caller just ran :meth:`poll_once`."""
@@ -127,6 +159,7 @@ class LookupdPoller:
 
     async def _run(self, polled: bool) -> None:
         first = True
+        retry: float | None = None
         while True:
             self._wake.clear()
             if not polled:
@@ -140,8 +173,8 @@ class LookupdPoller:
                     if asyncio.iscoroutine(res):
                         await res
             polled = False
-            wait = self.interval
-            if first:
+            wait, retry = self.next_wait(retry)
+            if first and retry is None:
                 wait = self.interval * random.random() * self.jitter + self.interval
                 first = False
             with contextlib.suppress(TimeoutError):

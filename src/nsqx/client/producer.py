@@ -4,9 +4,15 @@
   with exponential backoff (``reconnect_interval`` is the cap).
 * Each publish picks a random open connection (pynsq ``Writer``); commands are pipelined
   and matched to responses in order (go-nsq ``Producer``).
-* If the connection fails before the response arrives, the publish is retried on another
-  open connection, at most ``retries`` times (the message may then be stored twice:
-  at-least-once). Error frames from nsqd are never retried: they raise
+* Idempotent by default (``idempotent=False`` opts out): every batch carries a producer id,
+  epoch and sequence number (:mod:`nsqx.client.idempotent`) and nsqd stores it once, so a
+  publish whose connection failed before its answer is sent again *to the same nsqd*
+  (waiting through its restart) until ``publish_timeout``: exactly once. Only when that
+  nsqd stays unreachable for ``wait_timeout`` while another one is connected does the
+  publish go to the other (at-least-once: the first may have stored it).
+* Not idempotent: if the connection fails before the response arrives, the publish is
+  retried on another open connection, at most ``retries`` times (the message may then be
+  stored twice: at-least-once). Error frames from nsqd are never retried: they raise
   :class:`~nsqx.client.errors.NSQError` with nsqd's code.
 * Backpressure: at most ``max_pending`` commands are in flight over all connections;
   ``publish`` waits for a slot, and also waits while a socket's write buffer is full.
@@ -21,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from nsqx.protocol import v2
@@ -30,9 +36,12 @@ from nsqx.protocol.routes import key_partition
 
 from .conn import ConnConfig, Connection, make_config
 from .errors import ClosedError, ConnectionClosedError, NoConnectionsError, NSQError
+from .idempotent import RETRY_CODES, Sequences, ext_headers, mark_command
 from .routing import HttpRouteSource, RouteCache, refused_version
 
 __all__ = ["Producer", "key_partition"]
+
+Headers = Mapping[str, bytes | str] | None
 
 
 def _pick(partition: int | None, key: bytes | str | None, partitions: int | None) -> int | None:
@@ -52,6 +61,9 @@ log = logging.getLogger("nsqx.client")
 MAX_ROUTE_RETRIES = 4
 # a routed publish whose partition leader fails is sent to the new leader for this long
 LEADER_WAIT = 15.0
+# an idempotent publish refused for a sequence gap this long starts a new epoch (the
+# missing sequence is not being resent: the leader forgot the producer, or it was given up)
+GAP_WAIT = 2.0
 
 
 class Producer:
@@ -73,6 +85,8 @@ class Producer:
         config: ConnConfig | None = None,
         nsqd_http_addresses: str | Sequence[str] | None = None,
         route_source: Any = None,
+        idempotent: bool = True,
+        publish_timeout: float = 30.0,
         **options: Any,
     ) -> None:
         if isinstance(nsqd_tcp_addresses, str):
@@ -85,6 +99,10 @@ class Producer:
         self.retries = retries
         self.wait_timeout = wait_timeout
         self.reconnect_interval = reconnect_interval
+        self.idempotent = idempotent
+        self.publish_timeout = publish_timeout
+        self._seqs = Sequences()
+        self.idempotent_retries = 0  # idempotent publishes sent again (same sequence)
         self._conns: dict[str, Connection] = {}
         self._supervisors: list[asyncio.Task[None]] = []
         self._slots: asyncio.Semaphore | None = None
@@ -233,25 +251,44 @@ class Producer:
 
     # -- publishing -----------------------------------------------------------------------
     async def publish(self, topic: str, body: bytes, *, partition: int | None = None,
-                      key: bytes | str | None = None, partitions: int | None = None) -> None:
+                      key: bytes | str | None = None, partitions: int | None = None,
+                      headers: Headers = None, tag: str | None = None,
+                      trace_id: int | None = None) -> tuple[int, int, int, int] | None:
         """PUB one message; returns when nsqd acknowledged it (``OK``).
 
         ``partition`` sends Youzan's ``PUB <topic> <partition>``; ``key`` with the topic's
         ``partitions`` count picks it with :func:`key_partition` instead, so every message
         of one key lands in one partition, in order (ordered topics need one of the two).
 
+        ``headers`` (string keys, string or bytes values), ``tag`` (Youzan's dispatch tag,
+        for consumers that IDENTIFY ``desired_tag``) and ``trace_id`` (a uint64) send
+        ``PUB_EXT``; with ``trace_id`` this returns nsqd's traced answer (message id, trace
+        id, offset, raw size). An idempotent producer always sends ``PUB_EXT``.
+
         A ``key`` without ``partitions`` on a producer with a route source
         (``nsqd_http_addresses=`` or ``route_source=``) routes by the topic's newest route
         (route-managed topics); refused with ``E_BAD_PARTITION route version N`` (the
         partition was sealed by a split, merge or move), it waits for version N, routes again
         and retries once. Per-key order holds for a key's publishes made one after another
-        (each awaited before the next), as always with NSQ.
+        (each awaited before the next), as always with NSQ. These routed publishes are
+        at-least-once and take no headers.
         """
         _check_topic(topic)
+        hdrs = ext_headers(headers, tag, trace_id)
         if key is not None and partitions is None and partition is None and self._routes:
+            if hdrs:
+                raise ValueError("a route-managed keyed publish takes no headers")
             await self._routed(topic, key, lambda p, v: v2.pub(topic, _bytes(body), p, v))
-            return
-        await self._send(v2.pub(topic, _bytes(body), _pick(partition, key, partitions)))
+            return None
+        answer = await self._publish(topic, [_bytes(body)], _pick(partition, key, partitions),
+                                     hdrs, multi=False)
+        return v2.parse_traced_response(answer) if trace_id is not None else None
+
+    async def _publish(self, topic: str, bodies: list[bytes], partition: int | None,
+                       headers: Headers, *, multi: bool) -> bytes:
+        if self.idempotent:
+            return await self._send_once(topic, bodies, partition, headers, multi)
+        return await self._send(mark_command(topic, bodies, partition, headers, None, multi))
 
     async def _routed(self, topic: str, key: bytes | str, build: Any) -> None:
         assert self._routes is not None
@@ -298,19 +335,25 @@ class Producer:
 
     async def mpublish(self, topic: str, bodies: Iterable[bytes], *,
                        partition: int | None = None, key: bytes | str | None = None,
-                       partitions: int | None = None) -> None:
-        """MPUB: several messages, atomically (all or none); partition/key as publish()."""
+                       partitions: int | None = None, headers: Headers = None,
+                       tag: str | None = None) -> None:
+        """MPUB: several messages, atomically (all or none); partition/key as publish();
+        ``headers`` and ``tag`` go on every message (``MPUB_EXT``)."""
         _check_topic(topic)
         bodies = [_bytes(b) for b in bodies]
         if not bodies:
             raise ValueError("mpublish needs at least one message")
+        hdrs = ext_headers(headers, tag, None)
         if key is not None and partitions is None and partition is None and self._routes:
+            if hdrs:
+                raise ValueError("a route-managed keyed publish takes no headers")
             await self._routed(topic, key, lambda p, v: v2.mpub(topic, bodies, p, v))
             return
-        await self._send(v2.mpub(topic, bodies, _pick(partition, key, partitions)))
+        await self._publish(topic, bodies, _pick(partition, key, partitions), hdrs, multi=True)
 
     async def dpublish(self, topic: str, delay: float, body: bytes) -> None:
-        """DPUB: deliver after ``delay`` seconds (nsqd rejects delays over its max)."""
+        """DPUB: deliver after ``delay`` seconds (nsqd rejects delays over its max).
+        At least once: DPUB has no form that carries a producer's sequence."""
         _check_topic(topic)
         if delay < 0:
             raise ValueError("delay must be >= 0")
@@ -321,7 +364,10 @@ class Producer:
         nsqd's answer; for forwarding nodes and tools that already hold the wire bytes."""
         return await self._send(data)
 
-    async def _send(self, data: bytes, address: str | None = None) -> bytes:
+    async def _send(self, data: bytes | Callable[[], bytes], address: str | None = None) -> bytes:
+        """``data`` may be a function building the command when it is written (an
+        idempotent ClusterProducer takes its sequence number then, so they go out in
+        order)."""
         if self._closing:
             raise ClosedError("producer closed")
         self._start()
@@ -331,7 +377,7 @@ class Producer:
             while True:
                 conn = await self._wait_open(address)
                 try:
-                    fut = conn.command(data)
+                    fut = conn.command(data if isinstance(data, bytes) else data())
                 except ConnectionClosedError:
                     continue
                 self._inflight.add(fut)
@@ -350,6 +396,87 @@ class Producer:
                     raise
                 finally:
                     self._inflight.discard(fut)
+
+
+    async def _send_once(self, topic: str, bodies: list[bytes], partition: int | None,
+                         headers: Headers, multi: bool, address: str | None = None) -> bytes:
+        """An idempotent publish: the sequence is taken on the connection it is first
+        written to (so sequences go out in order), and a failure before the answer sends
+        the same bytes again to the same nsqd until ``publish_timeout``."""
+        if self._closing:
+            raise ClosedError("producer closed")
+        self._start()
+        assert self._slots is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.publish_timeout
+        stream: tuple[str, str, int | None] | None = None
+        mark = data = b""
+        down_since: float | None = None
+        gap_since: float | None = None
+        async with self._slots:
+            while True:
+                error: Exception
+                try:
+                    conn = await self._wait_open(address)
+                except NoConnectionsError as e:
+                    if stream is None:
+                        raise  # nothing was sent
+                    error = e
+                    now = loop.time()
+                    down_since = down_since or now
+                    if now - down_since >= self.wait_timeout and any(
+                            c.is_open for a, c in self._conns.items() if a != address):
+                        # its nsqd stays away: another one takes it (at-least-once, the
+                        # first nsqd may have stored it), as a non-idempotent retry would
+                        log.warning("[%s] unreachable for %.0fs: publishing on another nsqd",
+                                    address, now - down_since)
+                        self._seqs.give_up(stream, mark)
+                        stream, address, down_since = None, None, None
+                        continue
+                else:
+                    down_since = None
+                    if stream is None:
+                        address = conn.address
+                        stream = (address, topic, partition)
+                        mark = self._seqs.next(stream)
+                        data = mark_command(topic, bodies, partition, headers, mark, multi)
+                    try:
+                        fut = conn.command(data)
+                    except ConnectionClosedError:
+                        continue
+                    self._inflight.add(fut)
+                    try:
+                        if conn.write_buffer_size > 1 << 20:
+                            with contextlib.suppress(ConnectionClosedError):
+                                await conn.drain()
+                        return await fut
+                    except ConnectionClosedError as e:
+                        error = e
+                    except NSQError as e:
+                        if e.code not in RETRY_CODES:
+                            if e.code == "E_PRODUCER_FENCED":
+                                self._seqs.give_up(stream, mark)
+                            raise
+                        error = e
+                        if e.code == "E_OUT_OF_ORDER_SEQUENCE":
+                            gap_since = gap_since or loop.time()
+                            if loop.time() - gap_since >= GAP_WAIT:
+                                # not stored (refused before the append), and the missing
+                                # sequence is not coming: this batch starts a new epoch
+                                self._seqs.give_up(stream, mark)
+                                mark = self._seqs.next(stream)
+                                data = mark_command(topic, bodies, partition, headers, mark,
+                                                    multi)
+                                gap_since = None
+                    finally:
+                        self._inflight.discard(fut)
+                if self._closed or loop.time() >= deadline:
+                    self._seqs.give_up(stream, mark)  # outcome unknown: a new epoch next
+                    raise error
+                self.idempotent_retries += 1
+                log.info("[%s] idempotent publish failed (%s); sending it again", address, error)
+                await asyncio.sleep(0.05 if isinstance(error, NSQError) and
+                                    error.code == "E_OUT_OF_ORDER_SEQUENCE" else 0.25)
 
 
 def _check_topic(topic: str) -> None:

@@ -1,6 +1,7 @@
 """Small synchronous publishing for scripts: no event loop, stdlib only.
 
     from nsqx.client import publish
+    publish("127.0.0.1:4150", "events", b"hello")                # TCP or HTTP port: either works
     publish("127.0.0.1:4151", "events", b"hello", http=True)     # nsqd HTTP API
     publish("127.0.0.1:4150", "events", [b"a", b"b"], http=False)  # TCP, one MPUB
 
@@ -32,7 +33,7 @@ def publish(
     topic: str,
     body: bytes | Sequence[bytes],
     *,
-    http: bool,
+    http: bool | None = None,
     delay: float | None = None,
     timeout: float = 5.0,
     auth_secret: str | None = None,
@@ -41,6 +42,9 @@ def publish(
 
     ``http=True``: ``address`` is nsqd's HTTP address (``host:port`` or ``http(s)://...``),
     ``/pub`` or binary ``/mpub``. ``http=False``: nsqd's TCP address, ``PUB``/``MPUB``/``DPUB``.
+    ``http=None`` (the default): an ``http(s)://`` URL is HTTP; else TCP, and when the port
+    answers as an HTTP server (it refused the V2 bytes, so nothing was published) the same
+    call goes over HTTP: a script may name either of nsqd's ports.
     ``delay`` (seconds) defers a single message (DPUB / ``/pub?defer=``).
     ``auth_secret``: sent as ``AUTH`` over TCP (nsqd with ``--auth-http-address``).
     """
@@ -54,10 +58,22 @@ def publish(
             raise ValueError("no messages to publish")
     if delay is not None and not single:
         raise ValueError("delay applies to a single message")
+    if http is None and "://" in address:
+        http = True
     if http:
         _publish_http(address, topic, bodies, single, delay, timeout)
-    else:
+        return
+    try:
         _publish_tcp(address, topic, bodies, single, delay, timeout, auth_secret)
+    except _AnsweredHTTP:
+        if http is not None:
+            raise ConnectionClosedError(f"{address}: an HTTP server, not nsqd's TCP port "
+                                        "(http=True, or leave http out)") from None
+        _publish_http(address, topic, bodies, single, delay, timeout)
+
+
+class _AnsweredHTTP(Exception):
+    """The TCP address is an HTTP server: it answered the V2 magic with ``HTTP/1.x 400``."""
 
 
 def _publish_http(address: str, topic: str, bodies: list[bytes], single: bool,
@@ -81,10 +97,11 @@ def _publish_http(address: str, topic: str, bodies: list[bytes], single: bool,
     except urllib.error.HTTPError as e:
         raw = e.read()
         try:
-            code = json.loads(raw).get("message") or f"HTTP_{e.code}"
+            message = json.loads(raw).get("message") or f"HTTP_{e.code}"
         except (ValueError, AttributeError):
-            code = raw.decode("utf-8", "replace").strip() or f"HTTP_{e.code}"
-        raise NSQError(code, f"HTTP {e.code}") from None
+            message = raw.decode("utf-8", "replace").strip() or f"HTTP_{e.code}"
+        code, _, detail = str(message).partition(" ")  # "E_BAD_PARTITION topic t is ordered..."
+        raise NSQError(code, detail or f"HTTP {e.code}") from None
     except (urllib.error.URLError, OSError) as e:
         raise ConnectionClosedError(f"{address}: {e}") from None
 
@@ -118,6 +135,8 @@ def _publish_tcp(address: str, topic: str, bodies: list[bytes], single: bool,
 def _read_response(f) -> bytes:  # type: ignore[no-untyped-def]
     while True:
         hdr = f.read(8)
+        if hdr.startswith(b"HTTP/"):  # no V2 frame starts so: its size would be ~1.2 GB
+            raise _AnsweredHTTP("an HTTP server answered")
         if len(hdr) < 8:
             raise ConnectionClosedError("connection closed before a response")
         size = int.from_bytes(hdr[:4], "big")

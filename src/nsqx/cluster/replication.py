@@ -16,7 +16,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["EpochSpans", "FollowerProgress", "LeaderProgress", "truncation_point"]
+__all__ = ["EpochSpans", "FollowerProgress", "LeaderProgress", "Regressed", "truncation_point"]
 
 # An epoch history: ascending (epoch, start offset) pairs; each epoch runs to the next start.
 EpochSpans = Sequence[tuple[int, int]]
@@ -65,11 +65,16 @@ def _one_round(follower: EpochSpans, follower_end: int,
                follower_end)
 
 
+class Regressed(ValueError):
+    """A fetch below what the same follower session already acknowledged."""
+
+
 @dataclass
 class FollowerProgress:
     end: int = 0  # the follower's log end, as its last fetch said
     last_fetch: float = 0.0
     caught_up_at: float = 0.0  # last time it was at the leader's end
+    session: object = None  # what identifies one run of the follower (its etcd lease)
 
 
 @dataclass
@@ -84,23 +89,38 @@ class LeaderProgress:
     isr: set[str]
     lag_timeout: float = 10.0
     followers: dict[str, FollowerProgress] = field(default_factory=dict)
+    hw: int = 0  # the highest acked_end reported: it never falls
 
-    def on_fetch(self, follower: str, end: int, leader_end: int, now: float) -> None:
-        fp = self.followers.setdefault(follower, FollowerProgress())
+    def on_fetch(self, follower: str, end: int, leader_end: int, now: float,
+                 session: object = None) -> None:
+        """Record a fetch (an ack up to ``end``). Within one ``session`` progress only moves
+        forward: a lower fetch is :class:`Regressed` (a replayed or forged fetch must not
+        un-acknowledge what a follower holds); a new session (the follower restarted,
+        perhaps having lost an unsynced tail) starts from its fetch."""
+        fp = self.followers.get(follower)
+        if fp is None or fp.session != session:
+            fp = self.followers[follower] = FollowerProgress(
+                caught_up_at=fp.caught_up_at if fp else 0.0, session=session)
+        elif end < fp.end:
+            raise Regressed(f"fetch at {end} below {fp.end}, already acknowledged by "
+                            f"{follower} in this session")
         fp.end = end
         fp.last_fetch = now
         if end >= leader_end:
             fp.caught_up_at = now
 
     def acked_end(self, leader_end: int, leader: str) -> int:
-        """Everything below this offset is on every ISR member (the high watermark)."""
+        """Everything below this offset is on every ISR member (the high watermark). It
+        never falls (Kafka's rule): what was acknowledged stays acknowledged even if a
+        follower comes back in a new session with less."""
         ends = [leader_end]
         for n in self.isr:
             if n == leader:
                 continue
             fp = self.followers.get(n)
             ends.append(fp.end if fp else 0)
-        return min(ends)
+        self.hw = max(self.hw, min(ends))
+        return self.hw
 
     def laggards(self, leader_end: int, now: float, leader: str) -> list[str]:
         """ISR followers to drop: behind the leader and silent or stuck for lag_timeout."""

@@ -29,12 +29,13 @@ import logging
 import ssl
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 
-from nsqx.cluster.etcd import Compare, EtcdError, Op
+from nsqx.cluster.etcd import Compare, EtcdError, KeyValue, Op
 from nsqx.cluster.metadata import ClusterMetadata
 from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import load_of, place
@@ -47,11 +48,12 @@ from nsqx.cluster.route_store import (
 )
 from nsqx.cluster.trust import SignedSession, Signer
 from nsqx.protocol.routes import RouteError, RouteHistory, routes_key
-from nsqx.protocol.v2 import StartPosition
+from nsqx.protocol.v2 import StartKind, StartPosition
 
 log = logging.getLogger("nsqx.cluster.routes")
 
-__all__ = ["ResetRefused", "RouteCoordinator", "place_created", "relabel_dead_nodes"]
+__all__ = ["ResetPlan", "ResetRefused", "RouteCoordinator", "check_reset", "place_created",
+           "relabel_dead_nodes", "reset_target"]
 
 class ResetRefused(Exception):
     """A channel reset that was refused or could not be done; nothing was changed.
@@ -111,6 +113,83 @@ def relabel_dead_nodes(old: RouteHistory, new: RouteHistory, live: list[str],
         assert second is not None
         return old.split(ch.retired[0], second.lo, nodes=(node, node))
     return old.merge(ch.retired[0], ch.retired[1], node=node)
+
+
+@dataclass(frozen=True, slots=True)
+class ResetPlan:
+    """What a channel reset read before any node holds the channel (see
+    :meth:`RouteCoordinator.reset_channel`)."""
+
+    topic: str
+    store: EtcdRouteStore
+    history: RouteHistory
+    version: int  # the route version the channel walks again from
+    to: str  # the position as the nodes' prepare step reads it
+    nodes: dict[str, NodeInfo]  # the live nodes
+    leaders: dict[int, str | None]  # partition -> its leader (partitions etcd knows)
+    rkey: bytes  # route_reset/<topic>/<channel>
+    last: KeyValue | None  # the channel's last reset record, None before its first
+
+    def require_live_leaders(self) -> None:
+        """ResetRefused E_NO_LEADER unless every physical partition has a live leader."""
+        missing = [p for p in range(self.history.next_partition)
+                   if self.leaders.get(p) not in self.nodes]
+        if missing:
+            raise ResetRefused(503, "E_NO_LEADER",
+                               f"topic {self.topic}: partitions {missing} have no live leader")
+
+
+def reset_target(h: RouteHistory, pos: StartPosition, now_ms: int) -> tuple[int, str]:
+    """The route version a reset to ``pos`` walks again from, and ``pos`` as the nodes read
+    it; ResetRefused for a time in the future or a per-partition offset (pure)."""
+    if pos.kind is StartKind.TIMESTAMP and pos.value * 1000 > now_ms:
+        raise ResetRefused(400, "E_INVALID",
+                           f"timestamp {pos.value} is in the future (now "
+                           f"{now_ms // 1000}): nothing to replay from there")
+    try:
+        return h.restart_version(pos), pos.to_text()
+    except RouteError as e:
+        raise ResetRefused(400, "E_INVALID", str(e)) from None
+
+
+def check_reset(plan: ResetPlan, channel: str, pos: StartPosition,
+                reports: dict[str, dict]) -> tuple[dict[int, int], frozenset[int]]:
+    """Step 2 (pure): every physical partition answered by its leader, the channel exists
+    on one, no position the walk needs was deleted by retention. Returns each partition's
+    offset and the retired partitions the channel is already beyond; ResetRefused."""
+    h, topic, leaders = plan.history, plan.topic, plan.leaders
+    want = range(h.next_partition)
+    offsets: dict[int, int] = {}
+    exists = False
+    for p in want:
+        r = reports.get(leaders[p] or "", {}).get(str(p))
+        if r is None:
+            raise ResetRefused(503, "E_NO_LEADER",
+                               f"topic {topic}: partition {p}'s leader "
+                               f"{leaders[p]} does not lead it yet")
+        exists = exists or r["channel"]
+        retired = h.retired_in(p)
+        walked = retired is None or retired > plan.version
+        if walked and r["start"] > 0 and r["offset"] <= r["start"] and \
+                pos.kind is not StartKind.LATEST:
+            raise ResetRefused(400, "E_RETENTION",
+                               f"topic {topic}: partition {p} keeps offsets "
+                               f"{r['start']}..{r['end']} only (retention deleted "
+                               f"the messages before); the reset would walk it "
+                               f"again from where they were")
+        if retired is not None and retired <= h.newest.version and \
+                r["command"] is None:
+            raise ResetRefused(503, "E_NOT_SEALED",
+                               f"topic {topic}: retired partition {p} has no "
+                               f"command message on its leader {leaders[p]}")
+        offsets[p] = r["offset"]
+    if not exists:
+        raise ResetRefused(404, "CHANNEL_NOT_FOUND",
+                           f"channel {channel} of topic {topic} exists on no "
+                           f"partition leader")
+    passed = frozenset(p for p in want if h.retired_in(p) is not None
+                       and offsets[p] > reports[leaders[p] or ""][str(p)]["command"])
+    return offsets, passed
 
 
 class RouteCoordinator:
@@ -336,105 +415,20 @@ class RouteCoordinator:
         self._resetting.add(topic)
         nodes: dict[str, NodeInfo] = {}
         try:
-            try:
-                store = self.store(topic)
-                h = await store.fetch()
-                if h is None:
-                    raise ResetRefused(404, "TOPIC_NOT_FOUND",
-                                       f"no route-managed topic {topic} in this cluster")
-                if h.pending is not None:
-                    ch = h.pending_change
-                    assert ch is not None
-                    raise ResetRefused(400, "E_ROUTE_CHANGE_PENDING",
-                                       f"topic {topic}: {ch.kind} to route version "
-                                       f"{ch.version} is still pending; reset the channel "
-                                       f"after it commits")
-                now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-                if pos.kind == "earliest":
-                    version, to = 0, "earliest"
-                elif pos.kind == "latest":
-                    version, to = h.newest.version, "latest"
-                elif pos.kind == "timestamp":
-                    if pos.value * 1000 > now:
-                        raise ResetRefused(400, "E_INVALID",
-                                           f"timestamp {pos.value} is in the future (now "
-                                           f"{now // 1000}): nothing to replay from there")
-                    version, to = h.version_at(pos.value * 1000), f"timestamp:{pos.value}"
-                else:
-                    raise ResetRefused(400, "E_INVALID",
-                                       f"topic {topic} is route-managed: reset a channel to "
-                                       f"earliest, latest or a timestamp, not to a "
-                                       f"partition's {pos.kind}")
-                nodes = await self.meta.nodes()
-                parts = {p: v.meta for (t, p), v in (await self.meta.all_partitions()).items()
-                         if t == topic}
-                rkey = reset_key(self.meta.keys.root, topic, channel)
-                last = await self.meta.etcd.get(rkey)
-            except EtcdError as e:
-                raise ResetRefused(503, "E_CLUSTER_UNAVAILABLE", str(e)) from None
-            want = range(h.next_partition)
-            leaders = {p: parts[p].leader for p in want if p in parts}
-            missing = [p for p in want if leaders.get(p) not in nodes]
-            if missing:
-                raise ResetRefused(503, "E_NO_LEADER",
-                                   f"topic {topic}: partitions {missing} have no live leader")
-            reports = await self._reset_prepare(topic, channel, to, nodes)
-            offsets: dict[int, int] = {}
-            exists = False
-            for p in want:
-                r = reports.get(leaders[p] or "", {}).get(str(p))
-                if r is None:
-                    raise ResetRefused(503, "E_NO_LEADER",
-                                       f"topic {topic}: partition {p}'s leader "
-                                       f"{leaders[p]} does not lead it yet")
-                exists = exists or r["channel"]
-                retired = h.retired_in(p)
-                walked = retired is None or retired > version
-                if walked and r["start"] > 0 and r["offset"] <= r["start"] and \
-                        pos.kind != "latest":
-                    raise ResetRefused(400, "E_RETENTION",
-                                       f"topic {topic}: partition {p} keeps offsets "
-                                       f"{r['start']}..{r['end']} only (retention deleted "
-                                       f"the messages before); the reset would walk it "
-                                       f"again from where they were")
-                if retired is not None and retired <= h.newest.version and \
-                        r["command"] is None:
-                    raise ResetRefused(503, "E_NOT_SEALED",
-                                       f"topic {topic}: retired partition {p} has no "
-                                       f"command message on its leader {leaders[p]}")
-                offsets[p] = r["offset"]
-            if not exists:
-                raise ResetRefused(404, "CHANNEL_NOT_FOUND",
-                                   f"channel {channel} of topic {topic} exists on no "
-                                   f"partition leader")
-            passed = frozenset(p for p in want if h.retired_in(p) is not None
-                               and offsets[p] > reports[leaders[p] or ""][str(p)]["command"])
-            gen = (ResetRecord.from_json(last.value).gen if last is not None else 0) + 1
-            rec = ResetRecord(gen, version, offsets, passed)
-            ops = []
-            for p in want:
-                if h.retired_in(p) is None:
-                    continue
-                k = pass_key(self.meta.keys.root, topic, channel, p)
-                ops.append(Op.put(k, b"1") if p in passed else Op.delete(k))
-            ops.append(Op.put(rkey, rec.to_json()))
-            cmp = [store.compare(), Compare.absent(rkey) if last is None
-                   else Compare.mod_revision(rkey, last.mod_revision)]
-            try:
-                won, _ = await self.meta.etcd.txn(cmp, ops)
-            except EtcdError as e:
-                raise ResetRefused(503, "E_CLUSTER_UNAVAILABLE", str(e)) from None
-            if not won:
-                raise ResetRefused(400, "E_CONFLICT",
-                                   f"topic {topic}: its route or the channel's reset changed "
-                                   f"during the reset; nothing was reset, try again")
+            plan = await self._reset_read(topic, channel, pos, now_ms)
+            nodes = plan.nodes  # from here a refusal releases every live node
+            plan.require_live_leaders()
+            reports = await self._reset_prepare(topic, channel, plan.to, nodes)
+            offsets, passed = check_reset(plan, channel, pos, reports)
+            gen = await self._reset_commit(plan, channel, offsets, passed)
         except BaseException:
             await self._reset_release(topic, channel, nodes)
             self._resetting.discard(topic)
             raise
+        h, version = plan.history, plan.version
         try:
             log.info("TOPIC(%s) CHANNEL(%s): reset %d committed (%s: route version %d, "
-                     "walks again %s)", topic, channel, gen, to, version,
+                     "walks again %s)", topic, channel, gen, plan.to, version,
                      sorted(p for p in offsets if p not in passed and
                             (h.retired_in(p) or 1 << 30) > version))
             unapplied = await self._reset_apply(topic, channel, gen, nodes)
@@ -443,6 +437,62 @@ class RouteCoordinator:
         return {"topic": topic, "channel": channel, "route_version": version, "gen": gen,
                 "partitions": {str(p): o for p, o in sorted(offsets.items())},
                 "passed": sorted(passed), "unapplied": unapplied}
+
+    async def _reset_read(self, topic: str, channel: str, pos: StartPosition,
+                          now_ms: int | None) -> ResetPlan:
+        """Before step 1: the topic's route history, the version ``pos`` restarts on, the
+        live nodes, each partition's leader and the channel's last reset record."""
+        try:
+            store = self.store(topic)
+            h = await store.fetch()
+            if h is None:
+                raise ResetRefused(404, "TOPIC_NOT_FOUND",
+                                   f"no route-managed topic {topic} in this cluster")
+            if h.pending is not None:
+                ch = h.pending_change
+                assert ch is not None
+                raise ResetRefused(400, "E_ROUTE_CHANGE_PENDING",
+                                   f"topic {topic}: {ch.kind} to route version "
+                                   f"{ch.version} is still pending; reset the channel "
+                                   f"after it commits")
+            now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+            version, to = reset_target(h, pos, now)
+            nodes = await self.meta.nodes()
+            parts = {p: v.meta for (t, p), v in (await self.meta.all_partitions()).items()
+                     if t == topic}
+            rkey = reset_key(self.meta.keys.root, topic, channel)
+            last = await self.meta.etcd.get(rkey)
+        except EtcdError as e:
+            raise ResetRefused(503, "E_CLUSTER_UNAVAILABLE", str(e)) from None
+        leaders = {p: parts[p].leader for p in range(h.next_partition) if p in parts}
+        return ResetPlan(topic, store, h, version, to, nodes, leaders, rkey, last)
+
+    async def _reset_commit(self, plan: ResetPlan, channel: str, offsets: dict[int, int],
+                            passed: frozenset[int]) -> int:
+        """Step 3: one etcd transaction, guarded by the route history's and the reset
+        record's mod revisions, writes the pass keys and the new reset record; its gen."""
+        h, topic, root = plan.history, plan.topic, self.meta.keys.root
+        last = plan.last
+        gen = (ResetRecord.from_json(last.value).gen if last is not None else 0) + 1
+        rec = ResetRecord(gen, plan.version, offsets, passed)
+        ops = []
+        for p in range(h.next_partition):
+            if h.retired_in(p) is None:
+                continue
+            k = pass_key(root, topic, channel, p)
+            ops.append(Op.put(k, b"1") if p in passed else Op.delete(k))
+        ops.append(Op.put(plan.rkey, rec.to_json()))
+        cmp = [plan.store.compare(), Compare.absent(plan.rkey) if last is None
+               else Compare.mod_revision(plan.rkey, last.mod_revision)]
+        try:
+            won, _ = await self.meta.etcd.txn(cmp, ops)
+        except EtcdError as e:
+            raise ResetRefused(503, "E_CLUSTER_UNAVAILABLE", str(e)) from None
+        if not won:
+            raise ResetRefused(400, "E_CONFLICT",
+                               f"topic {topic}: its route or the channel's reset changed "
+                               f"during the reset; nothing was reset, try again")
+        return gen
 
     async def _reset_post(self, node: NodeInfo, step: str, params: dict[str, str]
                           ) -> tuple[int, dict]:

@@ -11,7 +11,8 @@ listener (so it goes through the members' mutual TLS when configured)::
     GET /nsqx/replica/stream?node=<id> HTTP/1.1
     Connection: Upgrade
     Upgrade: tcp
-    X-Nsqx-Node/-Time/-Nonce/-Signature: the cluster signature (trust.Signer)
+    X-Nsqx-Node/-To/-Time/-Nonce/-Signature: the cluster signature (trust.Signer), made
+        for the leader's cluster address: good on that node only
 
 which the leader checks like every internal request (signature, the signer is the node the
 request names, that node's etcd registration is alive); a refusal is the ordinary HTTP
@@ -229,7 +230,7 @@ class _Proto(fetchconn._Proto):
             self._frames()
             return
         try:
-            code, length, _ = fetchconn._parse_head(buf[:end])
+            code, length, _ = fetchconn.parse_head(buf[:end])
         except ValueError as e:
             head.set_exception(e)
             return
@@ -280,12 +281,11 @@ class StreamConnection:
     """A follower's stream to one leader: the fetches of all its partitions there."""
 
     def __init__(self, address: str, node: str, *, ssl: ssl.SSLContext | None = None,
-                 sign: Callable[[str, str, dict[str, str]], dict[str, str] | None] | None
-                 = None) -> None:
+                 sign: Callable[..., dict[str, str] | None] | None = None) -> None:
         self.address = address
         self.node = node
         self.ssl = ssl  # TLS between members (--cluster-tls-*)
-        self.sign = sign  # (method, path, query) -> the signature headers
+        self.sign = sign  # (method, path, query, to=address) -> the signature headers
         host, _, port = address.rpartition(":")
         self.host, self.port = host.strip("[]"), int(port)
         self._proto: _Proto | None = None
@@ -306,7 +306,7 @@ class StreamConnection:
                 assert proto.transport is not None
                 proto.head = loop.create_future()
                 query = {"node": self.node}
-                extra = self.sign("GET", PATH, query) if self.sign else None
+                extra = self.sign("GET", PATH, query, to=self.address) if self.sign else None
                 lines = "".join(f"{k}: {v}\r\n" for k, v in (extra or {}).items())
                 proto.transport.write(
                     f"GET {PATH}?{urlencode(query)} HTTP/1.1\r\nHost: {self.address}\r\n"

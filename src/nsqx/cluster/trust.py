@@ -1,12 +1,16 @@
 """Node identity inside a cluster: HMAC-signed requests with a shared secret.
 
 Every request one cluster member makes to another (a follower's fetches and epoch
-queries, the coordinator's route seal/reset calls, its state queries) carries four headers:
-the sender's node id, a unix timestamp, a nonce and an HMAC-SHA256 over the method, the
-path, the sorted query, the body's SHA-256, the node id, the timestamp and the nonce. The
-receiver recomputes it with the secret from ``--cluster-secret-file``; a request that is
-unsigned, signed with another key, too old or too new (``MAX_SKEW``), or whose nonce it
-has seen within that window is refused. Who may *act* as a node is decided by the caller
+queries, the coordinator's route seal/reset calls, its state queries) carries five headers:
+the sender's node id, the receiver's cluster address (the one it dialled, as registered in
+etcd), a unix timestamp (milliseconds), a nonce and an HMAC-SHA256 over the method, the
+path, the sorted query, the body's SHA-256, the node id, the receiver, the timestamp and
+the nonce. The receiver recomputes it with the secret from ``--cluster-secret-file``; a
+request that is unsigned, signed with another key, signed for another receiver, too old or
+too new (``MAX_SKEW``), signed before this receiver started, or whose nonce it has seen
+within that window is refused. The last two together make a copied request good once, on
+one node, in one run: the nonce window lives in memory, and what a restart forgets is
+older than the restart. Who may *act* as a node is decided by the caller
 of :meth:`Verifier.verify`: the leader additionally requires the signed node id to be the
 follower a fetch names and that follower's etcd registration to be alive.
 
@@ -22,6 +26,7 @@ import hashlib
 import hmac
 import itertools
 import logging
+import math
 import os
 import secrets
 import ssl
@@ -38,11 +43,11 @@ from yarl import URL
 log = logging.getLogger("nsqx.cluster.trust")
 
 __all__ = ["EMPTY_BODY_HASH", "HEADERS", "MAX_SKEW", "Refused", "RefusalLog", "SignedSession",
-           "Signer",
-           "Verifier", "generate_secret_file", "load_secret", "tls_contexts"]
+           "Signer", "Verifier", "generate_secret_file", "load_secret", "receiver_name",
+           "tls_contexts"]
 
-H_NODE, H_TIME, H_NONCE, H_SIG = ("X-Nsqx-Node", "X-Nsqx-Time", "X-Nsqx-Nonce",
-                                  "X-Nsqx-Signature")
+H_NODE, H_TIME, H_NONCE, H_SIG, H_TO = ("X-Nsqx-Node", "X-Nsqx-Time", "X-Nsqx-Nonce",
+                                        "X-Nsqx-Signature", "X-Nsqx-To")
 HEADERS = (H_NODE, H_TIME, H_NONCE, H_SIG)
 MAX_SKEW = 30.0  # seconds a signed request stays valid either side of the receiver's clock
 MIN_SECRET = 16  # bytes
@@ -87,9 +92,15 @@ def tls_contexts(cert: str, key: str, ca: str) -> tuple[ssl.SSLContext, ssl.SSLC
     return server, client
 
 
+def receiver_name(address: str) -> str:
+    """A cluster address as both ends sign it: ``host:port``, host lower-case, no brackets."""
+    host, _, port = address.strip().rpartition(":")
+    return f"{host.strip('[]').lower()}:{port}"
+
+
 def _message(method: str, path: str, query: Iterable[tuple[str, str]], body_hash: str,
-             node: str, ts: str, nonce: str) -> bytes:
-    return "\n".join((method.upper(), path, urlencode(sorted(query)), body_hash, node, ts,
+             node: str, to: str, ts: str, nonce: str) -> bytes:
+    return "\n".join((method.upper(), path, urlencode(sorted(query)), body_hash, node, to, ts,
                       nonce)).encode()
 
 
@@ -105,14 +116,17 @@ class Signer:
         self._count = itertools.count()
 
     def headers(self, method: str, path: str, query: Mapping[str, str] | Iterable[tuple[str, str]],
-                body: bytes = b"") -> dict[str, str]:
+                body: bytes = b"", *, to: str = "") -> dict[str, str]:
+        """The signature headers of one request to the member at cluster address ``to``."""
         items = query.items() if isinstance(query, Mapping) else query
-        ts = str(int(self.clock()))
+        ms = int(self.clock() * 1000)  # ms: a receiver started within the second still tells
+        ts = f"{ms // 1000}.{ms % 1000:03d}"
         nonce = f"{self._prefix}{next(self._count):x}"
+        to = receiver_name(to) if to else ""
         bh = hashlib.sha256(body).hexdigest() if body else EMPTY_BODY_HASH
-        sig = hmac.new(self.secret, _message(method, path, items, bh, self.node_id, ts, nonce),
-                       hashlib.sha256).hexdigest()
-        return {H_NODE: self.node_id, H_TIME: ts, H_NONCE: nonce, H_SIG: sig}
+        sig = hmac.new(self.secret, _message(method, path, items, bh, self.node_id, to, ts,
+                                             nonce), hashlib.sha256).hexdigest()
+        return {H_NODE: self.node_id, H_TO: to, H_TIME: ts, H_NONCE: nonce, H_SIG: sig}
 
 
 class Refused(Exception):
@@ -126,13 +140,21 @@ class Refused(Exception):
 
 
 class Verifier:
-    """Checks signatures; remembers nonces while their timestamp is acceptable (replay)."""
+    """Checks signatures; remembers nonces while their timestamp is acceptable (replay) and
+    refuses any signed before it was made (a replay into a later run of the receiver).
+
+    ``receivers``: this node's cluster address(es) (:func:`receiver_name` form); a request
+    signed for another is refused. None accepts any (a unit test's verifier): a member
+    sets it before its listener serves."""
 
     def __init__(self, secret: bytes, *, skew: float = MAX_SKEW,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 receivers: Iterable[str] | None = None) -> None:
         self.secret = secret
         self.skew = skew
         self.clock = clock
+        self.started = int(clock() * 1000) / 1000  # as a signature made then says it
+        self.receivers = None if receivers is None else {receiver_name(r) for r in receivers}
         self._seen: set[str] = set()
         self._expiry: deque[tuple[float, str]] = deque()
 
@@ -144,19 +166,30 @@ class Verifier:
             raise Refused(401, "E_UNAUTHENTICATED", "no cluster signature (X-Nsqx-* headers): "
                           "internal endpoints answer cluster members only")
         try:
-            t = int(ts)
+            t = float(ts)
         except ValueError:
-            raise Refused(401, "E_BAD_SIGNATURE", "malformed timestamp") from None
+            t = math.nan
+        if not math.isfinite(t):
+            raise Refused(401, "E_BAD_SIGNATURE", "malformed timestamp")
         now = self.clock()
         if abs(now - t) > self.skew:
-            raise Refused(401, "E_STALE_SIGNATURE", f"signed at {t}, {now - t:+.0f} s from "
+            raise Refused(401, "E_STALE_SIGNATURE", f"signed at {t:.0f}, {now - t:+.0f} s from "
                           f"this node's clock (at most {self.skew:.0f} s)")
+        to = headers.get(H_TO) or ""
         bh = hashlib.sha256(body).hexdigest() if body else EMPTY_BODY_HASH
-        want = hmac.new(self.secret, _message(method, path, query, bh, node, ts, nonce),
+        want = hmac.new(self.secret, _message(method, path, query, bh, node, to, ts, nonce),
                         hashlib.sha256).hexdigest()
         if not hmac.compare_digest(want, sig):
             raise Refused(401, "E_BAD_SIGNATURE", "signature does not match (another cluster "
                           "secret, or the request was altered)")
+        if self.receivers is not None and to not in self.receivers:
+            raise Refused(401, "E_WRONG_RECEIVER", f"signed by {node} for {to or 'no receiver'}"
+                          f", this node is {', '.join(sorted(self.receivers))} (a request "
+                          "copied from another member's traffic?)")
+        if t < self.started:
+            raise Refused(401, "E_REPLAYED", f"signed by {node} {self.started - t:.3f} s before "
+                          "this node started (a request of its previous run replayed, or "
+                          "that member's clock is behind)")
         key = f"{node}\0{nonce}"
         self._prune(now)
         if key in self._seen:
@@ -226,7 +259,9 @@ class SignedSession:
                 timeout=aiohttp.ClientTimeout(total=self.timeout))
         params = {k: str(v) for k, v in (params or {}).items()}
         if self.signer is not None:
-            kw["headers"] = self.signer.headers(method, URL(url).path, params, data)
+            u = URL(url)
+            kw["headers"] = self.signer.headers(method, u.path, params, data,
+                                                to=f"{u.host}:{u.port}")
         if self.ssl is not None:
             kw["ssl"] = self.ssl
             if url.startswith("http://"):

@@ -43,7 +43,7 @@ from .options import Options
 from .registry import CHANNEL, CLIENT, TOPIC, Registration, RegistrationDB, filter_by_active
 from .trace_search import trace_search
 
-__all__ = ["HTTPHost", "make_app"]
+__all__ = ["HTTPHost", "make_app", "registry_lookup"]
 
 
 class HTTPHost(Protocol):
@@ -80,6 +80,23 @@ def _peer_json(info: Any) -> dict[str, Any]:
 
 
 
+async def registry_lookup(lookupd: HTTPHost, request: web.Request) -> web.Response:
+    """``GET /lookup`` as this nsqlookupd's registry answers it (upstream's answer). Cluster
+    mode answers /lookup itself and falls back to this for a topic etcd does not know."""
+    topic = first(query(request), "topic")
+    if topic is None:
+        raise HTTPError(400, "MISSING_ARG_TOPIC")
+    db, opts = lookupd.db, lookupd.opts
+    if not db.find_registrations(TOPIC, topic, ""):
+        raise HTTPError(404, "TOPIC_NOT_FOUND")
+    channels = [r.subkey for r in db.find_registrations(CHANNEL, topic, "*")]
+    producers = filter_by_active(
+        db.find_producers(TOPIC, topic, ""), round(opts.inactive_producer_timeout * 1e9),
+        round(opts.tombstone_lifetime * 1e9), db.clock())
+    return v1_json({"channels": channels,
+                    "producers": [_peer_json(p.peer.info) for p in producers]})
+
+
 class _Handlers:
     def __init__(self, lookupd: HTTPHost) -> None:
         self.lookupd = lookupd
@@ -110,18 +127,7 @@ class _Handlers:
         return v1_json({"channels": [r.subkey for r in regs]})
 
     async def lookup(self, request: web.Request) -> web.Response:
-        topic = first(query(request), "topic")
-        if topic is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        db = self.db
-        if not db.find_registrations(TOPIC, topic, ""):
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
-        channels = [r.subkey for r in db.find_registrations(CHANNEL, topic, "*")]
-        producers = filter_by_active(
-            db.find_producers(TOPIC, topic, ""), self._ns(self.opts.inactive_producer_timeout),
-            self._ns(self.opts.tombstone_lifetime), db.clock())
-        return v1_json({"channels": channels,
-                        "producers": [_peer_json(p.peer.info) for p in producers]})
+        return await registry_lookup(self.lookupd, request)
 
     async def nodes(self, request: web.Request) -> web.Response:
         db = self.db

@@ -24,7 +24,7 @@ from nsqx.httpapi import make_runner
 from nsqx.netutil import bind_listener
 
 from .http import make_app
-from .options import Options, version_string
+from .options import Options
 from .registry import RegistrationDB
 from .tcp import LookupProtocol, format_address
 
@@ -64,7 +64,6 @@ class NSQLookupd:
             return
         self._started = True
         loop = asyncio.get_running_loop()
-        log.info("%s", version_string())
         o = self.opts
         tcp_sock = http_sock = None
         try:

@@ -195,7 +195,9 @@ class Channel:
 
     @property
     def depth(self) -> int:
-        return self.cursor.depth(self._end_offset())
+        """Pending messages up to what is readable, paused or not: Go's depth counts a
+        paused topic's backlog (a pause stops delivery, not the count)."""
+        return self.cursor.depth(self.topic.readable_end)
 
     @property
     def message_count(self) -> int:
@@ -289,7 +291,7 @@ class Channel:
         if self.tags is not None:
             retag(self)
         if self.ephemeral and not self.clients and not self.exiting:
-            self.topic.nsqd.loop.create_task(self.topic.delete_channel(self.name))
+            self.topic.nsqd.loop.create_task(self.topic.delete_unused_ephemeral(self.name))
 
     # -- delivery ------------------------------------------------------------------------
     def _end_offset(self) -> int:

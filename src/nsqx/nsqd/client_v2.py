@@ -23,6 +23,13 @@ import orjson
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
 from nsqx.nsqd.channel import NotLeader, SeekError, load_position, now_ms, resolve_position
+from nsqx.nsqd.idempotence import (
+    IdempotenceError,
+    deduper_for,
+    has_mark,
+    leads,
+    sticky_partition,
+)
 from nsqx.nsqd.topic import BadPartition, SealedPartition
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
@@ -41,6 +48,7 @@ from nsqx.protocol.v2 import (
     identify_response,
     parse_fin,
     parse_identify,
+    parse_lone_marked_pub,
     parse_lone_pub,
     parse_rdy,
     parse_req,
@@ -52,6 +60,7 @@ from nsqx.protocol.v2 import (
 )
 from nsqx.storage.cursor import NotInFlight, NotOwner
 from nsqx.storage.message_id import MAX_OFFSET, parse_id
+from nsqx.storage.publish_keys import PRODUCER_HEADER
 from nsqx.storage.records import LogError
 
 if TYPE_CHECKING:
@@ -74,6 +83,9 @@ class Fatal(Exception):
     def __init__(self, code: str, text: str) -> None:
         super().__init__(f"{code} {text}")
         self.code, self.text = code, text
+
+
+_NO_EXT = {b"\0\0"}  # an MPUB_EXT message's JSON length when it has no header
 
 
 class ClientV2(asyncio.Protocol):
@@ -193,6 +205,9 @@ class ClientV2(asyncio.Protocol):
         if (data[:4] == b"PUB " and self._decoder is None and not self._blocked
                 and not self._backlog and self.parser.idle() and self._lone_pub(data)):
             return
+        if (data[:8] == b"PUB_EXT " and self._decoder is None and not self._blocked
+                and not self._backlog and self.parser.idle() and self._lone_pub(data, True)):
+            return
         if len(self.magic) < 4:
             need = 4 - len(self.magic)
             self.magic += data[:need]
@@ -221,24 +236,32 @@ class ClientV2(asyncio.Protocol):
         except ProtocolError as exc:  # corrupt or oversized compressed stream
             self._fatal(Fatal(exc.code, exc.text))
 
-    def _lone_pub(self, data: bytes) -> bool:
+    def _lone_pub(self, data: bytes, marked: bool = False) -> bool:
         """Publish a read holding exactly one plain PUB to an existing topic; False = not that.
 
         Speed: the one-at-a-time producer's path (see parse_lone_pub): the same _publish
         as parser -> _run -> _cmd_pub; cases with extra checks (auth, TLS required,
         exiting, bad input) return False before doing anything and go the general way.
+        ``marked``: an idempotent producer's ``PUB_EXT`` with only its mark
+        (parse_lone_marked_pub), the same _publish as _cmd_pub_variant.
         """
         nsqd = self.nsqd
         if len(self.magic) < 4 or nsqd.exiting or nsqd.auth_enabled or (
                 nsqd.tls_required_tcp and not self.tls):
             return False
-        pub = parse_lone_pub(data, self.parser.max_msg_size)
+        max_msg = self.parser.max_msg_size
+        pub = parse_lone_marked_pub(data, max_msg) if marked else parse_lone_pub(data, max_msg)
         if pub is None:
             return False
-        topic = nsqd.topics.get(pub[0].decode("ascii"))
+        name = pub[0].decode("ascii")
+        topic = nsqd.topics.get(name)
         if topic is not None and topic.ordered:
             return False  # refused (no partition named): the general path answers it
-        self._publish(pub[0].decode("ascii"), [pub[1]], 0, "E_PUB_FAILED", "PUB")
+        if marked:
+            self._publish(name, [pub[2]], 0, "E_PUB_FAILED", "PUB_EXT", None,
+                          [{PRODUCER_HEADER: pub[1]}])
+        else:
+            self._publish(name, [pub[1]], 0, "E_PUB_FAILED", "PUB")
         return True
 
     def _lone_fin(self, data: bytes) -> bool:
@@ -430,6 +453,10 @@ class ClientV2(asyncio.Protocol):
             state = head[0]
             if state is _PENDING:
                 break
+            if isinstance(state, ProtocolError) and not state.fatal:  # refused, in order
+                q.popleft()
+                out.append(frames.encode_error(state.code, state.text))
+                continue
             if state is not None:  # the commit failed
                 code, text = head[2]
                 log.error("[%s] %s: %s", self, text, state)
@@ -980,6 +1007,8 @@ class ClientV2(asyncio.Protocol):
                                     f"ext content not supported in topic {topic_name}", False)
         topic = nsqd.get_topic(topic_name)
         assert topic is not None
+        if partition is None and headers is not None:
+            partition = sticky_partition(topic, headers)
         try:
             part = topic.route(partition)
             if route_version is not None and topic.routes is not None:
@@ -994,9 +1023,26 @@ class ClientV2(asyncio.Protocol):
 
             def ok_from(base: int) -> bytes:
                 return traced_response((pnum << 48) | base, tid, base, raw_size)
-        done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"), ok_from)
-        part.publish(bodies, defer_ms, done, headers=headers, producer=self.remote_address)
+        if headers is not None and has_mark(headers) and leads(part):
+            self._publish_once(part, bodies, defer_ms, headers, code, what, ok_from)
+        else:
+            done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"), ok_from)
+            part.publish(bodies, defer_ms, done, headers=headers, producer=self.remote_address)
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+
+    def _publish_once(self, part: Any, bodies: list[bytes], defer_ms: int,
+                      headers: list[dict[str, bytes] | None], code: str, what: str,
+                      ok_from: Callable[[int], bytes] | None) -> None:
+        """A batch marked for idempotence (``nsqx-pub`` key or ``##nsqx_producer``
+        sequence): appended once; a repeat is answered as the first was (nsqd.idempotence)."""
+        dedupe = deduper_for(part)
+        # (a repeat of an older sequence answers base -1: 0 then, its offset is forgotten)
+        slot_done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"),
+                                            ok_from and (lambda base: ok_from(max(base, 0))))
+        try:
+            dedupe.publish(bodies, defer_ms, headers, slot_done, producer=self.remote_address)
+        except IdempotenceError as exc:  # refused before anything was appended
+            slot_done(-1, ProtocolError(exc.code, exc.text, False))
 
     def _cmd_pub(self, cmd: Command) -> Any:
         topic = self._pub_topic(cmd, "PUB")
@@ -1058,10 +1104,18 @@ class ClientV2(asyncio.Protocol):
         headers: list[dict[str, bytes] | None] = []
         traced: int | None = None
         if what.endswith("_EXT"):
-            for item in raw:
-                h, body = split_ext(item, what)
-                bodies.append(body)
-                headers.append(h)
+            rest = raw[1:]
+            if rest and min(map(len, rest)) > 2 and {item[:2] for item in rest} == _NO_EXT:
+                # headers on the first message only (an idempotent producer's batch): the
+                # others split by one comprehension (batched ingest's hot path)
+                h, body = split_ext(raw[0], what)
+                bodies = [body] + [item[2:] for item in rest]
+                headers = [h] + [None] * len(rest)
+            else:
+                for item in raw:
+                    h, body = split_ext(item, what)
+                    bodies.append(body)
+                    headers.append(h)
             if not multi and headers[0] and TRACE_ID_KEY in headers[0]:
                 traced = int(headers[0][TRACE_ID_KEY])
         else:

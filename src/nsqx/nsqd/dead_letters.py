@@ -20,7 +20,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from nsqx.protocol.names import valid_topic_name
+from nsqx.protocol.names import EPHEMERAL_SUFFIX, valid_topic_name
 from nsqx.storage.cursor import Delivery, NotInFlight, NotOwner
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ DLQ_SUFFIX = ".dlq"
 
 def dlq_topic_name(topic: str) -> str | None:
     """``<topic>.dlq`` when that is a valid NSQ topic name (64 characters at most)."""
-    base = topic.removesuffix("#ephemeral")
+    base = topic.removesuffix(EPHEMERAL_SUFFIX)
     name = base + DLQ_SUFFIX
     return name if valid_topic_name(name) else None
 

@@ -44,9 +44,11 @@ Endpoints (query-string parameters, errors as upstream's ``{"message": CODE}``):
     "duplicate": bool}``; a duplicate answers the first publish's offsets and appends
     nothing. A retry while the first attempt is still being written waits for it. The key is
     stored in the log itself (extension header ``nsqx-pub`` on the batch's first record) and
-    in a small SQLite index under the topic directory (``pubkeys.sqlite``); after a crash the
-    index is completed from the log's headers, so a key acknowledged once is never appended
-    again. Keys older than 7 days are forgotten. 400 ``MISSING_ARG_WRITER`` etc., 413 for
+    in a small SQLite index under the topic directory (``pubkeys-p<P>.sqlite``); after a
+    crash the index is completed from the log's headers, so a key acknowledged once is never
+    appended again (``nsqx.nsqd.idempotence``, shared with HTTP ``Idempotency-Key`` and
+    idempotent TCP producers). Keys older than 7 days (or ``--idempotency-window`` when
+    longer) are forgotten. 400 ``MISSING_ARG_WRITER`` etc., 413 for
     bodies over ``--max-body-size``.
 
 Authorization (nsqd with ``--auth-http-address``): the secret comes from an
@@ -64,10 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import struct
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -83,7 +82,9 @@ from nsqx.nsqd.http_publish import (
     parse_mpub_binary,
     read_capped,
 )
+from nsqx.nsqd.idempotence import deduper_for, leads
 from nsqx.protocol.names import valid_channel_name
+from nsqx.storage.publish_keys import PUB_KEY_HEADER
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
@@ -98,8 +99,6 @@ FETCH_HEADER = struct.Struct(">4sBBHQIQQQI")  # 48 bytes
 FLAG_HEADERS = 1
 DEFAULT_MAX_BYTES = 8 << 20
 MAX_MAX_BYTES = 64 << 20
-PUB_KEY_HEADER = "nsqx-pub"
-KEY_TTL = 7 * 86400.0
 _U32 = struct.Struct(">I")
 _HDR_ENTRY = struct.Struct(">QH")
 _U16 = struct.Struct(">H")
@@ -161,91 +160,12 @@ def encode_fetch_headers(items: list[tuple[int, dict[str, bytes]]]) -> bytes:
     return b"".join(parts)
 
 
-# ---------------------------------------------------------------- idempotent publish index
-
-class PubKeyIndex:
-    """Keys of idempotent publishes of one topic partition: SQLite, completed from the log.
-
-    ``done`` maps a key to (base, count). The watermark says every keyed publish whose base is
-    below it is in the table; keys between the watermark and the log end are recovered from
-    the log's ``nsqx-pub`` headers when the index is opened.
-    """
-
-    def __init__(self, path: Path | None, plog: Any) -> None:
-        self.path = path
-        self.log = plog
-        self.inflight: dict[str, asyncio.Future[tuple[int, int]]] = {}
-        self.mem: dict[str, tuple[int, int]] = {}
-        self.db: sqlite3.Connection | None = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            # no fsync per key: the log's nsqx-pub headers are the truth, the index is rebuilt
-            # from them past its watermark after a crash
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.execute("CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, base INTEGER, "
-                            "count INTEGER, created REAL)")
-            self.db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value)")
-            self._recover()
-
-    def _watermark(self) -> int:
-        assert self.db is not None
-        row = self.db.execute("SELECT value FROM meta WHERE name='watermark'").fetchone()
-        return int(row[0]) if row else 0
-
-    def _recover(self) -> None:
-        """Keys appended after the watermark but not indexed (crash between ack and insert)."""
-        assert self.db is not None
-        lo = max(self._watermark(), self.log.start_offset)
-        hi = self.log.flushed_offset
-        found = []
-        for off in range(lo, hi):
-            h = self.log.headers(off)
-            if h and PUB_KEY_HEADER in h:
-                key, _, count = bytes(h[PUB_KEY_HEADER]).decode().rpartition("#")
-                found.append((key, off, int(count), time.time()))
-        with self.db:
-            self.db.executemany("INSERT OR IGNORE INTO keys VALUES (?,?,?,?)", found)
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('watermark', ?)", (hi,))
-        if found:
-            log.info("%s: recovered %d publish keys from the log", self.path, len(found))
-
-    def get(self, key: str) -> tuple[int, int] | None:
-        if self.db is None:
-            return self.mem.get(key)
-        row = self.db.execute("SELECT base, count FROM keys WHERE key=?", (key,)).fetchone()
-        return (int(row[0]), int(row[1])) if row else None
-
-    def before_append(self) -> None:
-        """Nothing keyed is in flight: every keyed publish below the log end is indexed."""
-        if self.db is not None and not self.inflight:
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('watermark', ?)",
-                            (self.log.next_offset,))
-
-    def put(self, key: str, base: int, count: int) -> None:
-        if self.db is None:
-            self.mem[key] = (base, count)
-            return
-        now = time.time()
-        with self.db:
-            self.db.execute("INSERT OR REPLACE INTO keys VALUES (?,?,?,?)", (key, base, count, now))
-            if int(now) % 64 == 0:
-                self.db.execute("DELETE FROM keys WHERE created < ?", (now - KEY_TTL,))
-
-    def close(self) -> None:
-        if self.db is not None:
-            self.db.close()
-            self.db = None
-
-
 # ---------------------------------------------------------------- handlers
 
 class _FetchAPI:
     def __init__(self, nsqd: NodeAPI) -> None:
         self.nsqd = nsqd
         self._authz = http_authorizer(nsqd)
-        self._indexes: dict[tuple[int, int], PubKeyIndex] = {}
 
     # -- common -----------------------------------------------------------------------
     def _topic(self, name: str) -> Any:
@@ -341,18 +261,6 @@ class _FetchAPI:
         return resp
 
     # -- idempotent publish -----------------------------------------------------------
-    def _index(self, topic: Any, pid: int, plog: Any) -> PubKeyIndex:
-        k = (id(plog), pid)
-        idx = self._indexes.get(k)
-        if idx is None or idx.log is not plog:
-            if idx is not None:
-                idx.close()
-            path = None
-            if not getattr(topic, "ephemeral", False) and getattr(topic, "dir", None) is not None:
-                path = Path(topic.dir) / f"pubkeys-p{pid}.sqlite"
-            idx = self._indexes[k] = PubKeyIndex(path, plog)
-        return idx
-
     @staticmethod
     def _parse_keyed(body: bytes, max_msg: int) -> tuple[list[bytes], list[bytes]]:
         n = len(body)
@@ -414,57 +322,31 @@ class _FetchAPI:
         plog = _partitions(topic).get(pid)
         if plog is None:
             raise HTTPError(404, "PARTITION_NOT_FOUND")
-        idx = self._index(topic, pid, plog)
-        while True:
-            done = idx.get(key)
-            if done is not None:
-                return _json({"partition": pid, "base": done[0], "count": done[1],
-                              "duplicate": True})
-            pending = idx.inflight.get(key)
-            if pending is None:
-                break
-            try:
-                await asyncio.shield(pending)
-            except Exception:
-                pass  # the first attempt failed: this one may try again
         headers: list[dict[str, bytes] | None] = [
             {"key": k} if k else None for k in keys] if keys else [None] * len(msgs)
-        first = dict(headers[0] or {})
-        first[PUB_KEY_HEADER] = f"{key}#{len(msgs)}".encode()
-        headers[0] = first
-        idx.before_append()
-        fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
-        idx.inflight[key] = fut
+        headers[0] = {**(headers[0] or {}), PUB_KEY_HEADER: f"{key}#{len(msgs)}".encode()}
+        parts = getattr(topic, "partitions", None)
+        target = parts[pid] if isinstance(parts, list) and pid < len(parts) else topic
+        if getattr(target, "committer", None) is None:
+            raise HTTPError(500, "INTERNAL_ERROR")
         try:
-            parts = getattr(topic, "partitions", None)
-            target = parts[pid] if isinstance(parts, list) and pid < len(parts) else topic
-            if getattr(target, "committer", None) is None:
-                raise HTTPError(500, "INTERNAL_ERROR")
-            try:
-                # through the topic: in cluster mode only a leader takes it, acked after its ISR
+            # in cluster mode only a leader takes it (acked after its ISR); a follower
+            # forwards it with its mark, which the leader checks
+            if leads(target):
+                base, duplicate = await deduper_for(target).publish_async(msgs, 0, headers)
+            else:
                 published = target.publish(msgs, headers=headers)
                 assert published is not None
-                base = await published
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.error("TOPIC(%s): idempotent publish %s failed - %s", name, key, exc)
-                raise HTTPError(503, "PUB_FAILED") from None
-            idx.put(key, base, len(msgs))
-            fut.set_result((base, len(msgs)))
-        except BaseException as exc:
-            if not fut.done():
-                fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError("cancelled"))
-                fut.exception()  # retrieved: nobody else may be waiting
+                base, duplicate = await published, False
+        except asyncio.CancelledError:
             raise
-        finally:
-            idx.inflight.pop(key, None)
-        return _json({"partition": pid, "base": base, "count": len(msgs), "duplicate": False})
+        except Exception as exc:
+            log.error("TOPIC(%s): idempotent publish %s failed - %s", name, key, exc)
+            raise HTTPError(503, "PUB_FAILED") from None
+        return _json({"partition": pid, "base": base, "count": len(msgs), "duplicate": duplicate})
 
     async def close(self, _app: web.Application) -> None:
-        for idx in self._indexes.values():
-            idx.close()
-        self._indexes.clear()
+        """The indexes are the partitions' (closed with them)."""
 
 
 def add_routes(app: web.Application, nsqd: NodeAPI) -> _FetchAPI:

@@ -47,9 +47,12 @@ from nsqx.httpapi import query as _query
 from nsqx.nsqd.auth import OPERATOR_RULES, HTTPAuthorizer, http_authorizer
 from nsqx.nsqd.http_publish import (
     existing_topic,
+    idempotency_key,
+    mark_replayed,
     parse_mpub_binary,
     partition_arg,
     publish,
+    publish_once,
     read_capped,
     read_message,
     route_version_arg,
@@ -148,6 +151,12 @@ class _Handlers:
             defer_ms = int(ds)
             if defer_ms < 0 or defer_ms >= 2**63 or defer_ms > self.opts.max_delay_ms:
                 raise HTTPError(400, "INVALID_DEFER")
+        key = idempotency_key(request)
+        if key is not None:
+            _, _, replayed = await publish_once(
+                self.nsqd, name, [body], defer_ms, partition_arg(params), key=key, kind="pub",
+                producer=request.remote or "", route_version=route_version_arg(params))
+            return mark_replayed(_ok_text(), replayed)
         await publish(self.nsqd, name, [body], defer_ms, partition_arg(params),
                       producer=request.remote or "", route_version=route_version_arg(params))
         return _ok_text()
@@ -169,6 +178,13 @@ class _Handlers:
             msgs = parse_mpub_binary(body, o.max_msg_size, o.max_body_size)
         else:
             msgs = split_text_mpub(body, o.max_msg_size, o.max_body_size)
+        key = idempotency_key(request)
+        if key is not None:
+            _, _, replayed = await publish_once(
+                self.nsqd, name, msgs, 0, partition_arg(params), key=key,
+                kind="mpub-bin" if binary else "mpub", producer=request.remote or "",
+                route_version=route_version_arg(params))
+            return mark_replayed(_ok_text(), replayed)
         await publish(self.nsqd, name, msgs, 0, partition_arg(params), producer=request.remote or "",
                       route_version=route_version_arg(params))
         return _ok_text()
@@ -222,6 +238,10 @@ class _Handlers:
 
     async def topic_delete(self, request: web.Request) -> web.Response:
         name = self._topic_arg(request, validate=False)
+        cluster_delete = getattr(self.nsqd, "topic_delete_hook", None)
+        if cluster_delete is not None:  # cluster mode: every replica and the metadata
+            await cluster_delete(name)  # idempotent, as nsqlookupd's: 200 for a name gone
+            return _empty()
         try:
             await _maybe_await(self.nsqd.delete_topic(name))
         except KeyError:

@@ -41,7 +41,8 @@ log = logging.getLogger("nsqx.nsqd.http")
 
 _POST = b"POST /"
 _SUFFIX = b" HTTP/1.1"
-_REFUSED = (b"transfer-encoding", b"expect", b"connection", b"upgrade")
+# (an Idempotency-Key goes to the general path: nsqd.http_publish.publish_once)
+_REFUSED = (b"transfer-encoding", b"expect", b"connection", b"upgrade", b"idempotency-key")
 # the query strings taken here, after "?topic=<name>" (upstream's boolParams for binary)
 _MPUB_QUERY = {b"": "mpub", b"&binary=true": "mpub_bin", b"&binary=1": "mpub_bin",
                b"&binary=false": "mpub", b"&binary=0": "mpub"}

@@ -11,19 +11,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import orjson
 
 from nsqx.httpbase import HTTPError
 from nsqx.httpbase import first as _first
-from nsqx.nsqd.topic import BadPartition, PublishRefused, SealedPartition
+from nsqx.nsqd.idempotence import IdempotenceError, deduper_for, fingerprint, leads
+from nsqx.nsqd.topic import BadPartition, PartitionRequired, PublishRefused, SealedPartition
+from nsqx.protocol.routes import key_partition
+from nsqx.storage.publish_keys import PUB_KEY_HEADER
 
 if TYPE_CHECKING:
     from aiohttp import web
 
     from nsqx.nsqd.interfaces import NodeAPI
 
-__all__ = ["parse_mpub_binary", "partition_arg", "publish", "read_capped", "route_version_arg",
-           "split_text_mpub"]
+__all__ = ["IDEMPOTENCY_KEY", "REPLAYED", "idempotency_key", "mark_replayed", "parse_mpub_binary", "partition_arg",
+           "publish", "publish_once", "read_capped", "route_version_arg", "split_text_mpub"]
+
+IDEMPOTENCY_KEY = "Idempotency-Key"
+REPLAYED = "Idempotent-Replayed"
+MAX_KEY_LEN = 255
+# key -> topic of recent keyed requests: a key reused on another topic is a 422 (in memory:
+# each topic's own index is what survives a restart)
+KEY_TOPICS_MAX = 100_000
 
 log = logging.getLogger("nsqx.nsqd.http")
 
@@ -149,7 +163,7 @@ async def publish(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defer_ms:
                                   headers=headers, producer=producer)
     except asyncio.CancelledError:
         raise
-    except SealedPartition as exc:
+    except (SealedPartition, PartitionRequired) as exc:
         raise HTTPError(400, f"E_BAD_PARTITION {exc}") from None
     except BadPartition:
         raise HTTPError(400, "E_BAD_PARTITION") from None
@@ -159,3 +173,98 @@ async def publish(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defer_ms:
     except Exception as exc:
         log.error("TOPIC(%s): HTTP publish failed - %s", topic_name, exc)
         raise HTTPError(503, "EXITING") from None
+
+
+def idempotency_key(request: web.Request) -> str | None:
+    """The request's ``Idempotency-Key`` (a plain or a quoted string, 1..255 visible ASCII
+    characters), None without one; 400 ``INVALID_IDEMPOTENCY_KEY`` when malformed."""
+    raw = request.headers.get(IDEMPOTENCY_KEY)
+    if raw is None:
+        return None
+    key = raw.strip()
+    if len(key) >= 2 and key[0] == key[-1] == '"':  # the IETF draft's sf-string form
+        key = key[1:-1]
+    if not (0 < len(key) <= MAX_KEY_LEN and key.isascii() and key.isprintable()):
+        raise HTTPError(400, "INVALID_IDEMPOTENCY_KEY")
+    return key
+
+
+def mark_replayed(response: Any, replayed: bool) -> Any:
+    """A keyed publish answered from the index says so (the IETF draft's header)."""
+    if replayed:
+        response.headers[REPLAYED] = "true"
+    return response
+
+
+def _key_topics(nsqd: NodeAPI) -> OrderedDict[str, str]:
+    kt: OrderedDict[str, str] | None = getattr(nsqd, "_idempotency_topics", None)
+    if kt is None:
+        kt = OrderedDict()
+        try:
+            nsqd._idempotency_topics = kt  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+    return kt
+
+
+async def publish_once(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defer_ms: int,
+                       partition: int | None, *, key: str, kind: str,
+                       headers: list[dict[str, bytes] | None] | None = None,
+                       producer: str = "", route_version: int | None = None
+                       ) -> tuple[int, int, bool]:
+    """:func:`publish` with an ``Idempotency-Key``: (partition, base offset, replayed).
+
+    The key picks the partition when none is named (so a retry finds it), and rides as the
+    ``nsqx-pub`` mark on the first message, with a fingerprint of the request (``kind``,
+    topic, delay, bodies, headers): a retry answers the first append's offsets, another
+    request under the same key is 422 ``IDEMPOTENCY_KEY_REUSED``."""
+    kt = _key_topics(nsqd)
+    seen = kt.get(key)
+    if seen is not None and seen != topic_name:
+        raise HTTPError(422, f"IDEMPOTENCY_KEY_REUSED: key already used on topic {seen}")
+    topic = nsqd.get_topic(topic_name)
+    if topic is None:
+        raise HTTPError(503, "EXITING")
+    parts = topic.partitions
+    if partition is None and len(parts) > 1 and not topic.ordered and topic.routes is None:
+        partition = key_partition(key, len(parts))
+    fp = fingerprint(kind.encode(), topic_name.encode(), b"%d" % defer_ms,
+                     orjson.dumps([{k: v.decode("latin-1") for k, v in (h or {}).items()}
+                                   for h in headers or []]), *bodies)
+    mark = f"h/{quote(key, safe='')}#{len(bodies)}#{fp}".encode()
+    marked: list[dict[str, bytes] | None] = list(headers) if headers else [None] * len(bodies)
+    marked[0] = {**(marked[0] or {}), PUB_KEY_HEADER: mark}
+    try:
+        part = topic.route(partition)
+        routes = getattr(topic, "routes", None)
+        if routes is not None and route_version is not None:
+            routes.check_publish(part.partition, route_version)
+        if leads(part):
+            base, replayed = await deduper_for(part).publish_async(bodies, defer_ms, marked,
+                                                                   producer)
+        else:  # a follower: the leader checks the mark it forwards
+            fut = part.publish(bodies, defer_ms, headers=marked, producer=producer)
+            assert fut is not None
+            base, replayed = await fut, False
+    except asyncio.CancelledError:
+        raise
+    except IdempotenceError as exc:
+        raise HTTPError(exc.status, f"{exc.code[2:]}: {exc.text}") from None
+    except (SealedPartition, PartitionRequired) as exc:
+        raise HTTPError(400, f"E_BAD_PARTITION {exc}") from None
+    except BadPartition:
+        raise HTTPError(400, "E_BAD_PARTITION") from None
+    except PublishRefused as exc:
+        log.error("TOPIC(%s): HTTP publish refused - %s", topic_name, exc)
+        raise HTTPError(503, "E_PUB_FAILED") from None
+    except Exception as exc:
+        if "E_IDEMPOTENCY_KEY_REUSED" in str(exc):  # the leader's answer to a forward
+            raise HTTPError(422, "IDEMPOTENCY_KEY_REUSED: key already used for a different "
+                                 "request") from None
+        log.error("TOPIC(%s): HTTP publish failed - %s", topic_name, exc)
+        raise HTTPError(503, "EXITING") from None
+    kt[key] = topic_name
+    kt.move_to_end(key)
+    while len(kt) > KEY_TOPICS_MAX:
+        kt.popitem(last=False)
+    return part.partition, base, replayed

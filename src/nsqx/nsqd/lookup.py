@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from nsqx import NSQ_VERSION
-from nsqx.protocol.names import valid_channel_name
+from nsqx.protocol.names import is_ephemeral, valid_channel_name
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeContext
@@ -204,7 +204,7 @@ class LookupPeers:
         if topic is None:
             return
         for name in names:
-            if isinstance(name, str) and not name.endswith("#ephemeral") \
+            if isinstance(name, str) and not is_ephemeral(name) \
                     and valid_channel_name(name):
                 topic.get_channel(name)
 

@@ -18,6 +18,7 @@ import zlib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from nsqx.extras import install_command
 from nsqx.flags import (
     LOG_LEVELS,
     Flag,
@@ -137,6 +138,11 @@ class Options:
     max_delay: float = 0.0  # nsqx: ceiling of DPUB/REQ delays (0: --max-req-timeout's)
     max_attempts: int = 0  # nsqx: deliveries before a message goes to <topic>.dlq (0: never)
     msg_ttl: float = 0.0  # nsqx: messages older than this are skipped at delivery (0: kept)
+    # nsqx: idempotent publishes (Idempotency-Key, idempotent producers): how long and how
+    # many keys / producer ids each partition remembers
+    idempotency_window: float = 86400.0
+    idempotency_max_keys: int = 1_000_000
+    idempotency_max_producers: int = 10_000
     client_timeout: float = 60.0  # no flag upstream (default heartbeat = half of it)
 
     # client overridable configuration options
@@ -248,7 +254,7 @@ class Options:
             except ValueError as e:
                 raise OptionsError(f"--archive-url: {e}") from None
             if importlib.util.find_spec("pyarrow") is None:
-                raise OptionsError("--archive-url needs pyarrow: pip install 'nsqx[archive]'")
+                raise OptionsError(f"--archive-url needs pyarrow: {install_command('archive')}")
         if self.statsd_address and self.statsd_interval <= 0:
             raise OptionsError("--statsd-interval must be > 0")
         # the same ceilings as /channel/config and /topic/config (attempts: 16-bit field)
@@ -256,6 +262,11 @@ class Options:
             raise OptionsError("--max-attempts must be <= 65535")
         if self.msg_ttl > 366 * 24 * 3600:
             raise OptionsError("--msg-ttl must be <= 8784h0m0s (366 days)")
+        if self.idempotency_window <= 0:
+            raise OptionsError("--idempotency-window must be > 0")
+        if self.idempotency_max_keys < 1 or self.idempotency_max_producers < 1:
+            raise OptionsError("--idempotency-max-keys and --idempotency-max-producers "
+                               "must be >= 1")
 
     def go_value(self, cfg_name: str) -> Any:
         """The option as upstream's ``GET /config/:opt`` shows it; KeyError if no such option."""
@@ -391,6 +402,13 @@ def _flags() -> list[Flag]:
         Flag("msg-ttl", DUR, d.msg_ttl, "[nsqx] messages published longer ago than this are "
              "skipped (finished unseen, counted as expired) when a channel reaches them "
              "(0 = kept; per topic: /topic/config)"),
+        Flag("idempotency-window", DUR, d.idempotency_window, "[nsqx] how long a partition "
+             "remembers an Idempotency-Key or an idempotent producer's sequence (a retry "
+             "later than this is stored again)"),
+        Flag("idempotency-max-keys", INT, d.idempotency_max_keys, "[nsqx] Idempotency-Keys "
+             "each partition remembers at most (the oldest are forgotten first)"),
+        Flag("idempotency-max-producers", INT, d.idempotency_max_producers, "[nsqx] "
+             "idempotent producer ids each partition remembers at most (least recent first)"),
         Flag("max-body-size", INT, d.max_body_size, "maximum size of a single command body"),
         # client overridable configuration options
         Flag("max-heartbeat-interval", DUR, d.max_heartbeat_interval, "maximum client "
@@ -407,9 +425,9 @@ def _flags() -> list[Flag]:
         Flag("max-channel-consumers", INT, 0, "maximum channel consumer connection count per nsqd "
              "instance (default 0, i.e., unlimited)"),
         # nsqx tiered storage
-        Flag("archive-url", STR, "", "archive closed log segments as Parquet files to this "
+        Flag("archive-url", STR, "", "[nsqx] archive closed log segments as Parquet files to this "
              "directory or s3://bucket/prefix; old reads are served from there"),
-        Flag("archive-s3-endpoint", STR, "", "S3 endpoint (host:port or URL) for an s3:// "
+        Flag("archive-s3-endpoint", STR, "", "[nsqx] S3 endpoint (host:port or URL) for an s3:// "
              "--archive-url (credentials from the AWS environment variables)"),
         choice_flag("archive-compression", tuple(ARCHIVE_CODECS), "[nsqx] Parquet codec of the "
                     "archived files, as Kafka's compression.type (readers need no setting)"),

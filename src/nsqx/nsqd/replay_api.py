@@ -78,7 +78,7 @@ from nsqx.nsqd.channel import NotLeader, SeekError, load_archived, load_position
 from nsqx.nsqd.http_publish import existing_topic, read_capped
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.routes import RouteError
-from nsqx.protocol.v2 import StartPosition, parse_start_position
+from nsqx.protocol.v2 import StartKind, StartPosition, parse_start_position
 from nsqx.storage.imported_ids import locate_all as locate_imported
 from nsqx.storage.message_id import MAX_OFFSET, MAX_PARTITION
 from nsqx.storage.records import LogError
@@ -200,7 +200,7 @@ class _ReplayAPI:
         topic = self._topic(tname)
         if topic.routes is not None:  # route-managed: every partition, versions walked again
             try:  # archived row groups the position names: read in a thread
-                for p in topic.partitions if pos.kind in ("earliest", "timestamp") else ():
+                for p in topic.partitions if pos.kind in (StartKind.EARLIEST, StartKind.TIMESTAMP) else ():
                     await load_position(p, pos)
             except LogError as exc:
                 log.error("TOPIC(%s) CHANNEL(%s): setoffset failed - %s", tname, cname, exc)

@@ -39,6 +39,7 @@ from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.http_publish import existing_topic
+from nsqx.protocol.names import is_ephemeral
 from nsqx.protocol.routes import DEFAULT_LOGICAL, RouteError, RouteHistory
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def node_label(nsqd: NodeAPI) -> str:
 
 async def create_routed(nsqd: NodeAPI, name: str, params: dict[str, list[str]]) -> TopicRoutes:
     """Create (or find, same shape) the route-managed topic ``name``; HTTPError if not."""
-    if name.endswith("#ephemeral"):
+    if is_ephemeral(name):
         raise HTTPError(400, "INVALID_PARTITION_NUM")
     count = parse_int(params, "partition_num", default=1)
     if not 1 <= count <= 1024:

@@ -49,13 +49,14 @@ from nsqx.protocol.barrier import (
     readable_partitions,
     start,
 )
+from nsqx.protocol.names import is_ephemeral
 from nsqx.protocol.routes import RouteError, RouteHistory, command_body, parse_command
+from nsqx.protocol.v2 import StartKind, StartPosition
 from nsqx.storage.fileio import write_durably
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import ChannelView, NodeContext
     from nsqx.nsqd.topic import Topic
-    from nsqx.protocol.v2 import StartPosition
 
 log = logging.getLogger("nsqx.nsqd.routing")
 
@@ -368,9 +369,9 @@ class TopicRoutes:
                 continue
             plog = part.log
             start_off, end = plog.start_offset, plog.next_offset
-            if pos.kind == "earliest":
+            if pos.kind is StartKind.EARLIEST:
                 off = start_off
-            elif pos.kind == "latest":
+            elif pos.kind is StartKind.LATEST:
                 off = end
             else:
                 off = min(max(plog.offset_for_time(pos.value * 1_000_000_000), start_off), end)
@@ -451,7 +452,7 @@ class TopicRoutes:
                 return state
 
     def _passed(self, name: str, p: int) -> None:
-        if self.on_pass is not None and not name.endswith("#ephemeral"):
+        if self.on_pass is not None and not is_ephemeral(name):
             self.on_pass(name, p)
 
     def attach(self) -> None:
@@ -566,7 +567,7 @@ class TopicRoutes:
 
     # -- channels --------------------------------------------------------------------------
     def _state_path(self, name: str) -> Path | None:
-        if name.endswith("#ephemeral"):
+        if is_ephemeral(name):
             return None
         return self.topic.dir / "channels" / f"c-{name}.route"
 
@@ -699,15 +700,7 @@ class TopicRoutes:
             raise RouteError(f"topic {h.topic} is a route-managed cluster topic: reset the "
                              f"channel through nsqlookupd (POST /channel/setoffset there, or "
                              f"nsqx channel reset --lookupd-http-address)")
-        if pos.kind == "earliest":
-            version = 0
-        elif pos.kind == "latest":
-            version = h.newest.version
-        elif pos.kind == "timestamp":
-            version = h.version_at(pos.value * 1000)
-        else:
-            raise RouteError(f"topic {h.topic} is route-managed: reset a channel to earliest, "
-                             f"latest or a timestamp, not to a partition's {pos.kind}")
+        version = h.restart_version(pos)
         for part in self.topic.partitions:
             ch = part.channels.get(name)
             if ch is not None:

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from nsqx.nsqd.metrics import memory_stats
+from nsqx.protocol.names import is_ephemeral
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
@@ -24,7 +25,6 @@ __all__ = ["StatsdEmitter", "expand_prefix", "host_key", "pack_lines"]
 
 log = logging.getLogger("nsqx.nsqd.statsd")
 
-_EPHEMERAL = "#ephemeral"
 
 
 def host_key(hostport: str) -> str:
@@ -134,7 +134,7 @@ class StatsdEmitter:
         current: dict[str, tuple[int, int, dict[str, tuple[int, int, int]]]] = {}
         for t in stats.get("topics") or []:
             tname = t["topic_name"]
-            if exclude and tname.endswith(_EPHEMERAL):
+            if exclude and is_ephemeral(tname):
                 continue
             lt_count, lt_bytes, lt_chans = last.get(tname, (0, 0, {}))
             t_count, t_bytes = int(t.get("message_count", 0)), int(t.get("message_bytes", 0))
@@ -148,7 +148,7 @@ class StatsdEmitter:
             chans: dict[str, tuple[int, int, int]] = {}
             for c in t.get("channels") or []:
                 cname = c["channel_name"]
-                if exclude and cname.endswith(_EPHEMERAL):
+                if exclude and is_ephemeral(cname):
                     continue
                 base = f"topic.{tname}.channel.{cname}"
                 lc = lt_chans.get(cname, (0, 0, 0))

@@ -92,6 +92,7 @@ class Topic:
             )
             self.log = PartitionLog(self.dir / f"p{partition}", partition, config)
         self._idle_end = -1  # log end seen by the last release_idle_files()
+        self.dedupe: Any = None  # idempotent publishes' index (nsqd.idempotence), on first use
         self.committer = GroupCommitter(self.log, nsqd.loop, syncer=nsqd.fs_syncer,
                                         scheduler=nsqd.commit_scheduler)
         self.committer.on_flushed.append(self._on_flushed)
@@ -127,7 +128,7 @@ class Topic:
             if len(parts) == 1:
                 return parts[0]
             if self.ordered:
-                raise BadPartition(f"topic {self.name} is ordered: name a partition")
+                raise PartitionRequired(self.name, len(parts))
             first = parts[0]
             first._rr += 1
             if first.gate is not None:  # cluster mode: spread over the partitions led here
@@ -179,17 +180,18 @@ class Topic:
     def publish(self, bodies: list[bytes], defer_ms: int = 0,
                 done: Callable[[int, Exception | None], None] | None = None, *,
                 headers: list[dict[str, bytes] | None] | None = None,
-                producer: str = "") -> asyncio.Future[int] | None:
+                producer: str = "", trace: bool = True) -> asyncio.Future[int] | None:
         """Append a batch, durable per policy: returns a future, or calls `done` (no future).
 
         `headers` (one dict or None per body) go to the log's header sidecar, never into
         the frames stock clients receive. `producer` (remote address) names the publisher
-        in trace events.
+        in trace events. `trace=False`: `done` records the trace events already (a
+        forwarded publish this node appends itself once it leads, cluster.forwarding).
         """
         base = self.log.next_offset
         kw: dict = {} if headers is None else {"headers": headers}
         outer: asyncio.Future[int] | None = None
-        if self.tracer is not None:  # pub events once the batch is durable
+        if self.tracer is not None and trace:  # pub events once the batch is durable
             if done is None:
                 outer = self.nsqd.loop.create_future()
                 done = settle(outer)
@@ -324,6 +326,16 @@ class Topic:
             self.routes.channel_deleted(name)
         await self._delete_channel_here(name)
 
+    async def delete_unused_ephemeral(self, name: str) -> None:
+        """Delete ephemeral channel ``name`` once no partition's copy has a client: each
+        partition's copy asks when its last client leaves, so the first ask that finds the
+        channel unused deletes it everywhere and the others find nothing to do."""
+        copies = [p.channels[name] for p in self.partitions if name in p.channels]
+        if not copies or any(ch.clients or ch.exiting for ch in copies):
+            return
+        owner = next(p for p in self.partitions if name in p.channels)
+        await owner.delete_channel(name)
+
     async def _delete_channel_here(self, name: str) -> None:
         ch = self.channels.pop(name, None)
         if ch is None:
@@ -454,6 +466,9 @@ class Topic:
                     ch.cursor.close()
                 else:
                     ch.close()
+            if self.dedupe is not None:
+                self.dedupe.close()
+                self.dedupe = None
             self.log.close()
         if delete and not self.ephemeral:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -464,6 +479,17 @@ DELIVER_AT_KEY = "##deliver_at_ms"  # cluster mode: a DPUB's due time (ms), kept
 
 class BadPartition(ValueError):
     """A partition that does not exist, or a partitionless PUB to an ordered topic."""
+
+
+class PartitionRequired(BadPartition):
+    """A publish to an ordered topic that names no partition: order holds per partition,
+    so the producer must choose one (or a key that hashes to one). The text says so, for
+    HTTP publishers too, behind the upstream-style code ``E_BAD_PARTITION``."""
+
+    def __init__(self, topic: str, partitions: int) -> None:
+        super().__init__(f"topic {topic} is ordered: name a partition (0..{partitions - 1}: "
+                         f"PUB {topic} N, /pub?partition=N) or publish with a key "
+                         f"(nsqx.client: key=...), whose messages keep their order")
 
 
 class SealedPartition(BadPartition):

@@ -34,7 +34,14 @@ from nsqx.httpapi import HTTPError, topic_arg, trace_search_args
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.httpapi import trace_id_arg as _trace_id
-from nsqx.nsqd.http_publish import partition_arg, publish, read_message
+from nsqx.nsqd.http_publish import (
+    idempotency_key,
+    mark_replayed,
+    partition_arg,
+    publish,
+    publish_once,
+    read_message,
+)
 from nsqx.nsqd.trace import TRACE_TOPIC, search_trace
 from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_topic_name
@@ -63,15 +70,22 @@ class _TraceAPI:
         return await read_message(request, self.nsqd.opts.max_msg_size)
 
     async def _pub(self, request: web.Request, headers: dict[str, bytes] | None,
-                   params: dict[str, list[str]], body: bytes) -> tuple[int, int]:
+                   params: dict[str, list[str]], body: bytes, kind: str) -> tuple[int, int, bool]:
+        """(partition, base, replayed): with an ``Idempotency-Key``, at most once."""
         name = topic_arg(params)
         if headers:
             topic = self.nsqd.topics.get(name)
             if topic is not None and not topic.ext and any(k[:2] != "##" for k in headers):
                 raise HTTPError(400, "E_EXT_NOT_SUPPORT")
-        return await publish(self.nsqd, name, [body], 0, partition_arg(params),
-                             headers=[headers] if headers else None,
-                             producer=request.remote or "")
+        key = idempotency_key(request)
+        if key is not None:
+            return await publish_once(self.nsqd, name, [body], 0, partition_arg(params), key=key,
+                                      kind=kind, headers=[headers] if headers else None,
+                                      producer=request.remote or "")
+        part, base = await publish(self.nsqd, name, [body], 0, partition_arg(params),
+                                   headers=[headers] if headers else None,
+                                   producer=request.remote or "")
+        return part, base, False
 
     @staticmethod
     def _traced(part: int, base: int, trace_id: str, body: bytes) -> web.Response:
@@ -94,20 +108,21 @@ class _TraceAPI:
         except ProtocolError as exc:
             raise HTTPError(400, exc.code) from None
         body = await self._body(request)
-        part, base = await self._pub(request, headers or None, params, body)
+        part, base, replayed = await self._pub(request, headers or None, params, body, "pub_ext")
         tid = headers.get(TRACE_ID_KEY)
         if tid is not None:
-            return self._traced(part, base, tid.decode(), body)
-        return web.Response(text="OK", content_type="text/plain", charset="utf-8")
+            return mark_replayed(self._traced(part, base, tid.decode(), body), replayed)
+        return mark_replayed(web.Response(text="OK", content_type="text/plain", charset="utf-8"),
+                         replayed)
 
     async def pub_trace(self, request: web.Request) -> web.Response:
         params = _query(request)
         raw = _first(params, "trace_id")
         tid = _trace_id(raw)
         body = await self._body(request)
-        part, base = await self._pub(request, {TRACE_ID_KEY: b"%d" % tid} if tid else None,
-                                     params, body)
-        return self._traced(part, base, str(tid), body)
+        part, base, replayed = await self._pub(
+            request, {TRACE_ID_KEY: b"%d" % tid} if tid else None, params, body, "pubtrace")
+        return mark_replayed(self._traced(part, base, str(tid), body), replayed)
 
     # -- switch ----------------------------------------------------------------------------
     def _topic(self, params: dict[str, list[str]]) -> Any:

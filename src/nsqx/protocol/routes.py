@@ -35,7 +35,8 @@ from typing import Any
 
 import orjson
 
-from nsqx.protocol.names import valid_name
+from nsqx.protocol.names import is_ephemeral, valid_name
+from nsqx.protocol.v2 import StartKind, StartPosition
 
 __all__ = [
     "DEFAULT_LOGICAL",
@@ -212,7 +213,7 @@ class RouteHistory:
     _retired: dict[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not valid_name(self.topic) or self.topic.endswith("#ephemeral"):
+        if not valid_name(self.topic) or is_ephemeral(self.topic):
             raise RouteError(f"invalid topic name {self.topic!r}")
         if not 1 <= self.logical <= MAX_LOGICAL:
             raise RouteError(f"logical partition count must be 1..{MAX_LOGICAL}, "
@@ -314,6 +315,19 @@ class RouteHistory:
             else:
                 break
         return v
+
+    def restart_version(self, pos: StartPosition) -> int:
+        """The version a channel reset to ``pos`` walks the versions again from: 0 for
+        earliest (no partition is deleted yet), the newest for latest, the one current at a
+        timestamp. A per-partition offset has no meaning across partitions: RouteError."""
+        if pos.kind is StartKind.EARLIEST:
+            return 0
+        if pos.kind is StartKind.LATEST:
+            return self.newest.version
+        if pos.kind is StartKind.TIMESTAMP:
+            return self.version_at(pos.value * 1000)
+        raise RouteError(f"topic {self.topic} is route-managed: reset a channel to earliest, "
+                         f"latest or a timestamp, not to a partition's {pos.kind}")
 
     # -- changes --------------------------------------------------------------------------------
     def _base(self, op: str, expect: int | None) -> RouteVersion:

@@ -7,7 +7,7 @@
 
 See :mod:`nsqx.spark.source` for the options and the schema, :mod:`nsqx.spark.jobs` for the
 ``nsqx spark archive`` / ``nsqx spark stats`` jobs. ``pyspark`` and ``pyarrow`` come with the
-``spark`` extra (``pip install 'nsqx[spark]'``); the package must be installed in the Python
+``spark`` extra (in a clone: ``.venv/bin/pip install -e '.[spark]'``); the package must be installed in the Python
 that Spark's workers run (``PYSPARK_PYTHON``), as every Python data source must.
 """
 
@@ -40,6 +40,8 @@ def _use_driver_python(spark: Any) -> None:
     import subprocess
     import sys
 
+    from nsqx.extras import install_command
+
     sc = getattr(spark, "sparkContext", None)
     try:
         current = sc.pythonExec if sc is not None else None
@@ -70,7 +72,8 @@ def _use_driver_python(spark: Any) -> None:
         raise RuntimeError(
             f"Spark's Python workers run {current!r} (PYSPARK_PYTHON or spark.pyspark.python), "
             "which cannot import "
-            f"nsqx with its Spark extra (pyarrow, numpy); install 'nsqx[spark]' there, or set "
+            f"nsqx with its Spark extra (pyarrow, numpy); install it there "
+            f"({install_command('spark', current)}), or set "
             f"PYSPARK_PYTHON={sys.executable} (this driver's Python) before creating the "
             f"SparkSession, or .config('spark.pyspark.python', {sys.executable!r})")
 

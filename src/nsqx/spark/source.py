@@ -759,143 +759,173 @@ class _WriterBase:
         self.writer_id = opts.get("writerid") or writer_id
 
     def _publish_all(self, batches: Iterator[pa.RecordBatch], default_batch: str) -> NsqCommit:
+        """One write task: every row published once (in chunks of at most ``batchSize``
+        messages and ``maxBatchBytes``), each chunk keyed by writer, batch and task so that a
+        retried task appends nothing twice."""
         pid, batch_id, query_id = _task_ids(default_batch)
-        writer = self.writer_id or query_id or "anonymous"
-        known: list[int] = []
-        # a cluster topic: each partition's rows go to its leader (a follower refuses them)
-        leaders: dict[int, str] | None = None
-        found = (cluster_leaders(self.lookupd, self.topic, self.timeout)
-                 if self.lookupd and not self.nsqd else None)
-        if found is not None:
-            leaders = wait_leaders(self.lookupd or "", self.topic, self.timeout, found)
-            known.append(max(1, found[0]))
-            nodes = sorted(set(leaders.values()))
-        else:
-            nodes = resolve_nodes(self.nsqd, self.lookupd, self.topic, self.timeout,
-                                  any_node=True)
-        if not nodes:
-            raise NsqSparkError(f"no nsqd to publish topic {self.topic!r} to (lookupd "
-                                f"{self.lookupd} knows none)")
-        client = NodeClient(nodes[0], timeout=self.timeout, secret=self.secret)
-        clients = {nodes[0]: client}
-        state = {"seq": 0, "sent": 0, "dups": 0}
-        pending: dict[int, tuple[list[bytes], list[bytes | None], int]] = {}
-
-        def client_for(part: int) -> NodeClient:
-            if leaders is None:
-                return client
-            node = leaders.get(part)
-            if node is None:
-                raise NsqSparkError(f"topic {self.topic!r} has no partition {part} (it has "
-                                    f"{len(leaders)})", "E_BAD_PARTITION")
-            if node not in clients:
-                clients[node] = NodeClient(node, timeout=self.timeout, secret=self.secret)
-            return clients[node]
-
-        def pub(part: int, body: bytes, task: str) -> dict[str, Any]:
-            deadline = time.monotonic() + self.timeout
-            while True:
-                try:
-                    return client_for(part).pub(self.topic, body, writer=writer,
-                                                batch=str(batch_id), task=task,
-                                                partition=part, keys=self.has_key)
-                except NsqSparkError as exc:
-                    if leaders is None or not _leader_moved(exc) or \
-                            time.monotonic() >= deadline:
-                        raise
-                    # the leader died or moved: the same key again, at the leader lookupd
-                    # names now (appended at most once: the key travels in the log)
-                    log.warning("topic %s partition %d: %s; asking lookupd for the leader",
-                                self.topic, part, exc)
-                    time.sleep(0.2)
-                    leaders.update(wait_leaders(self.lookupd or "", self.topic,
-                                                self.timeout))
-
-        def nparts() -> int:
-            """The topic's partition count (1 while the topic does not exist yet)."""
-            if not known:
-                try:
-                    known.append(max(1, len(client.offsets(self.topic))))
-                except NsqSparkError as e:
-                    if e.status != 404:
-                        raise
-                    known.append(1)
-            return known[0]
-
-        def flush(part: int) -> None:
-            bodies, keys, _ = pending.pop(part, ([], [], 0))
-            if not bodies:
-                return
-            body = encode_pub_body(bodies, keys if self.has_key else None)
-            r = pub(part, body, f"{pid}.{state['seq']}")
-            state["seq"] += 1
-            state["sent"] += len(bodies)
-            state["dups"] += len(bodies) if r.get("duplicate") else 0
-
-        def add(part: int, bodies: list[bytes], keys: list[bytes | None],
-                sizes: np.ndarray) -> None:
-            cum = np.cumsum(sizes)
-            n = len(bodies)
-            i = 0
-            while i < n:
-                bl, kl, nb = pending.get(part) or ([], [], 0)
-                room = self.batch_size - len(bl)
-                base = int(cum[i - 1]) if i else 0
-                j = int(np.searchsorted(cum, base + self.max_batch_bytes - nb, "right"))
-                j = min(j, i + room, n)
-                if j <= i:
-                    if bl:
-                        flush(part)
-                        continue
-                    j = i + 1  # one message bigger than maxBatchBytes goes alone
-                bl = bl + bodies[i:j]
-                kl = kl + keys[i:j]
-                pending[part] = (bl, kl, nb + int(cum[j - 1]) - base)
-                if len(bl) >= self.batch_size or j < n:
-                    flush(part)
-                i = j
-
+        out = _TaskPublisher(self, self.writer_id or query_id or "anonymous", str(batch_id),
+                             pid)
         try:
             for rb in batches:
-                if rb.num_rows == 0:
-                    continue
-                bcol = rb.column("body")
-                if not pa.types.is_binary(bcol.type):
-                    bcol = bcol.cast(pa.binary())
-                lens = np.asarray(pc.binary_length(bcol).fill_null(0), dtype=np.int64)
-                if bcol.null_count or (lens == 0).any():
-                    raise NsqSparkError("a message has a null or empty 'body' (NSQ needs at "
-                                        "least one byte)")
-                bodies = bcol.to_pylist()
-                sizes = lens + 8
-                if self.has_key:
-                    kcol = rb.column("key")
-                    if not pa.types.is_binary(kcol.type):
-                        kcol = kcol.cast(pa.binary())
-                    keys = kcol.to_pylist()
-                    sizes = sizes + np.asarray(pc.binary_length(kcol).fill_null(0),
-                                               dtype=np.int64)
-                else:
-                    keys = [None] * len(bodies)
-                if self.has_partition:
-                    pcol = np.asarray(rb.column("partition").fill_null(0), dtype=np.int64)
-                elif self.has_key and nparts() > 1:
-                    # by key, as nsqx.client routes: crc32(key) % partitions (a null key: 0)
-                    n = nparts()
-                    pcol = np.fromiter((zlib.crc32(k) % n if k else 0 for k in keys),
-                                       dtype=np.int64, count=len(keys))
-                else:
-                    add(0, bodies, keys, sizes)
-                    continue
-                for part in np.unique(pcol):
-                    idx = np.flatnonzero(pcol == part)
-                    add(int(part), [bodies[i] for i in idx], [keys[i] for i in idx], sizes[idx])
-            for part in sorted(pending):
-                flush(part)
+                out.add_batch(rb)
+            out.flush_all()
         finally:
-            for c in clients.values():
-                c.close()
-        return NsqCommit(pid, state["sent"], state["dups"])
+            out.close()
+        return NsqCommit(pid, out.sent, out.dups)
+
+
+def _batch_rows(rb: pa.RecordBatch, has_key: bool
+                ) -> tuple[list[bytes], list[bytes | None], np.ndarray]:
+    """A record batch's bodies, keys (None without a key column) and each message's size in
+    a PUB body; NsqSparkError for a null or empty body."""
+    bcol = rb.column("body")
+    if not pa.types.is_binary(bcol.type):
+        bcol = bcol.cast(pa.binary())
+    lens = np.asarray(pc.binary_length(bcol).fill_null(0), dtype=np.int64)
+    if bcol.null_count or (lens == 0).any():
+        raise NsqSparkError("a message has a null or empty 'body' (NSQ needs at "
+                            "least one byte)")
+    bodies = bcol.to_pylist()
+    sizes = lens + 8
+    if has_key:
+        kcol = rb.column("key")
+        if not pa.types.is_binary(kcol.type):
+            kcol = kcol.cast(pa.binary())
+        keys = kcol.to_pylist()
+        sizes = sizes + np.asarray(pc.binary_length(kcol).fill_null(0), dtype=np.int64)
+    else:
+        keys = [None] * len(bodies)
+    return bodies, keys, sizes
+
+
+class _TaskPublisher:
+    """One write task's publishing: where each partition's rows go (a cluster topic: to the
+    partition's leader, a follower refuses them), the chunks pending per partition, and the
+    counts the commit message reports."""
+
+    def __init__(self, w: _WriterBase, writer: str, batch_id: str, pid: int) -> None:
+        self.w, self.writer, self.batch_id, self.pid = w, writer, batch_id, pid
+        self.topic: str = w.topic or ""
+        self.seq = self.sent = self.dups = 0
+        self.pending: dict[int, tuple[list[bytes], list[bytes | None], int]] = {}
+        self.known: list[int] = []  # the topic's partition count, once known
+        self.leaders: dict[int, str] | None = None
+        found = (cluster_leaders(w.lookupd, w.topic, w.timeout)
+                 if w.lookupd and not w.nsqd else None)
+        if found is not None:
+            self.leaders = wait_leaders(w.lookupd or "", self.topic, w.timeout, found)
+            self.known.append(max(1, found[0]))
+            nodes = sorted(set(self.leaders.values()))
+        else:
+            nodes = resolve_nodes(w.nsqd, w.lookupd, w.topic, w.timeout, any_node=True)
+        if not nodes:
+            raise NsqSparkError(f"no nsqd to publish topic {w.topic!r} to (lookupd "
+                                f"{w.lookupd} knows none)")
+        self.client = NodeClient(nodes[0], timeout=w.timeout, secret=w.secret)
+        self.clients = {nodes[0]: self.client}
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+
+    def client_for(self, part: int) -> NodeClient:
+        if self.leaders is None:
+            return self.client
+        node = self.leaders.get(part)
+        if node is None:
+            raise NsqSparkError(f"topic {self.topic!r} has no partition {part} (it has "
+                                f"{len(self.leaders)})", "E_BAD_PARTITION")
+        if node not in self.clients:
+            self.clients[node] = NodeClient(node, timeout=self.w.timeout, secret=self.w.secret)
+        return self.clients[node]
+
+    def pub(self, part: int, body: bytes, task: str) -> dict[str, Any]:
+        deadline = time.monotonic() + self.w.timeout
+        while True:
+            try:
+                return self.client_for(part).pub(self.topic, body, writer=self.writer,
+                                                 batch=self.batch_id, task=task,
+                                                 partition=part, keys=self.w.has_key)
+            except NsqSparkError as exc:
+                if self.leaders is None or not _leader_moved(exc) or \
+                        time.monotonic() >= deadline:
+                    raise
+                # the leader died or moved: the same key again, at the leader lookupd
+                # names now (appended at most once: the key travels in the log)
+                log.warning("topic %s partition %d: %s; asking lookupd for the leader",
+                            self.topic, part, exc)
+                time.sleep(0.2)
+                self.leaders.update(wait_leaders(self.w.lookupd or "", self.topic,
+                                                 self.w.timeout))
+
+    def nparts(self) -> int:
+        """The topic's partition count (1 while the topic does not exist yet)."""
+        if not self.known:
+            try:
+                self.known.append(max(1, len(self.client.offsets(self.topic))))
+            except NsqSparkError as e:
+                if e.status != 404:
+                    raise
+                self.known.append(1)
+        return self.known[0]
+
+    def flush(self, part: int) -> None:
+        bodies, keys, _ = self.pending.pop(part, ([], [], 0))
+        if not bodies:
+            return
+        body = encode_pub_body(bodies, keys if self.w.has_key else None)
+        r = self.pub(part, body, f"{self.pid}.{self.seq}")
+        self.seq += 1
+        self.sent += len(bodies)
+        self.dups += len(bodies) if r.get("duplicate") else 0
+
+    def flush_all(self) -> None:
+        for part in sorted(self.pending):
+            self.flush(part)
+
+    def add(self, part: int, bodies: list[bytes], keys: list[bytes | None],
+            sizes: np.ndarray) -> None:
+        """Queue rows for ``part``, publishing every chunk that is full."""
+        batch_size, max_bytes = self.w.batch_size, self.w.max_batch_bytes
+        cum = np.cumsum(sizes)
+        n = len(bodies)
+        i = 0
+        while i < n:
+            bl, kl, nb = self.pending.get(part) or ([], [], 0)
+            room = batch_size - len(bl)
+            base = int(cum[i - 1]) if i else 0
+            j = int(np.searchsorted(cum, base + max_bytes - nb, "right"))
+            j = min(j, i + room, n)
+            if j <= i:
+                if bl:
+                    self.flush(part)
+                    continue
+                j = i + 1  # one message bigger than maxBatchBytes goes alone
+            bl = bl + bodies[i:j]
+            kl = kl + keys[i:j]
+            self.pending[part] = (bl, kl, nb + int(cum[j - 1]) - base)
+            if len(bl) >= batch_size or j < n:
+                self.flush(part)
+            i = j
+
+    def add_batch(self, rb: pa.RecordBatch) -> None:
+        """A record batch's rows, each to its partition: the ``partition`` column, else by
+        key as nsqx.client routes (crc32(key) % partitions, a null key: 0), else 0."""
+        if rb.num_rows == 0:
+            return
+        bodies, keys, sizes = _batch_rows(rb, self.w.has_key)
+        if self.w.has_partition:
+            pcol = np.asarray(rb.column("partition").fill_null(0), dtype=np.int64)
+        elif self.w.has_key and self.nparts() > 1:
+            n = self.nparts()
+            pcol = np.fromiter((zlib.crc32(k) % n if k else 0 for k in keys),
+                               dtype=np.int64, count=len(keys))
+        else:
+            self.add(0, bodies, keys, sizes)
+            return
+        for part in np.unique(pcol):
+            idx = np.flatnonzero(pcol == part)
+            self.add(int(part), [bodies[i] for i in idx], [keys[i] for i in idx], sizes[idx])
 
 
 class NsqBatchWriter(_WriterBase, DataSourceArrowWriter):

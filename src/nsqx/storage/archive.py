@@ -7,8 +7,11 @@ One closed segment becomes one Parquet file, one row per message (the Spark nsq 
 
     topic=T/date=YYYY-MM-DD/partition=P/<base offset, 20 digits>.parquet
 
-(the date is the UTC day of the segment's first message), so Spark, DuckDB or pandas read
-the archive as one table partitioned by topic and date. The key is a function of the
+(the date is the UTC day of the segment's first message), so Spark, DuckDB, pyarrow or
+pandas read the archive as one table partitioned by topic, date and partition. The
+directory is the only place of those three: a ``partition`` column in the file as well
+(files written before 2026-11-29 have one, which nsqx still reads) makes pyarrow and pandas
+refuse the directory (int32 column vs the path's dictionary). The key is a function of the
 segment alone: writing it again replaces the same file (idempotent). A directory write goes
 to a dot-named temp file that is renamed; an S3 write is one object that appears only when
 its upload completes. Only then is the file recorded in the partition's manifest
@@ -73,10 +76,10 @@ def _pa() -> Any:
 
 
 def schema() -> Any:
-    """The archive table's columns (one row per message)."""
+    """The archive file's columns (one row per message; topic, date and partition are the
+    directory's keys)."""
     pa = _pa()
     return pa.schema([
-        ("partition", pa.int32()),
         ("offset", pa.int64()),
         ("id", pa.string()),
         ("timestamp", pa.timestamp("us", tz="UTC")),  # as the Spark nsq source gives it
@@ -260,7 +263,7 @@ class Archive:
 # Columns with min/max statistics: the fixed-width ones (the seeks use offset and
 # timestamp_ns; Spark and DuckDB prune on timestamp); none for body, id and headers, whose
 # statistics cost time and say nothing.
-STATS_COLUMNS = ["partition", "offset", "timestamp", "timestamp_ns", "attempts", "epoch"]
+STATS_COLUMNS = ["offset", "timestamp", "timestamp_ns", "attempts", "epoch"]
 
 
 def _write_parquet(pq: Any, sink: Any, batches: Iterator[Any], codec: str = "zstd") -> None:
@@ -349,7 +352,7 @@ def _takes(mv: memoryview, pos: int, n: int, max_bytes: int, index: int) -> bool
     return flen <= n - pos and pos + flen <= max_bytes
 
 
-def frames_to_batch(data: bytes | memoryview, base: int, partition: int,
+def frames_to_batch(data: bytes | memoryview, base: int,
                     headers: dict[int, dict[str, bytes]], epochs: Sequence[tuple[int, int]]
                     ) -> Any:
     """A record batch of the frames in ``data`` (offsets from ``base``); ``epochs`` is
@@ -363,10 +366,10 @@ def frames_to_batch(data: bytes | memoryview, base: int, partition: int,
         raise ValueError(f"malformed frame at offset {base + k}") from None
     if split[1] != n:
         raise ValueError(f"truncated frame at offset {base + split[0]}")
-    return split_to_batch(split, base, partition, headers, epochs)
+    return split_to_batch(split, base, headers, epochs)
 
 
-def split_to_batch(split: tuple, base: int, partition: int,
+def split_to_batch(split: tuple, base: int,
                    headers: dict[int, dict[str, bytes]], epochs: Sequence[tuple[int, int]]
                    ) -> Any:
     """The record batch of ``split_frames``' columns (offsets from ``base``): the buffers
@@ -388,8 +391,7 @@ def split_to_batch(split: tuple, base: int, partition: int,
     if headers:
         hdrs = pa.array([list(h.items()) if (h := headers.get(base + k)) else None
                          for k in range(count)], mtype)
-    cols = [pa.array(np.full(count, partition, np.int32)),
-            pa.array(np.arange(base, base + count, dtype=np.int64)),
+    cols = [pa.array(np.arange(base, base + count, dtype=np.int64)),
             wrap(pa.string(), np.arange(0, 16 * (count + 1), 16, dtype=np.int32), ids),
             wrap(pa.timestamp("us", tz="UTC"), ts_us), wrap(pa.binary(), boffs, bodies),
             wrap(pa.int64(), ts), wrap(pa.int32(), att), hdrs, pa.array(ep)]

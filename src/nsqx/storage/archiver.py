@@ -441,7 +441,7 @@ class Archiver:
                     lambda c=cur, k=n: plog.headers_range(c, c + k)) if has_headers else {}
             except (OSError, LogError) as exc:  # closed meanwhile (topic deleted)
                 raise _Changed from exc
-            yield split_to_batch(split, cur, e.partition, headers, epochs)
+            yield split_to_batch(split, cur, headers, epochs)
             cur += n
             at += used
             boff += used

@@ -320,8 +320,8 @@ class Segment:
 
     def write_single(self, data: bytes, base: int, count: int, ts: int, epoch: int,
                      commit_id: int, flen: int, rel: array | None, sizes: bytes,
-                     last_ts: int | None = None) -> None:
-        """Commit one headerless batch with one write: its frames. Then the memory arrays.
+                     last_ts: int | None = None, hdr: bytes = b"") -> None:
+        """Commit one batch with one write: its frames. Then the memory arrays.
 
         The fast path of PartitionLog's flush (one PUB or MPUB per loop turn, the common
         case): the same bytes as plan_index + plan_commit + meta_bytes + apply, without the
@@ -335,6 +335,8 @@ class Segment:
         checking each frame (length, type, id = partition and offset) and gives them the
         last entry's epoch, which is right because every other commit writes its entry
         *before* its frames: the first of a segment, an epoch change, headers.
+
+        A batch with headers (``hdr``, encoded) is always eager: headers, entry, frames.
         """
         pos = self.log_end
         end = pos + len(data)
@@ -343,11 +345,12 @@ class Segment:
         spos, scrc = (fs[5], crc32(sizes)) if sizes else (NO_SIZES, 0)
         top = ts if last_ts is None or last_ts < ts else last_ts
         body = ENTRY_BODY.pack(base, count, pos, end - pos, ts, top, epoch, commit_id,
-                               crc32(data), fs[4], 0, 0, flen, spos, scrc)
+                               crc32(data), fs[4], len(hdr), crc32(hdr) if hdr else 0, flen,
+                               spos, scrc)
         max_ts = self.max_ts
         tidx = (max_ts, base, len(self.bases)) if pos >= self._next_tidx_pos else None
         entry = body + _U32.pack(crc32(body))
-        if self.bases and epoch == self.last_epoch and len(self.lazy) < LAZY_MAX:
+        if not hdr and self.bases and epoch == self.last_epoch and len(self.lazy) < LAZY_MAX:
             # lazy: the frames are the only write
             write_one(self.log_fd, data)
             fs[0] = end
@@ -362,6 +365,9 @@ class Segment:
                 self.lazy_tidx.append(_with_crc(TIDX_BODY.pack(*tidx)))
         else:  # eager: the entry goes first, so recovery never adopts these frames
             self.write_lazy()  # (settle_lazy did it already; a no-op then)
+            if hdr:
+                write_one(self.hdr_fd, hdr)
+                fs[4] += len(hdr)
             write_one(self.meta_fd, entry)
             fs[1] += ENTRY_SIZE
             if sizes:

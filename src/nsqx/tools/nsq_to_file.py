@@ -45,6 +45,7 @@ from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
 from . import common
+from .consuming import ConsumingTool, run_consuming
 
 PROG = "nsq_to_file"
 log = logging.getLogger("nsqx.tools.nsq_to_file")
@@ -448,76 +449,83 @@ async def lookupd_topics(session: aiohttp.ClientSession, addresses: Sequence[str
     return sorted(topics)
 
 
-async def run(argv: Sequence[str] | None) -> int:
-    opts = common.parse_flags(PROG, flags(), argv, __doc__ or "")
-    if opts.log_level.lower() not in ("debug", "info", "warn", "warning", "error", "fatal"):
-        raise common.Fatal("--log-level is invalid")
-    common.setup_logging(opts.log_level, opts.log_prefix)
-    if not opts.channel:
-        raise common.Fatal("--channel is required")
-    if not valid_channel_name(opts.channel):
-        raise common.Fatal(f"--channel {opts.channel!r} is invalid")
-    if opts.http_client_connect_timeout <= 0:
-        raise common.Fatal("--http-client-connect-timeout should be positive")
-    if opts.http_client_request_timeout <= 0:
-        raise common.Fatal("--http-client-request-timeout should be positive")
-    if not opts.nsqd_tcp_address and not opts.lookupd_http_address:
-        raise common.Fatal("--nsqd-tcp-address or --lookupd-http-address required.")
-    if opts.nsqd_tcp_address and opts.lookupd_http_address:
-        raise common.Fatal("use --nsqd-tcp-address or --lookupd-http-address not both")
-    if not 1 <= opts.gzip_level <= 9:
-        raise common.Fatal(f"invalid --gzip-level value ({opts.gzip_level}), should be 1-9")
-    if not opts.topic and not opts.topic_pattern:
-        raise common.Fatal("--topic or --topic-pattern required")
-    if not opts.topic and not opts.lookupd_http_address:
-        raise common.Fatal("--lookupd-http-address must be specified when no --topic specified")
-    for t in opts.topic:
-        if not valid_topic_name(t):
-            raise common.Fatal(f"--topic {t!r} is invalid")
-    if opts.max_in_flight < 1:
-        raise common.Fatal("--max-in-flight must be positive")
-    if opts.sync_interval <= 0:
-        raise common.Fatal("--sync-interval should be positive")
-    if opts.topic_refresh <= 0:
-        raise common.Fatal("--topic-refresh should be positive")
-    pattern = None
-    if opts.topic_pattern:
-        try:
-            pattern = re.compile(opts.topic_pattern)
-        except re.error as e:
-            raise common.Fatal(f"--topic-pattern is invalid: {e}") from None
-    if not opts.work_dir:
-        opts.work_dir = opts.output_dir
-    compute_filename_format(opts, "topic")  # fail fast on a bad format
-    co = common.conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt",
-                             user_agent=common.user_agent(PROG))
-    kwargs = co.consumer_kwargs()
-    kwargs.pop("max_in_flight", None)
+class ToFile(ConsumingTool):
+    """One :class:`FileLogger` (its own consumer) per topic: the ``--topic`` ones, or those
+    lookupd lists matching ``--topic-pattern``, re-read every ``--topic-refresh``."""
 
-    stop = common.StopSignal(PROG)
-    loop = asyncio.get_running_loop()
-    reporter = common.RateReporter(PROG, opts.stats_interval)
-    loggers: dict[str, FileLogger] = {}
-    reporter.extra = lambda: f"{len(loggers)} topics"
+    prog = PROG
 
-    def on_hup() -> None:
-        for fl in loggers.values():
+    def setup_logging(self) -> None:
+        opts = self.opts
+        if opts.log_level.lower() not in ("debug", "info", "warn", "warning", "error", "fatal"):
+            raise common.Fatal("--log-level is invalid")
+        common.setup_logging(opts.log_level, opts.log_prefix)
+
+    def check(self) -> None:
+        opts = self.opts
+        if not opts.channel:
+            raise common.Fatal("--channel is required")
+        if not valid_channel_name(opts.channel):
+            raise common.Fatal(f"--channel {opts.channel!r} is invalid")
+        if opts.http_client_connect_timeout <= 0:
+            raise common.Fatal("--http-client-connect-timeout should be positive")
+        if opts.http_client_request_timeout <= 0:
+            raise common.Fatal("--http-client-request-timeout should be positive")
+        if not opts.nsqd_tcp_address and not opts.lookupd_http_address:
+            raise common.Fatal("--nsqd-tcp-address or --lookupd-http-address required.")
+        if opts.nsqd_tcp_address and opts.lookupd_http_address:
+            raise common.Fatal("use --nsqd-tcp-address or --lookupd-http-address not both")
+        if not 1 <= opts.gzip_level <= 9:
+            raise common.Fatal(f"invalid --gzip-level value ({opts.gzip_level}), should be 1-9")
+        if not opts.topic and not opts.topic_pattern:
+            raise common.Fatal("--topic or --topic-pattern required")
+        if not opts.topic and not opts.lookupd_http_address:
+            raise common.Fatal("--lookupd-http-address must be specified when no --topic "
+                               "specified")
+        for t in opts.topic:
+            if not valid_topic_name(t):
+                raise common.Fatal(f"--topic {t!r} is invalid")
+        if opts.max_in_flight < 1:
+            raise common.Fatal("--max-in-flight must be positive")
+        if opts.sync_interval <= 0:
+            raise common.Fatal("--sync-interval should be positive")
+        if opts.topic_refresh <= 0:
+            raise common.Fatal("--topic-refresh should be positive")
+        self.pattern = None
+        if opts.topic_pattern:
+            try:
+                self.pattern = re.compile(opts.topic_pattern)
+            except re.error as e:
+                raise common.Fatal(f"--topic-pattern is invalid: {e}") from None
+        if not opts.work_dir:
+            opts.work_dir = opts.output_dir
+        compute_filename_format(opts, "topic")  # fail fast on a bad format
+
+    def progress(self) -> str:
+        return f"{len(self.loggers)} topics"
+
+    async def open(self) -> None:
+        self.loggers: dict[str, FileLogger] = {}
+        self.session: aiohttp.ClientSession | None = None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.on_hup)
+
+    def on_hup(self) -> None:
+        for fl in self.loggers.values():
             fl.hup()
 
-    loop.add_signal_handler(signal.SIGHUP, on_hup)
-
-    async def update_topics(topics: Sequence[str]) -> None:
+    async def update_topics(self, topics: Sequence[str]) -> None:
+        opts, loggers = self.opts, self.loggers
         for topic in topics:
-            if topic in loggers or stop.is_set():
+            if topic in loggers or self.stop.is_set():
                 continue
-            if pattern is not None and not pattern.search(topic):
+            if self.pattern is not None and not self.pattern.search(topic):
                 log.warning("skipping topic %s (doesn't match pattern %s)", topic,
                             opts.topic_pattern)
                 continue
             if not valid_topic_name(topic):
                 continue
             try:
-                fl = FileLogger(opts, topic, kwargs, reporter)
+                fl = FileLogger(opts, topic, self.consumer_kwargs, self.reporter)
                 await fl.start()
             except common.Fatal:
                 raise
@@ -526,33 +534,37 @@ async def run(argv: Sequence[str] | None) -> int:
                 continue
             loggers[topic] = fl
 
-    session: aiohttp.ClientSession | None = None
-    try:
-        reporter.start()
-        await update_topics(opts.topic)
-        if not opts.topic:
-            session = aiohttp.ClientSession()
-            while not stop.is_set():
-                try:
-                    await update_topics(
-                        await lookupd_topics(session, opts.lookupd_http_address, opts))
-                except Exception as e:
-                    log.error("could not retrieve topic list: %s", e)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(opts.topic_refresh):
-                        await stop.wait()
-        else:
+    async def consume(self) -> None:
+        opts, stop = self.opts, self.stop
+        self.reporter.start()
+        await self.update_topics(opts.topic)
+        if opts.topic:
             await stop.wait()
-    finally:
-        for fl in loggers.values():
+            return
+        self.session = aiohttp.ClientSession()
+        while not stop.is_set():
+            try:
+                await self.update_topics(
+                    await lookupd_topics(self.session, opts.lookupd_http_address, opts))
+            except Exception as e:
+                log.error("could not retrieve topic list: %s", e)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(opts.topic_refresh):
+                    await stop.wait()
+
+    async def close(self) -> None:
+        for fl in self.loggers.values():
             fl.term()
-        tasks = [fl.task for fl in loggers.values() if fl.task is not None]
+        tasks = [fl.task for fl in self.loggers.values() if fl.task is not None]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if session is not None:
-            await session.close()
-        await reporter.close()
-    return 0
+        if self.session is not None:
+            await self.session.close()
+        await self.reporter.close()
+
+
+async def run(argv: Sequence[str] | None) -> int:
+    return await run_consuming(ToFile, flags(), argv, __doc__ or "")
 
 
 main = common.tool_main(PROG, run)

@@ -19,7 +19,7 @@ import asyncio
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import quote_plus
 
 import aiohttp
@@ -30,6 +30,7 @@ from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
 from . import common
+from .consuming import ConsumingTool, run_consuming
 
 PROG = "nsq_to_http"
 _DEFAULT_CONTENT_TYPE = "application/octet-stream"
@@ -118,108 +119,135 @@ def parse_headers(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
-async def run(argv: Sequence[str] | None) -> int:
-    opts = common.parse_flags(PROG, flags(), argv, __doc__ or "")
-    common.setup_logging("warn")
-    headers = parse_headers(opts.header)
-    if not opts.topic or not opts.channel:
-        raise common.Fatal("--topic and --channel are required")
-    if not valid_topic_name(opts.topic):
-        raise common.Fatal("--topic is invalid")
-    if not valid_channel_name(opts.channel):
-        raise common.Fatal("--channel is invalid")
-    if opts.content_type != _DEFAULT_CONTENT_TYPE:
-        if not opts.post:
-            raise common.Fatal("--content-type only used with --post")
-        if not opts.content_type:
-            raise common.Fatal("--content-type requires a value when used")
-    common.check_addresses(opts)
-    if not opts.get and not opts.post:
-        raise common.Fatal("--get or --post required")
-    if opts.get and opts.post:
-        raise common.Fatal("use --get or --post not both")
-    for g in opts.get:
-        if g.count("%s") != 1:
-            raise common.Fatal("invalid GET address - must be a printf string")
-    if opts.mode not in ("round-robin", "hostpool", "epsilon-greedy"):
-        raise common.Fatal(f"invalid --mode {opts.mode!r} (round-robin, hostpool, epsilon-greedy)")
-    if not 0.0 <= opts.sample <= 1.0:
-        raise common.Fatal("ERROR: --sample must be between 0.0 and 1.0")
-    if opts.n < 1:
-        raise common.Fatal("-n must be positive")
-    if opts.http_client_connect_timeout <= 0 or opts.http_client_request_timeout <= 0:
-        raise common.Fatal("--http-client-connect-timeout and --http-client-request-timeout "
-                           "should be positive")
-    co = common.conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt",
-                             user_agent=common.user_agent(PROG))
-    kwargs = co.consumer_kwargs()
-    kwargs.pop("max_in_flight", None)
+class Destinations:
+    """Where each message goes (nsq_to_http, nsq_to_nsq): ``round-robin``, the next address
+    in turn; ``hostpool``/``epsilon-greedy``, the :class:`HostPool` (an address that failed
+    lately is skipped). Also the latency lines of ``--status-every``, per address (with more
+    than one) and in aggregate."""
 
-    is_post = bool(opts.post)
-    addresses: list[str] = opts.post if is_post else opts.get
-    round_robin = opts.mode == "round-robin"
-    pool = HostPool(addresses)
-    counter = 0
-    status_every = opts.status_every
-    per_address = {a: common.TimerMetrics(status_every if len(addresses) > 1 else 0, f"[{a}]:")
-                   for a in addresses}
-    aggregate = common.TimerMetrics(status_every, "[aggregate]:")
-    req_headers = {"User-Agent": f"nsq_to_http v{NSQ_VERSION}"}
-    if is_post:
-        req_headers["Content-Type"] = opts.content_type
-    req_headers.update(headers)
-    timeout = aiohttp.ClientTimeout(total=opts.http_client_request_timeout,
-                                    connect=opts.http_client_connect_timeout)
-    session = aiohttp.ClientSession(
-        timeout=timeout, connector=aiohttp.TCPConnector(limit=opts.n), auto_decompress=False)
-    slots = asyncio.Semaphore(opts.n)
-    reporter = common.RateReporter(PROG, opts.stats_interval)
-    failures = 0
-    reporter.extra = lambda: f"{failures} failed requests"
+    def __init__(self, addresses: Sequence[str], mode: str, status_every: int) -> None:
+        self.addresses = list(addresses)
+        self.hostpool = mode in ("hostpool", "epsilon-greedy")
+        self.pool = HostPool(self.addresses)
+        self.counter = 0
+        self.per_address = {
+            a: common.TimerMetrics(status_every if len(self.addresses) > 1 else 0, f"[{a}]:")
+            for a in self.addresses}
+        self.aggregate = common.TimerMetrics(status_every, "[aggregate]:")
 
-    async def request(addr: str, body: bytes) -> None:
-        if is_post:
-            resp_ctx = session.post(addr, data=body, headers=req_headers)
+    def pick(self) -> str:
+        if not self.hostpool:
+            self.counter += 1
+            return self.addresses[self.counter % len(self.addresses)]
+        return self.pool.get()
+
+    def failed(self, addr: str) -> None:
+        if self.hostpool:
+            self.pool.mark(addr, False)
+
+    def done(self, addr: str, start: float) -> None:
+        """``addr`` answered a request made at ``start`` (time.monotonic())."""
+        if self.hostpool:
+            self.pool.mark(addr, True)
+        self.per_address[addr].status(start)
+
+
+class ToHTTP(ConsumingTool):
+    prog = PROG
+
+    def check(self) -> None:
+        opts = self.opts
+        self.headers = parse_headers(opts.header)
+        if not opts.topic or not opts.channel:
+            raise common.Fatal("--topic and --channel are required")
+        if not valid_topic_name(opts.topic):
+            raise common.Fatal("--topic is invalid")
+        if not valid_channel_name(opts.channel):
+            raise common.Fatal("--channel is invalid")
+        if opts.content_type != _DEFAULT_CONTENT_TYPE:
+            if not opts.post:
+                raise common.Fatal("--content-type only used with --post")
+            if not opts.content_type:
+                raise common.Fatal("--content-type requires a value when used")
+        common.check_addresses(opts)
+        if not opts.get and not opts.post:
+            raise common.Fatal("--get or --post required")
+        if opts.get and opts.post:
+            raise common.Fatal("use --get or --post not both")
+        for g in opts.get:
+            if g.count("%s") != 1:
+                raise common.Fatal("invalid GET address - must be a printf string")
+        if opts.mode not in ("round-robin", "hostpool", "epsilon-greedy"):
+            raise common.Fatal(f"invalid --mode {opts.mode!r} (round-robin, hostpool, "
+                               "epsilon-greedy)")
+        if not 0.0 <= opts.sample <= 1.0:
+            raise common.Fatal("ERROR: --sample must be between 0.0 and 1.0")
+        if opts.n < 1:
+            raise common.Fatal("-n must be positive")
+        if opts.http_client_connect_timeout <= 0 or opts.http_client_request_timeout <= 0:
+            raise common.Fatal("--http-client-connect-timeout and "
+                               "--http-client-request-timeout should be positive")
+
+    def topics(self) -> list[str]:
+        return [self.opts.topic]
+
+    def progress(self) -> str:
+        return f"{self.failures} failed requests"
+
+    async def open(self) -> None:
+        opts = self.opts
+        self.is_post = bool(opts.post)
+        self.dests = Destinations(opts.post if self.is_post else opts.get, opts.mode,
+                                  opts.status_every)
+        self.req_headers = {"User-Agent": f"nsq_to_http v{NSQ_VERSION}"}
+        if self.is_post:
+            self.req_headers["Content-Type"] = opts.content_type
+        self.req_headers.update(self.headers)
+        timeout = aiohttp.ClientTimeout(total=opts.http_client_request_timeout,
+                                        connect=opts.http_client_connect_timeout)
+        self.session = aiohttp.ClientSession(
+            timeout=timeout, connector=aiohttp.TCPConnector(limit=opts.n),
+            auto_decompress=False)
+        self.slots = asyncio.Semaphore(opts.n)
+        self.failures = 0
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def request(self, addr: str, body: bytes) -> None:
+        if self.is_post:
+            resp_ctx = self.session.post(addr, data=body, headers=self.req_headers)
         else:
-            resp_ctx = session.get(get_url(addr, body), headers=req_headers)
+            resp_ctx = self.session.get(get_url(addr, body), headers=self.req_headers)
         async with resp_ctx as resp:
             await resp.read()
             if not 200 <= resp.status < 300:
                 raise RuntimeError(f"got status code {resp.status}")
 
-    async def handle(msg: Message) -> None:
-        nonlocal counter, failures
-        if opts.sample < 1.0 and random.random() > opts.sample:
+    async def handle(self, msg: Message) -> None:
+        if self.opts.sample < 1.0 and random.random() > self.opts.sample:
             return
-        async with slots:
+        async with self.slots:
             start = time.monotonic()
-            if round_robin:
-                counter += 1
-                addr = addresses[counter % len(addresses)]
-            else:
-                addr = pool.get()
+            addr = self.dests.pick()
             try:
-                await request(addr, msg.body)
+                await self.request(addr, msg.body)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                failures += 1
-                if not round_robin:
-                    pool.mark(addr, False)
+                self.failures += 1
+                self.dests.failed(addr)
                 raise RuntimeError(f"{addr}: {e}") from e
-            if not round_robin:
-                pool.mark(addr, True)
-            per_address[addr].status(start)
-            aggregate.status(start)
-            reporter.add()
+            self.dests.done(addr, start)
+            self.dests.aggregate.status(start)
+            self.reporter.add()
 
-    stop = common.StopSignal(PROG)
-    try:
-        await common.consume_until_stopped(opts, [opts.topic], lambda _t: handle, stop, reporter,
-                                           kwargs)
-    finally:
-        await session.close()
-    return 0
+    def handler_for(self, topic: str) -> Callable[[Message], Awaitable[None]]:
+        return self.handle
+
+
+async def run(argv: Sequence[str] | None) -> int:
+    return await run_consuming(ToHTTP, flags(), argv, __doc__ or "")
 
 
 main = common.tool_main(PROG, run)

@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from nsqx.client import Message, NSQError, Producer
@@ -31,7 +31,8 @@ from nsqx.flags import Flag
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 
 from . import common
-from .nsq_to_http import HostPool
+from .consuming import ConsumingTool, run_consuming
+from .nsq_to_http import Destinations
 
 PROG = "nsq_to_nsq"
 log = logging.getLogger("nsqx.tools.nsq_to_nsq")
@@ -179,108 +180,102 @@ class Batcher:
                 fut.set_result(None)
 
 
-async def run(argv: Sequence[str] | None) -> int:
-    opts = common.parse_flags(PROG, flags(), argv, __doc__ or "")
-    common.setup_logging("warn")
-    if not opts.topic or not opts.channel:
-        raise common.Fatal("--topic and --channel are required")
-    for t in opts.topic:
-        if not valid_topic_name(t):
-            raise common.Fatal("--topic is invalid")
-    if opts.destination_topic and not valid_topic_name(opts.destination_topic):
-        raise common.Fatal("--destination-topic is invalid")
-    if not valid_channel_name(opts.channel):
-        raise common.Fatal("--channel is invalid")
-    common.check_addresses(opts)
-    if not opts.destination_nsqd_tcp_address:
-        raise common.Fatal("--destination-nsqd-tcp-address required")
-    mode = opts.mode
-    if mode == "epsilon-greedy":
-        mode = "hostpool"
-    if mode not in ("round-robin", "hostpool", "fanout"):
-        raise common.Fatal(f"invalid --mode {opts.mode!r} (round-robin, hostpool, epsilon-greedy, "
-                           "fanout)")
-    ua = common.user_agent(PROG)
-    cco = common.conn_options(opts.consumer_opt, consumer=True, flag="consumer-opt", user_agent=ua)
-    pco = common.conn_options(opts.producer_opt, consumer=False, flag="producer-opt", user_agent=ua)
-    ckwargs = cco.consumer_kwargs()
-    ckwargs.pop("max_in_flight", None)
+class ToNSQ(ConsumingTool):
+    prog = PROG
 
-    dests = list(dict.fromkeys(opts.destination_nsqd_tcp_address))
-    producers = {a: Producer(a, **pco.producer_kwargs()) for a in dests}
-    batchers = {a: Batcher(p) for a, p in producers.items()}
-    pool = HostPool(dests)
-    counter = 0
-    per_address = {a: common.TimerMetrics(opts.status_every if len(dests) > 1 else 0, f"[{a}]:")
-                   for a in dests}
-    aggregate = common.TimerMetrics(opts.status_every, "[aggregate]:")
-    filt = JSONFilter(opts.require_json_field, opts.require_json_value,
-                      opts.whitelist_json_field)
-    reporter = common.RateReporter(PROG, opts.stats_interval)
-    counts = {"filtered": 0, "failed": 0}
-    reporter.extra = lambda: f"{counts['filtered']} filtered, {counts['failed']} failed publishes"
+    def check(self) -> None:
+        opts = self.opts
+        if not opts.topic or not opts.channel:
+            raise common.Fatal("--topic and --channel are required")
+        for t in opts.topic:
+            if not valid_topic_name(t):
+                raise common.Fatal("--topic is invalid")
+        if opts.destination_topic and not valid_topic_name(opts.destination_topic):
+            raise common.Fatal("--destination-topic is invalid")
+        if not valid_channel_name(opts.channel):
+            raise common.Fatal("--channel is invalid")
+        common.check_addresses(opts)
+        if not opts.destination_nsqd_tcp_address:
+            raise common.Fatal("--destination-nsqd-tcp-address required")
+        self.mode = "hostpool" if opts.mode == "epsilon-greedy" else opts.mode
+        if self.mode not in ("round-robin", "hostpool", "fanout"):
+            raise common.Fatal(f"invalid --mode {opts.mode!r} (round-robin, hostpool, "
+                               "epsilon-greedy, fanout)")
 
-    async def publish(addr: str, topic: str, body: bytes, start: float) -> None:
+    def progress(self) -> str:
+        return f"{self.filtered} filtered, {self.failed} failed publishes"
+
+    async def open(self) -> None:
+        opts = self.opts
+        pco = common.conn_options(opts.producer_opt, consumer=False, flag="producer-opt",
+                                  user_agent=common.user_agent(PROG))
+        self.addresses = list(dict.fromkeys(opts.destination_nsqd_tcp_address))
+        self.producers = {a: Producer(a, **pco.producer_kwargs()) for a in self.addresses}
+        self.batchers = {a: Batcher(p) for a, p in self.producers.items()}
+        self.dests = Destinations(self.addresses, self.mode, opts.status_every)
+        self.filt = JSONFilter(opts.require_json_field, opts.require_json_value,
+                               opts.whitelist_json_field)
+        self.filtered = self.failed = 0
+
+    async def close(self) -> None:
+        for p in self.producers.values():
+            await p.close()
+
+    async def publish(self, addr: str, topic: str, body: bytes, start: float) -> None:
         try:
-            await batchers[addr].publish(topic, body)
+            await self.batchers[addr].publish(topic, body)
         except NSQError as e:
-            counts["failed"] += 1
-            if mode == "hostpool":
-                pool.mark(addr, False)
+            self.failed += 1
+            self.dests.failed(addr)
             raise RuntimeError(f"publish to {addr} failed: {e}") from e
-        if mode == "hostpool":
-            pool.mark(addr, True)
-        per_address[addr].status(start)
+        self.dests.done(addr, start)
 
-    def make_handler(dest_topic: str):  # noqa: ANN202
+    def filter(self, body: bytes) -> bytes | None:
+        """The JSON filters: the body to relay, None to drop it; _Backoff to requeue it."""
+        filt = self.filt
+        try:
+            js = json.loads(body)
+        except ValueError:
+            js = None
+        if not isinstance(js, dict):
+            log.error("Unable to decode json: %r", body[:200])
+            return None
+        ok, backoff = filt.should_pass(js)
+        if not ok:
+            if backoff:
+                raise _Backoff("backoff")
+            return None
+        return filt.filter(js, body)
+
+    def handler_for(self, topic: str) -> Callable[[Message], Awaitable[None]]:
+        dest_topic = self.opts.destination_topic or topic
+
         async def handle(msg: Message) -> None:
-            nonlocal counter
             body = msg.body
-            if filt.active:
-                try:
-                    js = json.loads(body)
-                except ValueError:
-                    js = None
-                if not isinstance(js, dict):
-                    log.error("Unable to decode json: %r", body[:200])
-                    counts["filtered"] += 1
+            if self.filt.active:
+                kept = self.filter(body)
+                if kept is None:
+                    self.filtered += 1
                     return
-                ok, backoff = filt.should_pass(js)
-                if not ok:
-                    if backoff:
-                        raise _Backoff("backoff")
-                    counts["filtered"] += 1
-                    return
-                body = filt.filter(js, body)
+                body = kept
             start = time.monotonic()
-            if mode == "fanout":
+            if self.mode == "fanout":
                 results = await asyncio.gather(
-                    *(publish(a, dest_topic, body, start) for a in dests),
+                    *(self.publish(a, dest_topic, body, start) for a in self.addresses),
                     return_exceptions=True)
                 errors = [r for r in results if isinstance(r, BaseException)]
                 if errors:
                     raise errors[0]
             else:
-                if mode == "round-robin":
-                    counter += 1
-                    addr = dests[counter % len(dests)]
-                else:
-                    addr = pool.get()
-                await publish(addr, dest_topic, body, start)
-            aggregate.status(start)
-            reporter.add()
+                await self.publish(self.dests.pick(), dest_topic, body, start)
+            self.dests.aggregate.status(start)
+            self.reporter.add()
 
         return handle
 
-    stop = common.StopSignal(PROG)
-    try:
-        await common.consume_until_stopped(
-            opts, opts.topic, lambda t: make_handler(opts.destination_topic or t), stop,
-            reporter, ckwargs)
-    finally:
-        for p in producers.values():
-            await p.close()
-    return 0
+
+async def run(argv: Sequence[str] | None) -> int:
+    return await run_consuming(ToNSQ, flags(), argv, __doc__ or "")
 
 
 main = common.tool_main(PROG, run)

@@ -1,0 +1,205 @@
+"""Idempotent publishes on one nsqd: HTTP Idempotency-Key, producer sequences, keyed PUB_EXT."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from nsqx.client import Connection, NSQError
+from nsqx.protocol import v2
+from tests.client.helpers import run, start_fixed
+from tests.nsqd.inprocess import running_node
+from tests.support.log_checker import stored
+from tests.support.nsqd_process import NsqdFactory
+
+KEY = "Idempotency-Key"
+
+
+def _post(port: int, path: str, body: bytes, key: str | None = None
+          ) -> tuple[int, str | None, bytes]:
+    headers = {KEY: key} if key is not None else {}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, headers=headers,
+                                 method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.headers.get("Idempotent-Replayed"), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Idempotent-Replayed"), e.read()
+
+
+async def _http(port: int, path: str, body: bytes, key: str | None = None
+                ) -> tuple[int, str | None, bytes]:
+    return await asyncio.get_running_loop().run_in_executor(None, _post, port, path, body, key)
+
+
+def test_http_idempotency_key_appends_once_and_replays_the_answer(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            port = n.http_port
+            assert await _http(port, "/pub?topic=t", b"a", "k1") == (200, None, b"OK")
+            assert await _http(port, "/pub?topic=t", b"a", "k1") == (200, "true", b"OK")
+            st, _, body = await _http(port, "/pub?topic=t", b"other", "k1")
+            assert st == 422 and b"IDEMPOTENCY_KEY_REUSED" in body and b"different" in body
+            st, _, body = await _http(port, "/pub?topic=t2", b"a", "k1")
+            assert st == 422 and b"topic t" in body
+            assert await _http(port, "/mpub?topic=t", b"m1\nm2", "k2") == (200, None, b"OK")
+            assert await _http(port, "/mpub?topic=t", b"m1\nm2", "k2") == (200, "true", b"OK")
+            binary = v2.mpub_body([b"m1", b"m2"])  # same messages, another request
+            assert (await _http(port, "/mpub?topic=t&binary=true", binary, "k2"))[0] == 422
+            assert (await _http(port, "/pub?topic=t&defer=5000", b"d", "k3"))[:2] == (200, None)
+            assert (await _http(port, "/pub?topic=t&defer=5000", b"d", "k3"))[:2] == (200, "true")
+            ext = "/pub_ext?topic=t&ext=%7B%22%23%23trace_id%22%3A%229%22%7D"
+            first = await _http(port, ext, b"e", "k4")
+            again = await _http(port, ext, b"e", "k4")
+            assert first[0] == 200 and again == (200, "true", first[2])
+            assert b'"trace_id":"9"' in first[2]
+            # no header: upstream's behaviour (and the fast path), every request appends
+            assert await _http(port, "/pub?topic=t", b"p", None) == (200, None, b"OK")
+            assert await _http(port, "/pub?topic=t", b"p", None) == (200, None, b"OK")
+            st, _, body = await _http(port, "/pub?topic=t", b"p", "")
+            assert (st, body) == (400, b'{"message":"INVALID_IDEMPOTENCY_KEY"}')
+            assert (await _http(port, "/pub?topic=t", b"p", "x" * 256))[0] == 400
+            # a, m1, m2, d, e, p, p
+            assert n.topics["t"].log.next_offset == 7
+            assert "t2" not in n.topics or n.topics["t2"].log.next_offset == 0
+    run(main())
+
+
+def test_http_key_survives_a_restart(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            assert (await _http(n.http_port, "/mpub?topic=r", b"x\ny", "once"))[:2] == (200, None)
+        async with running_node(tmp_path) as n:
+            assert (await _http(n.http_port, "/mpub?topic=r", b"x\ny", "once"))[:2] == (200, "true")
+            assert n.topics["r"].log.next_offset == 2
+    run(main())
+
+
+def _mark(pid: str, epoch: int, seq: int) -> dict[str, str]:
+    return {"##nsqx_producer": f"{pid}:{epoch}:{seq}"}
+
+
+def test_producer_sequences_dedupe_refuse_gaps_and_fence_old_epochs(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            c = Connection(f"127.0.0.1:{n.tcp_port}")
+            await c.connect()
+            try:
+                async def pub(seq: int, epoch: int = 0) -> bytes:
+                    return await c.command(v2.pub_ext("s", b"m%d" % seq, _mark("abc", epoch, seq)))
+                assert await pub(0) == b"OK"
+                try:
+                    await pub(2)
+                    raise AssertionError("a gap was accepted")
+                except NSQError as e:
+                    assert e.code == "E_OUT_OF_ORDER_SEQUENCE"
+                    assert "expected sequence 1, got 2" in str(e)
+                assert await pub(1) == b"OK"
+                assert await pub(1) == b"OK"  # a retry: answered, not stored
+                assert await pub(0) == b"OK"
+                assert await c.command(v2.mpub_ext("s", [(_mark("abc", 0, 2), b"x"), (None, b"y")])) == b"OK"
+                assert await c.command(v2.mpub_ext("s", [(_mark("abc", 0, 2), b"x"), (None, b"y")])) == b"OK"
+                assert await pub(0, epoch=1) == b"OK"  # a new epoch starts again at 0
+                try:
+                    await pub(3, epoch=0)
+                    raise AssertionError("an old epoch was accepted")
+                except NSQError as e:
+                    assert e.code == "E_PRODUCER_FENCED"
+                try:
+                    await c.command(v2.pub_ext("s", b"z", {"##nsqx_producer": "bad"}))
+                    raise AssertionError("a malformed mark was accepted")
+                except NSQError as e:
+                    assert e.code == "E_BAD_PRODUCER"
+                assert c.is_open  # every refusal above is non-fatal
+                assert n.topics["s"].log.next_offset == 5  # m0, m1, x, y, m0 (epoch 1)
+            finally:
+                c.close()
+        # restarted: the sequences are read back (checkpoint and log), a retry is not stored
+        async with running_node(tmp_path) as n:
+            c = Connection(f"127.0.0.1:{n.tcp_port}")
+            await c.connect()
+            try:
+                assert await c.command(v2.pub_ext("s", b"m0", _mark("abc", 1, 0))) == b"OK"
+                assert n.topics["s"].log.next_offset == 5
+            finally:
+                c.close()
+    run(main())
+
+
+def test_keyed_pub_ext_is_stored_once(tmp_path: Path) -> None:
+    """What a follower forwards for an HTTP key, or any Youzan client may send."""
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            c = Connection(f"127.0.0.1:{n.tcp_port}")
+            await c.connect()
+            try:
+                cmd = v2.pub_ext("k", b"body", {"nsqx-pub": "h/abc#1#f1"})
+                assert await c.command(cmd) == b"OK"
+                assert await c.command(cmd) == b"OK"
+                try:
+                    await c.command(v2.pub_ext("k", b"body", {"nsqx-pub": "h/abc#1#f2"}))
+                    raise AssertionError("a reused key was accepted")
+                except NSQError as e:
+                    assert e.code == "E_IDEMPOTENCY_KEY_REUSED"
+                assert n.topics["k"].log.next_offset == 1
+            finally:
+                c.close()
+    run(main())
+
+
+def test_http_key_survives_kill9_and_a_lost_index(nsqd_factory: NsqdFactory) -> None:
+    """kill -9 right after the answer, and the index files gone too: the key is read back
+    from the log's headers, so the retry is answered and nothing is appended."""
+    node = start_fixed(nsqd_factory)
+    port = int(node.http_address.rsplit(":", 1)[1])
+    assert _post(port, "/pub?topic=k9", b"once", "kill-key")[:2] == (200, None)
+    assert _post(port, "/mpub?topic=k9", b"a\nb", "kill-key-2")[:2] == (200, None)
+    node.kill()
+    for f in node.data_path.rglob("pubkeys-*"):
+        f.unlink()
+    node.start()
+    assert _post(port, "/pub?topic=k9", b"once", "kill-key") == (200, "true", b"OK")
+    assert _post(port, "/mpub?topic=k9", b"a\nb", "kill-key-2") == (200, "true", b"OK")
+    assert _post(port, "/pub?topic=k9", b"other", "kill-key")[0] == 422
+    assert [b for b, _ in stored(node.http_address, "k9")] == [b"once", b"a", b"b"]
+
+
+def test_an_unknown_producer_starts_at_sequence_0(tmp_path: Path) -> None:
+    """A retried batch 1 that overtakes batch 0 must not make batch 0 look stored."""
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            c = Connection(f"127.0.0.1:{n.tcp_port}")
+            await c.connect()
+            try:
+                with pytest.raises(NSQError, match="expected sequence 0, got 1"):
+                    await c.command(v2.pub_ext("u", b"b1", _mark("new", 0, 1)))
+                assert await c.command(v2.pub_ext("u", b"b0", _mark("new", 0, 0))) == b"OK"
+                assert await c.command(v2.pub_ext("u", b"b1", _mark("new", 0, 1))) == b"OK"
+                got = await asyncio.get_running_loop().run_in_executor(
+                    None, stored, f"127.0.0.1:{n.http_port}", "u")
+                assert [b for b, _ in got] == [b"b0", b"b1"]
+            finally:
+                c.close()
+    run(main())
+
+
+def test_a_producer_naming_no_partition_sticks_to_one(tmp_path: Path) -> None:
+    """On a topic of several partitions its sequences must not be spread over them."""
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            n.ensure_partitions("multi", 4)
+            c = Connection(f"127.0.0.1:{n.tcp_port}")
+            await c.connect()
+            try:
+                for seq in range(6):
+                    cmd = v2.pub_ext("multi", b"m%d" % seq, _mark("sticky", 0, seq))
+                    assert await c.command(cmd) == b"OK"
+            finally:
+                c.close()
+            counts = sorted(p.log.next_offset for p in n.topics["multi"].partitions)
+            assert counts == [0, 0, 0, 6]
+    run(main())
