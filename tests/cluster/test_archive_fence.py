@@ -251,3 +251,35 @@ def test_a_commit_without_answer_is_settled_by_the_next_adoption(cluster, loop, 
     assert rows(archive, listed(archive)) == list(range(rec[-1].end))
     a.arch.join()
     a.log.close()
+
+
+def test_a_topic_created_again_neither_adopts_nor_deletes_the_old_ones_files(  # type: ignore[no-untyped-def]
+        cluster, loop, tmp_path) -> None:
+    """Issue 28 defect 5: a topic deleted and created again under its name adopted the old
+    topic's archived files (its archive end then the old one's, so retention could delete
+    segments never archived). The incarnation in the keys keeps the two apart."""
+    meta, lead, archive = cluster
+    old = Node("A", make_log(tmp_path / "old", segment_bytes=2048), archive, meta, loop)
+    old.fence._incarnation = lambda t: 111  # type: ignore[method-assign]
+    fill(old.log)
+    lead("A", 1)
+    old.epoch = 1
+    assert old.arch.run_once() > 0
+    old_keys = listed(archive)
+    assert old_keys and all(".i111.e1." in k for k in old_keys)
+    old.arch.join()
+    old.log.close()
+    # the topic is deleted (its record goes with it) and created again: incarnation 222
+    asyncio.run_coroutine_threadsafe(meta.delete_topic("t"), loop).result(10)
+    new = Node("A", make_log(tmp_path / "new", segment_bytes=2048), archive, meta, loop)
+    new.fence._incarnation = lambda t: 222  # type: ignore[method-assign]
+    fill(new.log)
+    lead("A", 1)
+    new.epoch = 1
+    assert new.arch.run_once() > 0
+    rec = record(meta, loop)
+    assert new.tier.files == rec and rec  # what it archived itself, nothing adopted
+    assert all(".i222." in f.key for f in rec) and rec[0].base == 0
+    assert set(old_keys) <= set(listed(archive))  # the old topic's files are left alone
+    new.arch.join()
+    new.log.close()

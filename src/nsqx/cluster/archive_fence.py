@@ -18,7 +18,10 @@ exactly that. The fence makes the choice in etcd, where leadership is decided:
 
 The first leader with a fence and no record yet (an archive from before the fence) adopts
 the listing once as before and records it (conditioned on its leadership), so an existing
-archive stays whole.
+archive stays whole. A topic created with an incarnation (``TopicMeta.incarnation``, issue
+28) had the fence from its start: no record means nothing archived, its keys carry the
+incarnation (``<base>.i<incarnation>.e<epoch>.parquet``), and its leaders neither adopt nor
+delete files of another topic that had the name before.
 
 ``RecordStore`` is the asynchronous etcd side (testable on its own); ``EtcdArchiveFence`` the
 blocking ``nsqx.storage.archiver.ArchiveFence`` the archiver's thread calls.
@@ -46,13 +49,22 @@ log = logging.getLogger("nsqx.cluster.archive_fence")
 T = TypeVar("T")
 TXN_OPS = 100  # puts per transaction (etcd's default limit is 128)
 _TAG = re.compile(r"\.e(\d+)\.parquet$")
+_INCARNATION = re.compile(r"\.i(\d+)\.e\d+\.parquet$")
 
-__all__ = ["EtcdArchiveFence", "RecordStore", "epoch_of_key", "tagged"]
+__all__ = ["EtcdArchiveFence", "RecordStore", "epoch_of_key", "incarnation_of_key", "tagged"]
 
 
-def tagged(key: str, epoch: int) -> str:
-    """``.../<base>.parquet`` as written by the leader of ``epoch``."""
-    return f"{key.removesuffix('.parquet')}.e{epoch}.parquet"
+def tagged(key: str, epoch: int, incarnation: int = 0) -> str:
+    """``.../<base>.parquet`` as written by the leader of ``epoch`` (of the topic's
+    ``incarnation``; 0: a topic created before incarnations, whose keys do not say it)."""
+    inc = f".i{incarnation}" if incarnation else ""
+    return f"{key.removesuffix('.parquet')}{inc}.e{epoch}.parquet"
+
+
+def incarnation_of_key(key: str) -> int:
+    """The topic incarnation in a fenced file's key; 0 when the key does not carry one."""
+    m = _INCARNATION.search(key)
+    return int(m.group(1)) if m else 0
 
 
 def epoch_of_key(key: str) -> int | None:
@@ -171,10 +183,12 @@ class EtcdArchiveFence:
     loop) is the epoch this node leads the partition at, None when it does not lead."""
 
     def __init__(self, store: RecordStore, loop: asyncio.AbstractEventLoop,
-                 epoch: Callable[[str, int], int | None], *, timeout: float = 30.0) -> None:
+                 epoch: Callable[[str, int], int | None], *, timeout: float = 30.0,
+                 incarnation: Callable[[str], int] = lambda topic: 0) -> None:
         self.store = store
         self.loop = loop
         self._epoch = epoch
+        self._incarnation = incarnation  # the topic's TopicMeta.incarnation (run on the loop)
         self.timeout = timeout
 
     def _wait(self, aw: Awaitable[T]) -> T:
@@ -199,11 +213,17 @@ class EtcdArchiveFence:
 
         return self._wait(get())
 
+    def _topic_incarnation(self, topic: str) -> int:
+        async def get() -> int:
+            return self._incarnation(topic)
+
+        return self._wait(get())
+
     def name(self, topic: str, partition: int, key: str) -> str:
         epoch = self._leader_epoch(topic, partition)
         if epoch is None:  # deposed meanwhile: write nothing
             raise ArchiveError(f"TOPIC({topic}) PARTITION({partition}): no longer the leader")
-        return tagged(key, epoch)
+        return tagged(key, epoch, self._topic_incarnation(topic))
 
     def adopt(self, tier: ArchiveTier, *, leading: bool) -> list[ArchivedFile]:
         topic, p = tier.topic, tier.partition
@@ -212,20 +232,27 @@ class EtcdArchiveFence:
                 return []  # no record yet: the first leader with a fence starts it
             return self._wait(self.store.files(topic, p, tier.end))
         epoch = self._leader_epoch(topic, p)
+        incarnation = self._topic_incarnation(topic)
         # the listing comes first: whatever it holds that the record (read below, while
-        # this node leads) lacks can never be recorded by anyone else any more
+        # this node leads) lacks can never be recorded by anyone else any more; files of
+        # an earlier topic of this name are that topic's, neither adopted nor deleted
         want = f"/partition={p}/"
-        listed = [k for k, _ in tier.archive.files(topic) if want in k]
+        listed = [k for k, _ in tier.archive.files(topic)
+                  if want in k and incarnation_of_key(k) == incarnation]
         if epoch is None or self._wait(self.store.leading(topic, p, epoch)) is None:
             raise ArchiveError(f"TOPIC({topic}) PARTITION({p}): not the leader in etcd "
                                "(yet): archiving waits")
         head = self._wait(self.store.head(topic, p))
         if head is None:
-            tier.refresh()  # an archive from before the fence: adopted once, then recorded
-            if not self._wait(self.store.create(topic, p, epoch, list(tier.files))):
+            if incarnation:  # fenced since its creation: nothing archived yet
+                adopted: list[ArchivedFile] = []
+            else:
+                tier.refresh()  # an archive from before the fence: adopted once, recorded
+                adopted = list(tier.files)
+            if not self._wait(self.store.create(topic, p, epoch, adopted)):
                 raise ArchiveError(f"TOPIC({topic}) PARTITION({p}): archive record not "
                                    "started (leadership changed)")
-            return list(tier.files)
+            return adopted
         files = self._wait(self.store.files(topic, p))
         recorded = {f.key for f in files}
         for key in listed:
@@ -251,5 +278,9 @@ def fence_for(member: Any) -> EtcdArchiveFence:
         meta = getattr(gate, "meta", None)
         return meta.epoch if meta is not None and getattr(gate, "active", False) else None
 
+    def incarnation(topic: str) -> int:
+        tm = member.topic_meta.get(topic)
+        return tm.incarnation if tm is not None else 0
+
     return EtcdArchiveFence(RecordStore(member.meta, lambda: member.node_id),
-                            member.nsqd.archiver.loop, epoch)
+                            member.nsqd.archiver.loop, epoch, incarnation=incarnation)

@@ -31,6 +31,7 @@ from nsqx.cluster.election import Election
 from nsqx.cluster.etcd import Compare, EtcdClient, EtcdError, Op
 from nsqx.cluster.metadata import ClusterMetadata, Versioned
 from nsqx.cluster.model import MetaError, MoveRequest, PartitionMeta
+from nsqx.cluster.outage import Outage
 from nsqx.cluster.placement import (
     add_replica,
     elect_leader,
@@ -134,6 +135,7 @@ class Coordinator:
         self.rebalance_moves = 0  # replica moves this coordinator started to spread the load
         self.routes = RouteCoordinator(self.meta, signer, tls)  # route-managed ordered topics' changes
         self._roll_task: asyncio.Task[None] | None = None
+        self.outage = Outage(f"coordinator {candidate_id}", log, first=0.5, cap=5.0)
 
     @property
     def is_leader(self) -> bool:
@@ -174,6 +176,7 @@ class Coordinator:
         while True:
             try:
                 rev = await self.reconcile()
+                self.outage.ok()
                 if not rolled:  # route changes a previous coordinator left pending
                     rolled = True
                     self._roll_task = asyncio.get_running_loop().create_task(
@@ -182,8 +185,7 @@ class Coordinator:
                     await asyncio.sleep(0.05)  # let a burst of changes land together
                     await self.reconcile()
             except EtcdError as e:
-                log.warning("coordinator %s: %s; retrying", self.candidate_id, e)
-                await asyncio.sleep(1)
+                await self.outage.failed(e)
 
     async def reconcile(self) -> int:
         """One pass over every partition; returns the etcd revision it read."""

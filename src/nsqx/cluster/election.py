@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from nsqx.cluster.etcd import Compare, EtcdClient, EtcdError, Op
+from nsqx.cluster.outage import Outage
 
 log = logging.getLogger("nsqx.cluster.election")
 
@@ -33,6 +34,10 @@ class Election:
         self.lease = 0
         self._task: asyncio.Task[None] | None = None
         self._won = asyncio.Event()
+        # a steady retry (leadership must be regained soon), logged once per state change
+        retry = min(1.0, ttl / 3)
+        self.outage = Outage(f"election {key.decode(errors='replace')}", log,
+                             first=retry, cap=retry)
 
     @property
     def is_leader(self) -> bool:
@@ -72,14 +77,14 @@ class Election:
             try:
                 await self._campaign_once()
             except EtcdError as e:
-                log.warning("election %s: %s; retrying", self.key.decode(errors="replace"), e)
                 if self.is_leader:
                     self._set(None)  # cannot prove leadership without etcd: step down
                 self.lease = 0
-                await asyncio.sleep(min(1.0, self.ttl / 3))
+                await self.outage.failed(e)
 
     async def _campaign_once(self) -> None:
         self.lease = await self.etcd.lease_grant(self.ttl)
+        self.outage.ok()
         won, rev = await self.etcd.txn(
             [Compare.absent(self.key)],
             [Op.put(self.key, self.candidate_id.encode(), self.lease)])

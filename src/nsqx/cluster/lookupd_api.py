@@ -12,6 +12,7 @@ campaigns; the elected one reconciles. Any of them answers (reads come from etcd
 - ``POST /topic/create?topic=T[&partition_num=P][&replicator=R][&syncdisk=N][&orderedmulti=true][&min_isr=M]``:
   creates the topic in the cluster (1 partition, min(3, live nodes) replicas by default);
   the same shape again is a no-op, another shape is refused (400 ``E_TOPIC_EXISTS``).
+- ``POST /topic/delete?topic=T``: the topic leaves the cluster; every replica is deleted.
 - ``POST /cluster/node/remove?remove_node=ID`` drains a node; ``&undo=true`` stops it.
 - ``POST /topic/partition/move?topic=T&partition=P&move_from=A&move_to=B[&move_leader=true]``
   (Youzan's parameters): moves partition P's replica from node A to node B (B catches up
@@ -117,6 +118,7 @@ class ClusterLookupd:
                          ("/topic/route", self.h_route)):
             lookupd.http_routes.append(("GET", path, fn))
         for path, fn in (("/topic/create", self.h_topic_create),
+                         ("/topic/delete", self.h_topic_delete),
                          ("/topic/partition/move", self.h_partition_move),
                          ("/cluster/node/remove", self.h_node_remove),
                          ("/topic/split", self.h_route_change), ("/topic/merge", self.h_route_change),
@@ -210,6 +212,21 @@ class ClusterLookupd:
         if routed:
             body["route"] = history.to_dict()
         return _json(200, body)
+
+    async def h_topic_delete(self, request: web.Request) -> web.Response:
+        """``POST /topic/delete?topic=T`` (Youzan's): the topic leaves the cluster's
+        metadata, and every nsqd holding a replica deletes it (nsqx.cluster.topic_delete);
+        then, as upstream, its registrations here. 200 also for a name nobody knew."""
+        name = request.query.get("topic", "")
+        if not name:
+            return _err(400, "MISSING_ARG_TOPIC")
+        try:
+            await self.meta.delete_topic(name)
+        except EtcdError as e:
+            return _err(503, "E_CLUSTER_UNAVAILABLE", str(e))
+        from nsqx.lookupd.http import _Handlers
+
+        return await _Handlers(self.lookupd).topic_delete(request)
 
     # -- route-managed ordered topics (nsqx.cluster.route_coord) ----------------------------
     async def h_route(self, request: web.Request) -> web.Response:

@@ -52,9 +52,11 @@ from aiohttp import web
 from nsqx.cluster.archive_fence import fence_for
 from nsqx.cluster.etcd import EtcdClient, EtcdError
 from nsqx.cluster.fetchconn import FetchConnection
-from nsqx.cluster.forward import forward_command, traced_offset
+from nsqx.cluster.forward import forward_command
+from nsqx.cluster.forwarding import Forwarder
 from nsqx.cluster.metadata import ClusterMetadata, Versioned
 from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
+from nsqx.cluster.outage import Outage
 from nsqx.cluster.placement import expand_isr, shrink_isr
 from nsqx.cluster.replication import LeaderProgress, Regressed, truncation_point
 from nsqx.cluster.route_store import (
@@ -70,6 +72,7 @@ from nsqx.cluster.route_store import (
 )
 from nsqx.cluster.stream import PATH as STREAM_PATH
 from nsqx.cluster.stream import StreamConnection, StreamRefused, cork, serve
+from nsqx.cluster.topic_delete import LocalCopies, local_names, refuse_imported_topics
 from nsqx.cluster.trust import (
     RefusalLog,
     Refused,
@@ -79,6 +82,7 @@ from nsqx.cluster.trust import (
     receiver_name,
 )
 from nsqx.httpapi import make_runner
+from nsqx.httpbase import HTTPError
 from nsqx.netutil import bind_listener
 from nsqx.nsqd.config_api import apply_settings, export_settings
 from nsqx.nsqd.routing import TopicRoutes
@@ -95,7 +99,6 @@ FETCH_MAX_BYTES = 4 << 20
 CURSOR_EVERY = 1.0  # channel cursors ride with a fetch answer at least this often
 ORDERED_CURSOR_EVERY = 0.1  # ...and for ordered topics with every answer, this often when idle
 HTTP_ONLY_RETRY = 60.0  # a leader without the stream is asked again after this (upgraded?)
-FORWARD_TIMEOUT = 10.0  # a publish forwarded to the leader fails after this
 RESET_HOLD = 20.0  # a channel held for a cluster reset delivers again after this at most
 _FRAME_HEAD = struct.Struct(">IIQH")  # size, type, timestamp, attempts
 
@@ -178,13 +181,13 @@ class FollowerGate:
 
     def forward(self, topic: Any, bodies: list[bytes], defer_ms: int, done: Callable,
                 headers: list[dict[str, bytes] | None] | None = None) -> bool:
-        if self.member is None or self.leader is None:
+        if self.member is None:  # a leader may exist by the time the forward retries
             return False
         if defer_ms and (len(bodies) != 1 or (headers is not None and any(headers))):
             return False  # DPUB is one message without headers
         partition = topic.partition if len(topic.partitions) > 1 or topic.ordered else None
         command = forward_command(topic.name, partition, bodies, defer_ms, headers)
-        return self.member.forward(self.leader, topic.name, len(bodies), command, done)
+        return self.member.forward(topic, bodies, defer_ms, headers, command, done)
 
     def refuse(self, topic: Any, count: int) -> str | None:
         return (f"TOPIC({topic.name}) PARTITION({topic.partition}): this node is not the "
@@ -383,9 +386,12 @@ class NodeMember:
         self.node_leases: dict[str, int] = {}  # node -> its registration's lease: one run of it
         self._tasks: list[asyncio.Task[None]] = []
         self._http: SignedSession | None = None
-        self._producers: dict[str, Any] = {}  # leader tcp address -> nsqx.client Producer
+        self.forwarder = Forwarder(self)  # publishes that reach this node as a follower
+        self.copies = LocalCopies(Path(nsqd.data_path), nsqd.delete_topic, self._reconcile)
+        nsqd.topic_delete_hook = self.delete_topic
         self.forwarded = 0
         self.etcd_ok = True
+        self.watch_outage = Outage("CLUSTER: metadata watch", log)  # backoff, one line a state
         # route-managed ordered topics: their histories and the barrier passes recorded by
         # the leaders (this node's own included), both from the etcd watch
         self.route_histories: dict[str, RouteHistory] = {}
@@ -459,6 +465,7 @@ class NodeMember:
 
     # -- plugin ---------------------------------------------------------------------------
     async def start(self) -> None:
+        refuse_imported_topics(self.nsqd.topics)
         self.node_id = self._identity()
         if self.secret:
             self.signer = Signer(self.secret, self.node_id)
@@ -493,9 +500,8 @@ class NodeMember:
         if self.lease:
             with contextlib.suppress(EtcdError):
                 await self.etcd.lease_revoke(self.lease)  # leadership moves at once
-        for producer in self._producers.values():
-            with contextlib.suppress(Exception):
-                await producer.close(timeout=1)
+        await self.forwarder.close()
+        await self.copies.close()
         if self._http is not None:
             await self._http.close()
         for conn in self._streams.values():
@@ -536,6 +542,7 @@ class NodeMember:
         while True:
             try:
                 kvs, rev = await self.etcd.get_prefix(self.meta.keys.root)
+                self.watch_outage.ok()
                 self._load(kvs)
                 async for events in self.meta.watch(self.meta.keys.root, rev + 1):
                     for ev in events:
@@ -543,8 +550,7 @@ class NodeMember:
                                        ev.kv.lease)
                     self._reconcile()
             except EtcdError as e:
-                log.warning("CLUSTER: metadata watch failed (%s); retrying", e)
-                await asyncio.sleep(0.5)
+                await self.watch_outage.failed(e)
 
     def _load(self, kvs: list) -> None:
         self.partitions.clear()
@@ -610,14 +616,20 @@ class NodeMember:
 
     def _reconcile(self) -> None:
         """Bring every local partition to the role the metadata gives it."""
+        self.copies.sweep(self.topic_meta, local_names(self.nsqd.topics))  # deleted topics
         for k, pm in self.partitions.items():
             if self.node_id not in pm.replicas:
                 self._drop_role(k)
                 continue
+            tm = self.topic_meta.get(pm.topic)
+            if self.copies.stale(pm.topic, tm, pm.topic in self.nsqd.topics):
+                self._drop_role(k)  # an earlier topic's copy: a role once it is deleted
+                continue
             topic = self._local_partition(pm.topic, pm.partition)
             if topic is None:
                 continue
-            tm = self.topic_meta.get(pm.topic)
+            if tm is not None:
+                self.copies.holds(tm)
             if tm is not None and topic.sync_every != tm.sync_every:
                 topic.set_sync_every(tm.sync_every)  # the topic's fsync policy, on every replica
             gate = self.gates.get(k)
@@ -1111,34 +1123,31 @@ class NodeMember:
         ch.mirror_confirmed(confirmed)
 
     # -- forwarding publishes to the leader ---------------------------------------------------
-    def forward(self, leader_id: str, topic: str, count: int, command: bytes,
+    def forward(self, topic: Any, bodies: list[bytes], defer_ms: int,
+                headers: list[dict[str, bytes] | None] | None, command: bytes,
                 done: Callable) -> bool:
-        leader = self.nodes.get(leader_id)
-        if leader is None or leader_id == self.node_id:
-            return False
-        self.forwarded += count
-        asyncio.get_running_loop().create_task(
-            self._forward(leader.tcp_address, topic, count, command, done))
+        """Send a follower's publish to the partition's leader, whichever it is by then
+        (``forwarding.Forwarder``); ``done`` is called with the outcome."""
+        self.forwarded += len(bodies)
+        self.forwarder.start(topic, bodies, defer_ms, headers, command, done)
         return True
 
-    async def _forward(self, addr: str, topic: str, count: int, command: bytes,
-                       done: Callable) -> None:
-        from nsqx.client import Producer
-
-        producer = self._producers.get(addr)
-        if producer is None:
-            producer = self._producers[addr] = Producer(addr, wait_timeout=FORWARD_TIMEOUT,
-                                                        user_agent="nsqx-forward")
+    # -- deleting a topic: a cluster operation (cluster.topic_delete) ------------------------
+    async def delete_topic(self, name: str) -> bool:
+        """nsqd's ``/topic/delete`` in cluster mode: the topic leaves etcd, so every member
+        deletes its replica (this one at once). Idempotent: a name already gone is not an
+        error (nsqadmin deletes through nsqlookupd and then on each node); the result says
+        whether etcd or this node knew it."""
         try:
-            async with asyncio.timeout(FORWARD_TIMEOUT):
-                answer = await producer.send_command(command)
-        except Exception as e:  # the leader refused, died or did not answer in time
-            log.warning("CLUSTER: TOPIC(%s): forwarding %d messages to the leader at %s "
-                        "failed: %s", topic, count, addr, e)
-            done(-1, PublishRefused(f"TOPIC({topic}): forwarding to the leader at {addr} "
-                                    f"failed: {e}"))
-            return
-        done(traced_offset(answer), None)
+            removed = await self.meta.delete_topic(name)
+        except EtcdError as e:
+            log.error("CLUSTER: TOPIC(%s): delete refused: etcd: %s", name, e)
+            raise HTTPError(503, "E_CLUSTER_UNAVAILABLE") from None
+        here = name in self.nsqd.topics
+        if here:
+            with contextlib.suppress(KeyError):
+                await self.nsqd.delete_topic(name)
+        return bool(removed) or here
 
     # -- leader side: the replication API ---------------------------------------------------
     _INTERNAL_GET = ("/nsqx/replica/epochs", "/nsqx/replica/fetch", STREAM_PATH)

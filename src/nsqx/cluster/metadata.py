@@ -8,12 +8,17 @@ win: the loser re-reads and decides again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 
 from nsqx.cluster.etcd import Compare, EtcdClient, Op, WatchEvent
 from nsqx.cluster.model import ClusterKeys, MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import place
+from nsqx.cluster.route_store import passes_prefix, resets_prefix
+from nsqx.protocol.names import valid_name
+from nsqx.protocol.routes import routes_key
 
 log = logging.getLogger("nsqx.cluster.metadata")
 
@@ -72,6 +77,8 @@ class ClusterMetadata:
         existing = await self.topic(meta.name)
         if existing is not None:
             return await self._same_or_refuse(existing, meta)
+        if not meta.incarnation:
+            meta = dataclasses.replace(meta, incarnation=time.time_ns())
         if meta.effective_min_isr > len(nodes):
             raise MetaError(f"min ISR {meta.effective_min_isr} is more than the "
                             f"{len(nodes)} live nodes")
@@ -98,12 +105,23 @@ class ClusterMetadata:
         return [v.meta for v in (await self.partitions(meta.name)).values()]
 
     async def delete_topic(self, name: str) -> int:
+        """Remove a topic from the cluster (``/topic/delete`` on nsqlookupd or a member):
+        its partitions first, so no member sees partitions of a topic it does not know,
+        then the topic, its route-managed state and its archive record. Every member that
+        holds a replica deletes its copy when the watch shows the topic gone. Returns the
+        keys deleted (0: no such topic)."""
+        root = self.keys.root
         n = await self.etcd.delete(self.keys.topic_partitions(name), prefix=True)
         n += await self.etcd.delete(self.keys.topic(name))
-        # its archive record too (a topic created again under the name starts a new one,
-        # but from the archive's listing: the old files left there are adopted, see the
-        # "not done" list of docs/archive.md)
+        if valid_name(name):
+            for prefix in (passes_prefix(root), resets_prefix(root)):
+                await self.etcd.delete(prefix + name.encode() + b"/", prefix=True)
+            n += await self.etcd.delete(routes_key(root, name))
+        # the archive record: the next topic of this name has another incarnation, which
+        # its archive keys carry, so it neither adopts nor overwrites this one's files
         await self.etcd.delete(self.keys.archive_topic(name), prefix=True)
+        if n:
+            log.info("TOPIC(%s): deleted from the cluster", name)
         return n
 
     # -- partitions ---------------------------------------------------------------------------

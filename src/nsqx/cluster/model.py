@@ -78,6 +78,10 @@ class TopicMeta:
     sync_every: int = 0  # 0: the node's --sync-every
     ordered: bool = False
     min_isr: int = 0  # 0: min(2, replicas)
+    # which topic of this name (issue 28): set at creation, so a topic deleted and created
+    # again is another one to replicas that kept a copy and to the archive; 0: created
+    # before incarnations existed
+    incarnation: int = 0
 
     def __post_init__(self) -> None:
         if not valid_name(self.name) or is_ephemeral(self.name):
@@ -103,7 +107,7 @@ class TopicMeta:
         d = orjson.loads(raw)
         return cls(str(d["name"]), int(d["partitions"]), int(d["replicas"]),
                    int(d.get("sync_every", 0)), bool(d.get("ordered", False)),
-                   int(d.get("min_isr", 0)))
+                   int(d.get("min_isr", 0)), int(d.get("incarnation", 0)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -369,7 +369,7 @@ class Channel:
         if self.tags is not None:
             retag(self)
         if self.ephemeral and not self.clients and not self.exiting:
-            self.topic.nsqd.loop.create_task(self.topic.delete_channel(self.name))
+            self.topic.nsqd.loop.create_task(self.topic.delete_unused_ephemeral(self.name))
 
     # -- what its consumers do (the TCP session calls these, never the cursor) ------------
     def in_flight_of(self, client_id: int) -> int:

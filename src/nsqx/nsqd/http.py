@@ -238,6 +238,10 @@ class _Handlers:
 
     async def topic_delete(self, request: web.Request) -> web.Response:
         name = self._topic_arg(request, validate=False)
+        cluster_delete = getattr(self.nsqd, "topic_delete_hook", None)
+        if cluster_delete is not None:  # cluster mode: every replica and the metadata
+            await cluster_delete(name)  # idempotent, as nsqlookupd's: 200 for a name gone
+            return _empty()
         try:
             await _maybe_await(self.nsqd.delete_topic(name))
         except KeyError:

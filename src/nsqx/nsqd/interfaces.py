@@ -128,6 +128,8 @@ class TopicView(Protocol):
 
     def delete_channel(self, name: str) -> Any: ...
 
+    def delete_unused_ephemeral(self, name: str) -> Any: ...
+
 
 class ChannelView(Protocol):
     """A channel (``channel.Channel``) as the services it is handed see it (dead letters,

@@ -11,7 +11,7 @@ import resource
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,8 +123,12 @@ class NSQD:
         self.plugins: list[Any] = []
         self.http_route_hooks: list[Callable[[Any], None]] = []
         self.topic_hooks: list[Callable[[Topic], None]] = []  # called with each new Topic
+        # cluster mode: /topic/delete deletes the topic in the cluster (every replica),
+        # idempotently; returns whether anything knew the name
+        self.topic_delete_hook: Callable[[str], Awaitable[bool]] | None = None
         self._tracer: Any = None  # see tracer
         self._http_app: Any = None  # http_fast.DeferredApp of the plain listener, see start()
+        self._idle_socks: list[socket.socket] = []  # listening, not served yet: see start()
         self.archiver: Any = None  # tiered storage (--archive-url): nsqx.nsqd.archiving
         if opts.archive_url:
             from nsqx.nsqd.archiving import NodeArchiver
@@ -479,51 +483,41 @@ class NSQD:
             if topic.routes is not None:
                 await topic.routes.recover()  # commit a change a stop interrupted
         o = self.opts
-        # TCP is bound first (its port goes into /info and the route endpoints) but serves
-        # only once HTTP does: a node never answers a PUB while its HTTP API (the route
-        # refresh of keyed producers, /ping of health checks) is still down (issue 21).
-        host, port = split_hostport(o.tcp_address)
-        server = await self.loop.create_server(
-            lambda: ClientV2(self), host, port, reuse_address=True, backlog=1024,
-            start_serving=False)
-        self._servers.append(server)
-        self.tcp_port = server.sockets[0].getsockname()[1]
+        # Every listener is bound and listening before any of them answers (issue 28, as Go's
+        # nsqd.New): a client that waits for /ping and then connects to TCP or HTTPS is never
+        # refused. A listener whose handler is not loaded yet (aiohttp: HTTPS, or plain HTTP
+        # under --tls-required) queues connections in its backlog until it is.
+        tcp_sock = _listening_socket(o.tcp_address)
+        self.tcp_port = tcp_sock.getsockname()[1]
+        log.info("TCP: listening on %s", _fmt_addr(tcp_sock))
+        http_sock = https_sock = None
         if o.http_address:
-            host, port = split_hostport(o.http_address)
-            if o.tls_required == TLS_REQUIRED:  # every plain request gets 403: no fast path
-                from aiohttp import web
-
-                runner = await self._http_runner(tls_listener=False)
-                site = web.TCPSite(runner, host, port, reuse_address=True)
-                await site.start()
-                sock = site._server.sockets[0]  # type: ignore[union-attr]
-            else:
-                # The listener opens now and answers /pub, /mpub and /ping itself; aiohttp
-                # and the rest of the API load meanwhile (most of a start's time), and a
-                # request for them waits until they are ready instead of being refused.
-                from nsqx.nsqd.http_fast import DeferredApp, FastPubProtocol
-
-                app = self._http_app = DeferredApp(self.loop)
-                http_server = await self.loop.create_server(
-                    lambda: FastPubProtocol(self, app), host, port, reuse_address=True,
-                    backlog=1024)
-                self._servers.append(http_server)
-                sock = http_server.sockets[0]
-                self._tasks.append(self.loop.create_task(self._build_http(app), name="http-app"))
-            self.http_port = sock.getsockname()[1]
-            log.info("HTTP: listening on %s", _fmt_addr(sock))
+            http_sock = _listening_socket(o.http_address)
+            self.http_port = http_sock.getsockname()[1]
+            log.info("HTTP: listening on %s", _fmt_addr(http_sock))
         if self.tls_context is not None and o.https_address:
-            from aiohttp import web
+            https_sock = _listening_socket(o.https_address)
+            self.https_port = https_sock.getsockname()[1]
+            log.info("HTTPS: listening on %s", _fmt_addr(https_sock))
+        self._idle_socks = [s for s in (tcp_sock, http_sock, https_sock) if s is not None]
+        await self._serve(lambda: ClientV2(self), tcp_sock)
+        plain_aiohttp = http_sock is not None and o.tls_required == TLS_REQUIRED
+        if plain_aiohttp:  # every plain request gets 403: no fast path, the API first
+            runner = await self._http_runner(tls_listener=False)
+            await self._serve(runner.server, http_sock)
+        elif http_sock is not None:
+            # The fast path answers /pub, /mpub and /ping at once; aiohttp and the rest of
+            # the API load meanwhile (most of a start's time), and a request for them waits
+            # until they are ready instead of being refused.
+            from nsqx.nsqd.http_fast import DeferredApp, FastPubProtocol
 
+            app = self._http_app = DeferredApp(self.loop)
+            await self._serve(lambda: FastPubProtocol(self, app), http_sock)
+            self._tasks.append(self.loop.create_task(self._build_http(app, https_sock),
+                                                     name="http-app"))
+        if https_sock is not None and (plain_aiohttp or http_sock is None):
             runner = await self._http_runner(tls_listener=True)
-            host, port = split_hostport(o.https_address)
-            site = web.TCPSite(runner, host, port, ssl_context=self.tls_context, reuse_address=True)
-            await site.start()
-            sock = site._server.sockets[0]  # type: ignore[union-attr]
-            self.https_port = sock.getsockname()[1]
-            log.info("HTTPS: listening on %s", _fmt_addr(sock))
-        await server.start_serving()
-        log.info("TCP: listening on %s", _fmt_addr(server.sockets[0]))
+            await self._serve(runner.server, https_sock, tls=True)
         self._tasks.append(self.loop.create_task(self._scan_loop(), name="queue-scan"))
         self._tasks.append(self.loop.create_task(self._persist_loop(), name="persist"))
         self.lookup.start()
@@ -538,6 +532,14 @@ class NSQD:
                 self.lookup_register(topic.name, ch)
         for plugin in self.plugins:
             await plugin.start()
+
+    async def _serve(self, factory: Callable[[], asyncio.BaseProtocol], sock: socket.socket,
+                     *, tls: bool = False) -> None:
+        """Answer on a listening socket of start() (stop() closes the server)."""
+        server = await self.loop.create_server(
+            factory, sock=sock, backlog=1024, ssl=self.tls_context if tls else None)
+        self._servers.append(server)
+        self._idle_socks.remove(sock)
 
     async def http_loaded(self) -> None:
         """Wait until the whole HTTP API is loaded (start() returns once its listener is
@@ -556,13 +558,17 @@ class NSQD:
         self._runners.append(runner)
         return runner
 
-    async def _build_http(self, app: Any) -> None:
-        """Load aiohttp and the HTTP API for the plain listener (``http_fast.DeferredApp``):
-        the modules are imported in a worker thread, so the loop keeps serving while they
-        load; a failure is the node's health and closes the requests that waited."""
+    async def _build_http(self, app: Any, https_sock: socket.socket | None) -> None:
+        """Load aiohttp and the HTTP API for the plain listener (``http_fast.DeferredApp``)
+        and then serve HTTPS (bound already, its connections wait in the backlog): the
+        modules are imported in a worker thread, so the loop keeps serving while they load;
+        a failure is the node's health and closes the requests that waited."""
         try:
             await self.loop.run_in_executor(None, _import_http_api)
             runner = await self._http_runner(tls_listener=False)
+            if https_sock is not None:
+                tls_runner = await self._http_runner(tls_listener=True)
+                await self._serve(tls_runner.server, https_sock, tls=True)
         except BaseException as exc:
             app.fail(exc)
             if not isinstance(exc, asyncio.CancelledError):
@@ -710,6 +716,9 @@ class NSQD:
                 log.error("stopping %r failed: %s", plugin, exc)
         for server in self._servers:
             server.close()
+        for sock in self._idle_socks:  # bound, never served (a stop during start)
+            sock.close()
+        self._idle_socks.clear()
         for client in self.clients():
             client.close()
         for task in self._tasks:
@@ -823,6 +832,17 @@ class NSQD:
 
 
 _NO_E2E = {"count": 0, "percentiles": None}
+
+
+def _listening_socket(addr: str) -> socket.socket:
+    """A socket bound to ``addr`` (host:port, port 0 for any) and listening: connections
+    are accepted into its backlog from now on, answered once a server serves it."""
+    host, port = split_hostport(addr)
+    family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                flags=socket.AI_PASSIVE)[0][0]
+    sock = socket.create_server((host, port), family=family, backlog=1024)
+    sock.setblocking(False)
+    return sock
 
 
 def _fmt_addr(sock: socket.socket) -> str:

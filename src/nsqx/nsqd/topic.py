@@ -181,17 +181,18 @@ class Topic:
     def publish(self, bodies: list[bytes], defer_ms: int = 0,
                 done: Callable[[int, Exception | None], None] | None = None, *,
                 headers: list[dict[str, bytes] | None] | None = None,
-                producer: str = "") -> asyncio.Future[int] | None:
+                producer: str = "", trace: bool = True) -> asyncio.Future[int] | None:
         """Append a batch, durable per policy: returns a future, or calls `done` (no future).
 
         `headers` (one dict or None per body) go to the log's header sidecar, never into
         the frames stock clients receive. `producer` (remote address) names the publisher
-        in trace events.
+        in trace events. `trace=False`: `done` records the trace events already (a
+        forwarded publish this node appends itself once it leads, cluster.forwarding).
         """
         base = self.log.next_offset
         kw: dict = {} if headers is None else {"headers": headers}
         outer: asyncio.Future[int] | None = None
-        if self.tracer is not None:  # pub events once the batch is durable
+        if self.tracer is not None and trace:  # pub events once the batch is durable
             if done is None:
                 outer = self.nsqd.loop.create_future()
                 done = settle(outer)
@@ -313,6 +314,11 @@ class Topic:
             suffix = f".p{self.partition}" if self.partition else ""
             state_path = self.dir / "channels" / f"c-{name}{suffix}.cursor"
         cursor = ChannelCursor(start, state_path=state_path)
+        was = cursor.fit_log(self.log.next_offset)
+        if was is not None:
+            log.warning("TOPIC(%s) CHANNEL(%s): cursor at offset %d is past the log end %d "
+                        "(the log lost its unsynced tail: power loss?); resuming at the end",
+                        self.name, name, was, self.log.next_offset)
         # upstream's memory queue: a redelivery waits behind at most this many queued ones
         cursor.redelivery_window = self.nsqd.opts.mem_queue_size
         cursor.note_end(self.readable_end)
@@ -341,6 +347,16 @@ class Topic:
         if self.routes is not None:
             self.routes.channel_deleted(name)
         await self._delete_channel_here(name)
+
+    async def delete_unused_ephemeral(self, name: str) -> None:
+        """Delete ephemeral channel ``name`` once no partition's copy has a client: each
+        partition's copy asks when its last client leaves, so the first ask that finds the
+        channel unused deletes it everywhere and the others find nothing to do."""
+        copies = [p.channels[name] for p in self.partitions if name in p.channels]
+        if not copies or any(ch.clients or ch.exiting for ch in copies):
+            return
+        owner = next(p for p in self.partitions if name in p.channels)
+        await owner.delete_channel(name)
 
     async def _delete_channel_here(self, name: str) -> None:
         ch = self.channels.pop(name, None)
