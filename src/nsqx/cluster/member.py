@@ -85,6 +85,7 @@ from nsqx.httpapi import make_runner
 from nsqx.httpbase import HTTPError
 from nsqx.netutil import bind_listener
 from nsqx.nsqd.config_api import apply_settings, export_settings
+from nsqx.nsqd.interfaces import ReplicaPartition
 from nsqx.nsqd.routing import TopicRoutes
 from nsqx.nsqd.topic import PublishRefused, settle
 from nsqx.protocol.routes import RouteError, RouteHistory, routes_key
@@ -860,7 +861,7 @@ class NodeMember:
             routes.release(channel)
         return _answer(200, {"node": self.node_id})
 
-    def _guard(self, part: Any) -> None:
+    def _guard(self, part: ReplicaPartition) -> None:
         """A local partition this node holds no role for may not take publishes."""
         part.hold_reads_from_start()
         k = (part.name, part.partition)
@@ -900,7 +901,8 @@ class NodeMember:
                   name, p, p)
         return None
 
-    def _become_leader(self, k: tuple[str, int], topic: Any, pm: PartitionMeta) -> None:
+    def _become_leader(self, k: tuple[str, int], topic: ReplicaPartition,
+                       pm: PartitionMeta) -> None:
         self._stop_following(k)
         old = self.gates.get(k)
         if isinstance(old, LeaderGate):
@@ -915,7 +917,8 @@ class NodeMember:
         log.info("CLUSTER: TOPIC(%s) PARTITION(%d): leading at epoch %d, ISR %s, log end %d",
                  pm.topic, pm.partition, pm.epoch, ",".join(pm.isr), topic.log.flushed_offset)
 
-    def _become_follower(self, k: tuple[str, int], topic: Any, pm: PartitionMeta) -> None:
+    def _become_follower(self, k: tuple[str, int], topic: ReplicaPartition,
+                         pm: PartitionMeta) -> None:
         old = self.gates.get(k)
         if isinstance(old, LeaderGate):
             old.deposed(f"deposed by epoch {pm.epoch}")
@@ -1116,7 +1119,7 @@ class NodeMember:
             futs.append(fut)
         await asyncio.gather(*futs)  # durable here before the next fetch acks it
 
-    def _advance_channel(self, topic: Any, name: str, confirmed: int) -> None:
+    def _advance_channel(self, topic: ReplicaPartition, name: str, confirmed: int) -> None:
         ch = topic.channels.get(name) or topic.get_channel(name)
         if ch is None:
             return
