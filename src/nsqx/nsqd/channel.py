@@ -394,6 +394,8 @@ class Channel:
     def finish_many(self, client: Session, offsets: list[int]) -> list[tuple[int, Exception]]:
         """FINs of one read (in-order runs finished at once); the (offset, error) of each
         that failed, the rest finished."""
+        if not offsets:
+            return []
         errors = self.cursor.finish_many(client.id, offsets)
         done = offsets
         if errors and self.topic.tracer is not None:
