@@ -6,12 +6,14 @@ Append: 100 B / 200 B / mixed (1..400 B, same mean as 200 B) bodies in batches o
 sync policies none / every 2500 messages / every commit (fsync before the next commit, as the
 group committer would do for sync_every=1). Batches of 1 are flushed every 100 appends and batches
 of 100 every 10 appends, like loop turns of the group committer with 100 PUBs / 10 MPUBs. Read: sequential reads of ready-to-send frames
-(256 KiB per read) from the in-memory tail and cold from disk (after reopen).
+(256 KiB per read) from the in-memory tail and cold from disk (after reopen). Recover: the
+open (start) time of a fully fsynced log, page cache warm and cold (``--only-recover``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import sys
@@ -96,6 +98,44 @@ def bench_read(root: Path, kind: str, total: int) -> list[tuple[str, float, int,
     return out
 
 
+def cold(path: Path) -> None:
+    """Drop these files' pages from the page cache (per file: other work keeps its cache)."""
+    for p in path.iterdir():
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def bench_recover(root: Path, nbytes: int, batch: int) -> list[tuple[str, float, int]]:
+    """Open (recovery) time of a fully fsynced log of ``nbytes`` of 200 B bodies in commits
+    of ``batch``: the recovery point covers everything, so this is the start-time crc scrub
+    (issue 28) on top of loading the metadata; warm (page cache) and cold (fadvise)."""
+    path = Path(tempfile.mkdtemp(dir=root))
+    cfg = LogConfig(sync_every=10**12, sync_interval=0)
+    lg = PartitionLog(path, 0, cfg)
+    body = [b"r" * 200] * batch
+    while lg.size_bytes() < nbytes:
+        for _ in range(100):
+            lg.append(body)
+            lg.flush()
+    lg.sync()
+    size = lg.size_bytes()
+    lg.close()
+    out = []
+    for label in ("warm", "cold"):
+        if label == "cold":
+            cold(path)
+        t0 = time.perf_counter()
+        lg = PartitionLog(path, 0, cfg)
+        dt = time.perf_counter() - t0
+        lg.close()
+        out.append((f"recover {size >> 20} MiB batch {batch:>3} {label}", dt, size))
+    shutil.rmtree(path)
+    return out
+
+
 def line(label: str, dt: float, n: int, nbytes: int) -> str:
     return f"{label:<44} {n / dt / 1e6:7.2f} M msgs/s {nbytes / dt / 1e6:9.1f} MB/s  ({n} msgs)"
 
@@ -104,11 +144,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer messages")
     ap.add_argument("--dir", default=None, help="directory for the logs (default: a temp dir)")
+    ap.add_argument("--recover-mib", type=int, default=256,
+                    help="size of the fsynced log whose recovery (start) is timed")
+    ap.add_argument("--only-recover", action="store_true", help="time recovery only")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(dir=args.dir))
     big = 200_000 if args.quick else 2_000_000
     rates: dict[tuple, float] = {}
     try:
+        if args.only_recover:
+            for batch in (1, 100):
+                for label, dt, nb in bench_recover(root, args.recover_mib << 20, batch):
+                    print(f"{label:<44} {dt * 1e3:9.1f} ms {nb / dt / 1e6:9.1f} MB/s")
+            return
         for sync in ("none", "2500", "commit"):
             for kind in ("100", "200", "mixed"):
                 for batch in (1, 100):
@@ -123,6 +171,9 @@ def main() -> None:
             for label, dt, n, nb in bench_read(root, kind, big):
                 rates[(label, kind)] = n / dt
                 print(line(f"{label} {kind:>5} B", dt, n, nb), flush=True)
+        for batch in (1, 100):
+            for label, dt, nb in bench_recover(root, args.recover_mib << 20, batch):
+                print(f"{label:<44} {dt * 1e3:9.1f} ms {nb / dt / 1e6:9.1f} MB/s", flush=True)
         print()
         for batch in (1, 100):
             r = rates[("none", "mixed", batch)] / rates[("none", "200", batch)]
