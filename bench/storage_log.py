@@ -7,7 +7,7 @@ sync policies none / every 2500 messages / every commit (fsync before the next c
 group committer would do for sync_every=1). Batches of 1 are flushed every 100 appends and batches
 of 100 every 10 appends, like loop turns of the group committer with 100 PUBs / 10 MPUBs. Read: sequential reads of ready-to-send frames
 (256 KiB per read) from the in-memory tail and cold from disk (after reopen). Recover: the
-open (start) time of a fully fsynced log, page cache warm and cold (``--only-recover``).
+open (start) time of a fully fsynced log, page cache warm and cold (``--only recover``).
 """
 
 from __future__ import annotations
@@ -146,16 +146,22 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="directory for the logs (default: a temp dir)")
     ap.add_argument("--recover-mib", type=int, default=256,
                     help="size of the fsynced log whose recovery (start) is timed")
-    ap.add_argument("--only-recover", action="store_true", help="time recovery only")
+    ap.add_argument("--only", choices=("read", "recover"), default=None,
+                    help="run only the read or the recovery part")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(dir=args.dir))
     big = 200_000 if args.quick else 2_000_000
     rates: dict[tuple, float] = {}
     try:
-        if args.only_recover:
+        if args.only == "recover":
             for batch in (1, 100):
                 for label, dt, nb in bench_recover(root, args.recover_mib << 20, batch):
                     print(f"{label:<44} {dt * 1e3:9.1f} ms {nb / dt / 1e6:9.1f} MB/s")
+            return
+        if args.only == "read":
+            for kind in ("100", "200", "mixed"):
+                for label, dt, n, nb in bench_read(root, kind, big):
+                    print(line(f"{label} {kind:>5} B", dt, n, nb), flush=True)
             return
         for sync in ("none", "2500", "commit"):
             for kind in ("100", "200", "mixed"):
