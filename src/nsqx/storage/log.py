@@ -17,6 +17,7 @@ import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
+from functools import lru_cache
 from itertools import accumulate, repeat
 from operator import add
 from pathlib import Path
@@ -60,12 +61,19 @@ _CKPT = struct.Struct(">QI")
 _PREFIX = struct.Struct(">IIqH")
 _U32 = struct.Struct(">I")
 _DATA_CRC = struct.calcsize(">QIQQqqIQ")  # where a commit entry's frames crc lies (ENTRY_BODY)
+
 _LITTLE = sys.byteorder == "little"
 CHECKPOINT = "recovery-point"
 CHECKPOINT_INTERVAL = 5.0  # seconds between recovery-point moves after a syncfs pass
 READ_AHEAD = 1 << 20
 NO_LIMIT = 1 << 63  # ready_end: nothing to wait for
 _DISK_CACHE = 8  # read-ahead chunks kept for lagging readers
+
+
+@lru_cache(maxsize=64)
+def _crcs_struct(n: int) -> struct.Struct:
+    """The frames crcs of n back-to-back commit entries, in one unpack (one C call)."""
+    return struct.Struct(">" + f"{_DATA_CRC}xI{ENTRY_SIZE - _DATA_CRC - 4}x" * n)
 
 
 def frames_py(bodies: Sequence[bytes], partition: int, base: int, ts: int
@@ -712,20 +720,26 @@ class PartitionLog:
 
     def _check_crcs(self, seg: Segment, c: int, c2: int, data: bytes) -> None:
         """Commits c..c2 of seg, read back to back into data: each one's crc (one crc32 call
-        in C per commit, the crcs from one metadata read); SegmentCorrupt on a mismatch."""
-        raw = seg.meta_raw(c, c2 - c + 1)
-        poss, cpos = seg.poss, seg.poss[c]
+        in C per commit, their crcs from one metadata read and one unpack); SegmentCorrupt
+        on a mismatch."""
+        n = c2 - c + 1
+        crcs = _crcs_struct(n).unpack_from(seg.meta_raw(c, n))
+        poss = seg.poss
+        cpos = poss[c]
+        ends = poss[c + 1 : c2 + 1]
+        ends.append(seg.commit_end(c2))
         mv = memoryview(data)
-        for i in range(c2 - c + 1):
-            a = poss[c + i] - cpos
-            b = seg.commit_end(c + i) - cpos
-            if b > len(data) or crc32(mv[a:b]) != _U32.unpack_from(raw, i * ENTRY_SIZE + _DATA_CRC)[0]:
+        a = 0
+        for i, (end, crc) in enumerate(zip(ends, crcs, strict=True)):
+            b = end - cpos
+            if b > len(data) or crc32(mv[a:b]) != crc:
                 base = seg.bases[c + i]
                 msg = (f"E_SEGMENT_CORRUPT {seg.paths[0]} (partition {self.partition}): record "
                        f"batch at offset {base} (byte {poss[c + i]}) fails its CRC: damaged on "
                        f"disk; not served")
                 log.error("%s", msg)
                 raise SegmentCorrupt(msg)
+            a = b
 
     # -- reads ---------------------------------------------------------------------------
     def read(self, offset: int, max_bytes: int, max_count: int | None = None) -> ReadResult:

@@ -633,21 +633,20 @@ class Segment:
         Commits are contiguous, so they are read in runs of about SCRUB_CHUNK bytes (one
         pread) and each is checked with one crc32 call in C: per commit Python work only.
         """
+        if not n:
+            return None
         fd = self.log_fd
-        i = 0
-        while i < n:
-            lo = parsed[i][2]
-            j = i + 1
-            while j < n and parsed[j][2] + parsed[j][3] - lo <= SCRUB_CHUNK:
-                j += 1
-            hi = parsed[j - 1][2] + parsed[j - 1][3]
-            data = memoryview(os.pread(fd, hi - lo, lo))
-            for k in range(i, j):
-                e = parsed[k]
-                a = e[2] - lo
-                if a + e[3] > len(data) or crc32(data[a : a + e[3]]) != e[8]:
-                    return k
-            i = j
+        stop = parsed[n - 1][2] + parsed[n - 1][3]
+        lo = hi = 0
+        data = memoryview(b"")
+        for k in range(n):
+            e = parsed[k]
+            pos, end = e[2], e[2] + e[3]
+            if end > hi:  # the next run of commits, from this one on
+                lo, hi = pos, min(stop, max(end, pos + SCRUB_CHUNK))
+                data = memoryview(os.pread(fd, hi - lo, lo))
+            if end - lo > len(data) or crc32(data[pos - lo : end - lo]) != e[8]:
+                return k
         return None
 
     def _verify(self, e: tuple) -> bool:
