@@ -61,7 +61,6 @@ _CKPT = struct.Struct(">QI")
 _PREFIX = struct.Struct(">IIqH")
 _U32 = struct.Struct(">I")
 _DATA_CRC = struct.calcsize(">QIQQqqIQ")  # where a commit entry's frames crc lies (ENTRY_BODY)
-
 _LITTLE = sys.byteorder == "little"
 CHECKPOINT = "recovery-point"
 CHECKPOINT_INTERVAL = 5.0  # seconds between recovery-point moves after a syncfs pass
