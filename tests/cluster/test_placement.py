@@ -29,6 +29,7 @@ from nsqx.cluster.placement import (
     preferred_leader_move,
     remove_replica,
     shrink_isr,
+    step_down,
 )
 from nsqx.cluster.replication import LeaderProgress, truncation_point
 
@@ -86,6 +87,19 @@ def test_the_last_isr_member_is_never_forgotten() -> None:
     assert node_lost(offline, "a", ["b", "c"], {}) == offline
     back = elect_leader(offline, ["a", "b"], {})
     assert back.leader == "a" and back.epoch == offline.epoch + 1
+
+
+def test_a_restarted_leader_steps_down_to_a_live_isr_member() -> None:
+    """Its log may have lost unsynced records: another ISR member leads at a new epoch and
+    the restarted node leaves the ISR until it has caught up; alone in the ISR it keeps
+    leading (nobody holds more)."""
+    after = step_down(pm(), "a", ["b", "c"])
+    assert (after.leader, after.epoch, after.isr, after.catchup) == ("b", 4, ("b", "c"), ("a",))
+    after.check()
+    assert step_down(pm(), "a", ["c"]).leader == "c"  # b is not registered: c leads
+    assert step_down(pm(), "b", ["a", "c"]) == pm()  # not its leadership
+    assert step_down(pm(isr=("a",)), "a", ["b", "c"]) == pm(isr=("a",))  # the only ISR member
+    assert step_down(pm(), "a", ["a"]) == pm()  # no other ISR member is live
 
 
 def test_isr_changes_need_the_current_epoch() -> None:
