@@ -98,7 +98,7 @@ def test_leader_loss_elects_from_the_isr_with_a_new_epoch(etcd_server: EtcdServe
 def test_a_node_back_within_its_lease_gives_up_its_leaderships(etcd_server: EtcdServer) -> None:
     """Its old registration is still alive, so the coordinator sees nothing: the node itself
     hands each leadership to another live ISR member before it takes any role; one whose
-    ISR is itself alone stays led by it."""
+    ISR is itself alone stays led by it, at a new epoch."""
     async def body() -> None:
         async with EtcdClient([etcd_server.endpoint]) as etcd:
             meta = ClusterMetadata(etcd, CID)
@@ -117,9 +117,9 @@ def test_a_node_back_within_its_lease_gives_up_its_leaderships(etcd_server: Etcd
                     assert "n1" not in now.isr and "n1" in now.catchup
                 else:
                     assert after[p] == was
-            solo = (await meta.partitions("solo"))[0].meta
-            assert solo.leader == "n1" and solo.isr == ("n1",)
-            assert await step_down_after_restart(meta, "n1") == 0  # nothing left to give up
+            solo = (await meta.partitions("solo"))[0].meta  # its only ISR member: kept,
+            assert (solo.leader, solo.isr, solo.epoch) == ("n1", ("n1",), 2)  # at a new epoch
+            assert await step_down_after_restart(meta, "n1") == 0  # nothing left to hand over
 
     run(body())
 

@@ -143,6 +143,7 @@ class Partition(RuleBasedStateMachine):
         node = self.pm.leader
         assert node is not None
         del self.logs[node][max(0, len(self.logs[node]) - lost):]
+        self.led.pop(node)  # a new run: it knows it leads no longer (a paused one would not)
         self._new_leader(step_down(self.pm, node, self.alive - {node}))
 
     @rule(node=st.sampled_from(NODES), k=st.integers(1, 2))

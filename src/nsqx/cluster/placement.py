@@ -98,15 +98,17 @@ def step_down(pm: PartitionMeta, node: str, live: Iterable[str]) -> PartitionMet
     it leader at the same epoch: leading again would make the followers truncate acknowledged
     records to match it. Another live ISR member holds every acknowledged message, so it
     leads at a new epoch and ``node`` leaves the ISR until it has caught up. When no other
-    ISR member is live ``node`` keeps leading: nobody better exists (the lone ISR member
-    case of docs/cluster.md).
+    ISR member is live ``node`` keeps leading (nobody better exists: the lone ISR member
+    case of docs/cluster.md), at a new epoch all the same: what it writes now may land at
+    offsets where a catch-up replica holds records its disk lost, and only a new epoch
+    makes that replica truncate them (KIP-101: an epoch per leadership, not per leader).
     """
     if pm.leader != node:
         return pm
     alive = set(live)
     others = [n for n in pm.isr if n != node and n in alive]
     if not others:
-        return pm
+        return replace(pm, epoch=pm.epoch + 1)
     return elect_leader(pm, others, {})
 
 

@@ -8,7 +8,8 @@ what it had not fsynced (power loss with the default ``--sync-timeout``). Were i
 again, its followers would truncate acknowledged records to match it (KIP-101's problem).
 So before its first metadata load it hands each such leadership to another live ISR member
 with a guarded transaction (:func:`~nsqx.cluster.placement.step_down`) and then follows it,
-truncating to where its log agrees with the new leader's (KIP-279) and catching up.
+truncating to where its log agrees with the new leader's (KIP-279) and catching up. A
+leadership nobody else can take (it is the only live ISR member) it keeps, at a new epoch.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ async def step_down_after_restart(meta: ClusterMetadata, node: str) -> int:
                                 new.meta.partition, new.meta.leader, new.meta.epoch)
                 else:
                     log.info("TOPIC(%s) PARTITION(%d): this node led it before it restarted "
-                             "and no other ISR member is live: it keeps leading (epoch %d)",
+                             "and no other ISR member is live: it keeps leading, at a new epoch %d",
                              new.meta.topic, new.meta.partition, new.meta.epoch)
                 break
             fresh = (await meta.partitions(v.meta.topic)).get(v.meta.partition)
