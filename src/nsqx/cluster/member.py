@@ -59,6 +59,7 @@ from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.outage import Outage
 from nsqx.cluster.placement import expand_isr, shrink_isr
 from nsqx.cluster.replication import LeaderProgress, Regressed, truncation_point
+from nsqx.cluster.restart import step_down_after_restart
 from nsqx.cluster.route_store import (
     HeldResets,
     ResetRecord,
@@ -540,8 +541,12 @@ class NodeMember:
 
     # -- metadata -------------------------------------------------------------------------
     async def _watch(self) -> None:
+        stepped_down = False
         while True:
             try:
+                if not stepped_down:  # leaderships of a previous run: given up before any role
+                    await step_down_after_restart(self.meta, self.node_id)
+                    stepped_down = True
                 kvs, rev = await self.etcd.get_prefix(self.meta.keys.root)
                 self.watch_outage.ok()
                 self._load(kvs)
