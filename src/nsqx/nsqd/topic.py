@@ -90,6 +90,9 @@ class Topic:
                 retention_bytes=opts.retention_bytes or None,
                 hard_size_cap=opts.max_log_bytes or None,
                 reclaim_files=nsqd.reclaim_files,  # EMFILE: idle logs let go, one retry
+                # a cluster replica cuts at damage found at start and fetches the rest again;
+                # a lone nsqd keeps its log and refuses the damaged commit when it is read
+                cut_damaged_synced=bool(opts.cluster_leadership_addresses),
             )
             self.log = PartitionLog(self.dir / f"p{partition}", partition, config)
         self._idle_end = -1  # log end seen by the last release_idle_files()

@@ -218,7 +218,7 @@ class PartitionLog:
                 seg.delete()
                 cut_at = base
                 continue
-            cut = seg.recover(ckpt)
+            cut = seg.recover(ckpt, scrub=self.config.cut_damaged_synced)
             seg.release_files()  # reopened on first use: a node of many topics starts
             self._segments.append(seg)  # without one descriptor per file of each
             if cut:
