@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from nsqx import NSQ_VERSION
+from nsqx.nsqd import datapath
 from nsqx.nsqd.channel import Channel, now_ms
 from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
-from nsqx.nsqd.topic import Topic, has_routes
+from nsqx.nsqd.topic import Topic
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.protocol.v2 import TRACE_TOPIC
 from nsqx.storage.commit import CommitScheduler, FileSystemSyncer
@@ -340,7 +341,7 @@ class NSQD:
             "topics": [t.metadata() for t in self.topics.values() if not t.ephemeral],
             "version": NSQ_VERSION,
         }
-        path = self.data_path / "nsqd.dat"
+        path = datapath.metadata_path(self.data_path)
         tmp = path.with_name(f"nsqd.dat.{os.getpid()}.tmp")
         try:
             write_durably(path, orjson.dumps(data), tmp)
@@ -350,7 +351,7 @@ class NSQD:
             log.error("failed to persist metadata to %s: %s", path, exc)
 
     def _load_metadata(self) -> None:
-        path = self.data_path / "nsqd.dat"
+        path = datapath.metadata_path(self.data_path)
         if not path.exists():
             return
         try:
@@ -396,7 +397,7 @@ class NSQD:
                             ch.max_attempts, ch.max_attempts_set = int(c["max_attempts"]), True
                     part.msg_ttl_ns, part.msg_ttl_set = topic.msg_ttl_ns, topic.msg_ttl_set
                     part.set_sync_every(topic.sync_every)
-            if has_routes(topic.dir):
+            if datapath.has_routes(topic.dir):
                 from nsqx.nsqd.routing import TopicRoutes  # only when a topic is routed
 
                 TopicRoutes.load(self, topic)
@@ -412,21 +413,22 @@ class NSQD:
         route-managed topics are made by /topic/create, which persists before answering.
         A deleted topic's directory is gone, so nothing deleted comes back.
         """
-        root = self.data_path / "topics"
+        root = datapath.topics_root(self.data_path)
         if not root.is_dir():
             return
         adopted = 0
         for d in sorted(root.iterdir()):
-            name = d.name[2:]
-            if (not d.name.startswith("t-") or name in self.topics or not d.is_dir()
+            name = datapath.topic_name(d)
+            if (name is None or name in self.topics or not d.is_dir()
                     or not valid_topic_name(name) or name.endswith("#ephemeral")
-                    or not (d / "p0").is_dir() or (d / "p1").exists() or has_routes(d)):
+                    or not datapath.partition_dir(d, 0).is_dir()
+                    or datapath.partition_dir(d, 1).exists() or datapath.has_routes(d)):
                 continue
             topic = Topic(self, name)
             self.topics[name] = topic
-            cdir = d / "channels"
-            for f in sorted(cdir.glob("c-*.cursor")) if cdir.is_dir() else ():
-                cname = f.name[2:-len(".cursor")]
+            cdir = datapath.channels_dir(d)
+            for f in sorted(cdir.glob(datapath.CURSOR_GLOB)) if cdir.is_dir() else ():
+                cname = datapath.cursor_channel(f)
                 if valid_channel_name(cname):
                     topic.get_channel(cname)
             log.warning("TOPIC(%s): adopted from %s (not in nsqd.dat: a crash came before "
@@ -458,7 +460,7 @@ class NSQD:
     def _lock_data_path(self) -> None:
         try:  # unusable: one FATAL line, as upstream (before this, stop() had nothing to save)
             self.data_path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.data_path / ".nsqx.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(datapath.lock_path(self.data_path), os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise SystemExit(f"FATAL: --data-path={self.data_path} cannot be used: "
                              f"{e.strerror or e}") from None

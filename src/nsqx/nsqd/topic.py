@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nsqx.nsqd.channel import Channel, now_ms
+from nsqx.nsqd.datapath import channels_dir, cursor_path, partition_dir, topic_dir
 from nsqx.storage.commit import GroupCommitter
 from nsqx.storage.cursor import ChannelCursor
 from nsqx.storage.log import LogConfig, MemoryLog, PartitionLog
@@ -23,11 +24,6 @@ if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeContext, TopicRouting, Tracer
 
 log = logging.getLogger("nsqx.nsqd.topic")
-
-
-def topic_dir(data_path: Path, name: str) -> Path:
-    # The prefix keeps names such as "." and ".." (valid NSQ names) from being path tricks.
-    return data_path / "topics" / f"t-{name}"
 
 
 class Topic:
@@ -90,7 +86,7 @@ class Topic:
                 hard_size_cap=opts.max_log_bytes or None,
                 reclaim_files=nsqd.reclaim_files,  # EMFILE: idle logs let go, one retry
             )
-            self.log = PartitionLog(self.dir / f"p{partition}", partition, config)
+            self.log = PartitionLog(partition_dir(self.dir, partition), partition, config)
         self._idle_end = -1  # log end seen by the last release_idle_files()
         self.dedupe: Any = None  # idempotent publishes' index (nsqd.idempotence), on first use
         self.committer = GroupCommitter(self.log, nsqd.loop, syncer=nsqd.fs_syncer,
@@ -287,10 +283,8 @@ class Topic:
             start = self.log.next_offset
         state_path = None
         if not ephemeral and not self.ephemeral:
-            (self.dir / "channels").mkdir(parents=True, exist_ok=True)
-            # one cursor file per partition (partition 0 keeps the single-partition name)
-            suffix = f".p{self.partition}" if self.partition else ""
-            state_path = self.dir / "channels" / f"c-{name}{suffix}.cursor"
+            channels_dir(self.dir).mkdir(parents=True, exist_ok=True)
+            state_path = cursor_path(self.dir, name, self.partition)
         cursor = ChannelCursor(start, state_path=state_path)
         # upstream's memory queue: a redelivery waits behind at most this many queued ones
         cursor.redelivery_window = self.nsqd.opts.mem_queue_size
@@ -498,14 +492,6 @@ class SealedPartition(BadPartition):
         self.version = stale.version
         super().__init__(f"route version {stale.version} (partition {stale.partition} of "
                          f"topic {topic} takes no publishes)")
-
-
-ROUTES_FILE = "routes.json"  # a route-managed topic's history, in its topic directory
-
-
-def has_routes(topic_dir: Path) -> bool:
-    """Whether the topic stored in ``topic_dir`` is route-managed (``routing.TopicRoutes``)."""
-    return (topic_dir / ROUTES_FILE).exists()
 
 
 class PublishRefused(Exception):
