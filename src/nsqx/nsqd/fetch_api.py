@@ -75,7 +75,7 @@ from aiohttp import web
 from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
-from nsqx.nsqd.auth import http_authorizer
+from nsqx.nsqd.auth import HTTPAuthorizer
 from nsqx.nsqd.channel import load_archived, load_time
 from nsqx.nsqd.http_publish import (
     existing_topic,
@@ -162,10 +162,13 @@ def encode_fetch_headers(items: list[tuple[int, dict[str, bytes]]]) -> bytes:
 
 # ---------------------------------------------------------------- handlers
 
-class _FetchAPI:
-    def __init__(self, nsqd: NodeAPI) -> None:
+class FetchAPI:
+    """The node's one fetch API: its HTTP and HTTPS apps share the publish-key indexes, so
+    the node builds it once (``nsqd.http.http_services``) and hands it to both."""
+
+    def __init__(self, nsqd: NodeAPI, authz: HTTPAuthorizer) -> None:
         self.nsqd = nsqd
-        self._authz = http_authorizer(nsqd)
+        self._authz = authz
 
     # -- common -----------------------------------------------------------------------
     def _topic(self, name: str) -> Any:
@@ -349,19 +352,10 @@ class _FetchAPI:
         """The indexes are the partitions' (closed with them)."""
 
 
-def add_routes(app: web.Application, nsqd: NodeAPI) -> _FetchAPI:
-    """Register /nsqx/offsets, /nsqx/fetch and /nsqx/pub on nsqd's HTTP app.
-
-    Returns the node's API object."""
-    api = getattr(nsqd, "_nsqx_fetch_api", None)
-    if api is None:  # one per node: the HTTP and HTTPS apps share the publish-key indexes
-        api = _FetchAPI(nsqd)
-        try:
-            nsqd._nsqx_fetch_api = api
-        except AttributeError:
-            pass
+def add_routes(app: web.Application, api: FetchAPI) -> None:
+    """Register /nsqx/offsets, /nsqx/fetch and /nsqx/pub of the node's ``api`` on one of
+    its HTTP apps."""
     app.router.add_get("/nsqx/offsets", api.offsets, allow_head=False)
     app.router.add_get("/nsqx/fetch", api.fetch, allow_head=False)
     app.router.add_post("/nsqx/pub", api.pub)
     app.on_cleanup.append(api.close)
-    return api

@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from nsqx import NSQ_VERSION
-from nsqx.nsqd import datapath
+from nsqx.nsqd import datapath, lazy
 from nsqx.nsqd.channel import Channel, now_ms
+from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.e2e import LatencyWindow
+from nsqx.nsqd.http_fast import DeferredApp, FastPubProtocol
 from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
+from nsqx.nsqd.statsd import StatsdEmitter
 from nsqx.nsqd.topic import Topic
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.protocol.v2 import TRACE_TOPIC
@@ -32,7 +35,6 @@ from nsqx.storage.log import PartitionLog
 from nsqx.storage.segment import open_segments
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.client_v2 import ClientV2
     from nsqx.nsqd.options import Options
 
 log = logging.getLogger("nsqx.nsqd")
@@ -128,13 +130,12 @@ class NSQD:
         # idempotently; returns whether anything knew the name
         self.topic_delete_hook: Callable[[str], Awaitable[bool]] | None = None
         self._tracer: Any = None  # see tracer
-        self._http_app: Any = None  # http_fast.DeferredApp of the plain listener, see start()
+        self._http_app: DeferredApp | None = None  # of the plain listener, see start()
+        self._http_services: Any = None  # nsqd.http.HTTPServices, built with the first app
         self._idle_socks: list[socket.socket] = []  # listening, not served yet: see start()
         self.archiver: Any = None  # tiered storage (--archive-url): nsqx.nsqd.archiving
         if opts.archive_url:
-            from nsqx.nsqd.archiving import NodeArchiver
-
-            self.archiver = NodeArchiver(self.loop, opts.archive_url, opts.archive_s3_endpoint,
+            self.archiver = lazy.node_archiver()(self.loop, opts.archive_url, opts.archive_s3_endpoint,
                                          cluster=bool(opts.cluster_leadership_addresses),
                                          compression=opts.archive_compression)
             self.plugins.append(self.archiver)
@@ -145,9 +146,7 @@ class NSQD:
         """The recorder of traced topics' events (``trace.TraceRecorder``, into ``__trace``),
         made when first needed: a node that traces nothing never loads the tracing code."""
         if self._tracer is None:
-            from nsqx.nsqd.trace import TraceRecorder
-
-            self._tracer = TraceRecorder(self)
+            self._tracer = lazy.trace_recorder()(self)
         return self._tracer
 
     # -- facade used by the TCP and HTTP front ends --------------------------------------
@@ -398,9 +397,7 @@ class NSQD:
                     part.msg_ttl_ns, part.msg_ttl_set = topic.msg_ttl_ns, topic.msg_ttl_set
                     part.set_sync_every(topic.sync_every)
             if datapath.has_routes(topic.dir):
-                from nsqx.nsqd.routing import TopicRoutes  # only when a topic is routed
-
-                TopicRoutes.load(self, topic)
+                lazy.topic_routes().load(self, topic)
         self.share_memory()
         log.info("loaded %d topics from %s", len(self.topics), path)
 
@@ -472,8 +469,6 @@ class NSQD:
         self._lock_fd = fd
 
     async def start(self) -> None:
-        from nsqx.nsqd.client_v2 import ClientV2
-
         self._lock_data_path()
         self._load_metadata()
         if not self.opts.cluster_leadership_addresses:
@@ -511,8 +506,6 @@ class NSQD:
             # The fast path answers /pub, /mpub and /ping at once; aiohttp and the rest of
             # the API load meanwhile (most of a start's time), and a request for them waits
             # until they are ready instead of being refused.
-            from nsqx.nsqd.http_fast import DeferredApp, FastPubProtocol
-
             app = self._http_app = DeferredApp(self.loop)
             await self._serve(lambda: FastPubProtocol(self, app), http_sock)
             self._tasks.append(self.loop.create_task(self._build_http(app, https_sock),
@@ -524,8 +517,6 @@ class NSQD:
         self._tasks.append(self.loop.create_task(self._persist_loop(), name="persist"))
         self.lookup.start()
         if o.statsd_address:
-            from nsqx.nsqd.statsd import StatsdEmitter
-
             self.statsd = StatsdEmitter(self)
             self.statsd.start()
         for topic in self.topics.values():
@@ -551,11 +542,11 @@ class NSQD:
 
     async def _http_runner(self, *, tls_listener: bool) -> Any:
         """The HTTP API's aiohttp runner, set up (cleaned up by stop())."""
-        from nsqx.httpapi import make_runner
-        from nsqx.nsqd.http import make_app
-
-        runner = make_runner(make_app(self, tls_listener=tls_listener),
-                             logging.getLogger("nsqx.nsqd.http"))
+        http = lazy.http_api()
+        if self._http_services is None:  # one set for the HTTP and HTTPS apps
+            self._http_services = http.http_services(self)
+        app = http.make_app(self, tls_listener=tls_listener, services=self._http_services)
+        runner = http.make_runner(app, logging.getLogger("nsqx.nsqd.http"))
         await runner.setup()
         self._runners.append(runner)
         return runner
@@ -566,7 +557,7 @@ class NSQD:
         modules are imported in a worker thread, so the loop keeps serving while they load;
         a failure is the node's health and closes the requests that waited."""
         try:
-            await self.loop.run_in_executor(None, _import_http_api)
+            await self.loop.run_in_executor(None, lazy.http_api)
             runner = await self._http_runner(tls_listener=False)
             if https_sock is not None:
                 tls_runner = await self._http_runner(tls_listener=True)
@@ -852,18 +843,6 @@ def _fmt_addr(sock: socket.socket) -> str:
     if sock.family == socket.AF_INET6:
         return f"[{name[0]}]:{name[1]}"
     return f"{name[0]}:{name[1]}"
-
-
-def _import_http_api() -> None:
-    """Worker thread: import what the HTTP API's app needs (aiohttp, the sub-APIs)."""
-    from nsqx.nsqd import (  # noqa: F401
-        config_api,
-        fetch_api,
-        http,
-        replay_api,
-        routes_api,
-        trace_api,
-    )
 
 
 def _write_snapshots(snaps: list[tuple[Channel, int, bytes]]) -> dict[Channel, OSError]:

@@ -39,6 +39,7 @@ from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.http_publish import existing_topic
+from nsqx.nsqd.routing import TopicRoutes
 from nsqx.protocol.names import is_ephemeral
 from nsqx.protocol.routes import DEFAULT_LOGICAL, RouteError, RouteHistory
 
@@ -88,8 +89,6 @@ async def create_routed(nsqd: NodeAPI, name: str, params: dict[str, list[str]]) 
             raise HTTPError(400, "TOPIC_EXISTS")
         return r
     try:
-        from nsqx.nsqd.routing import TopicRoutes  # loaded by the first routed topic
-
         return await TopicRoutes.create(nsqd, name, count, logical, node_label(nsqd))
     except RouteError as exc:
         raise HTTPError(400, str(exc)) from None
