@@ -11,6 +11,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 
+from nsqx.storage.checksum import crc32
 from nsqx.storage.message_id import ids_for_range
 from nsqx.storage.records import (
     BatchInfo,
@@ -178,8 +179,6 @@ class MemoryLog:
                                                   default=self._flushed))
 
     def batches(self, from_offset: int = 0) -> Iterator[BatchInfo]:
-        from nsqx.storage.checksum import crc32
-
         start = max(self._head, self._index(from_offset)) if self._bases else 0
         for i in range(start, len(self._chunks)):
             ch, (epoch, cid, _h) = self._chunks[i], self._meta[i]
