@@ -141,9 +141,9 @@ class Topic:
         """This partition's fsync policy: every ``n`` messages (1: each publish waits for its
         fsync), 0 for the node's ``--sync-every``. Takes effect with the next commit."""
         self.sync_every = n
-        config = getattr(self.log, "config", None)
-        if isinstance(self.log, MemoryLog) or config is None:
+        if not self.log.durable:
             return
+        config = self.log.config
         config.sync_every = n if n > 0 else max(self.nsqd.opts.sync_every, 1)
         self.committer.sync_always = config.sync_every == 1
 
@@ -153,7 +153,7 @@ class Topic:
         every channel (or for the first channel to come). A follower mirrors only the
         channels' confirmed offsets, so without this a failover delivered them at once.
         Returns how many offsets were deferred."""
-        if isinstance(self.log, MemoryLog):
+        if not self.log.durable:
             return 0
         chans = list(self.channels.values())
         lo = min((ch.cursor.confirmed for ch in chans), default=self.pending_from)
