@@ -8,6 +8,7 @@ file name written in two places could drift and lose data on restart.
     <data-path>/.nsqx.lock                         flock()ed by the running node or importer
     <data-path>/topics/t-<topic>/p<N>/             partition N's log (storage.log)
     <data-path>/topics/t-<topic>/routes.json       a route-managed topic's history
+    <data-path>/topics/t-<topic>/pubkeys-p<N>.sqlite   idempotent publishes' keys
     <data-path>/topics/t-<topic>/channels/c-<channel>[.p<N>].cursor   a channel's cursor
     <data-path>/topics/t-<topic>/channels/c-<channel>.route           its barrier state
 """
@@ -67,6 +68,11 @@ def cursor_channel(path: Path) -> str:
 
 def route_state_path(tdir: Path, channel: str) -> Path:
     return channels_dir(tdir) / f"{_CURSOR_PREFIX}{channel}.route"
+
+
+def publish_keys_path(tdir: Path, partition: int) -> Path:
+    """Idempotent publishes' key index of one partition (``nsqd.idempotence``)."""
+    return tdir / f"pubkeys-p{partition}.sqlite"
 
 
 def has_routes(tdir: Path) -> bool:
