@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from nsqx.nsqd.archiving import NodeArchiver
     from nsqx.nsqd.routing import TopicRoutes
+    from nsqx.nsqd.statsd import StatsdEmitter
     from nsqx.nsqd.trace import TraceRecorder
 
 
@@ -39,6 +40,13 @@ def topic_routes() -> type[TopicRoutes]:
     from nsqx.nsqd.routing import TopicRoutes
 
     return TopicRoutes
+
+
+def statsd_emitter() -> type[StatsdEmitter]:
+    """Only ``--statsd-address`` pushes metrics (the emitter and the metrics it formats)."""
+    from nsqx.nsqd.statsd import StatsdEmitter
+
+    return StatsdEmitter
 
 
 def node_archiver() -> type[NodeArchiver]:

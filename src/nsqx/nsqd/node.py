@@ -25,7 +25,6 @@ from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.http_fast import DeferredApp, FastPubProtocol
 from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
-from nsqx.nsqd.statsd import StatsdEmitter
 from nsqx.nsqd.topic import Topic
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.protocol.v2 import TRACE_TOPIC
@@ -517,7 +516,7 @@ class NSQD:
         self._tasks.append(self.loop.create_task(self._persist_loop(), name="persist"))
         self.lookup.start()
         if o.statsd_address:
-            self.statsd = StatsdEmitter(self)
+            self.statsd = lazy.statsd_emitter()(self)
             self.statsd.start()
         for topic in self.topics.values():
             self.lookup_register(topic.name, None)
