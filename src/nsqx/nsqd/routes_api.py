@@ -39,7 +39,6 @@ from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
 from nsqx.nsqd.http_publish import existing_topic
-from nsqx.nsqd.routing import TopicRoutes
 from nsqx.protocol.names import is_ephemeral
 from nsqx.protocol.routes import DEFAULT_LOGICAL, RouteError, RouteHistory
 
@@ -89,6 +88,10 @@ async def create_routed(nsqd: NodeAPI, name: str, params: dict[str, list[str]]) 
             raise HTTPError(400, "TOPIC_EXISTS")
         return r
     try:
+        # lazy: the HTTP API loads at every start, the routing code only with a routed topic
+        # (nsqd/lazy.py is above this module's layer, so it cannot be asked)
+        from nsqx.nsqd.routing import TopicRoutes
+
         return await TopicRoutes.create(nsqd, name, count, logical, node_label(nsqd))
     except RouteError as exc:
         raise HTTPError(400, str(exc)) from None
