@@ -59,6 +59,7 @@ from nsqx.cluster.model import MetaError, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.outage import Outage
 from nsqx.cluster.placement import expand_isr, shrink_isr
 from nsqx.cluster.replication import LeaderProgress, Regressed, truncation_point
+from nsqx.cluster.restart import step_down_after_restart
 from nsqx.cluster.route_store import (
     HeldResets,
     ResetRecord,
@@ -85,6 +86,7 @@ from nsqx.httpapi import make_runner
 from nsqx.httpbase import HTTPError
 from nsqx.netutil import bind_listener
 from nsqx.nsqd.config_api import apply_settings, export_settings
+from nsqx.nsqd.interfaces import ReplicaPartition
 from nsqx.nsqd.routing import TopicRoutes
 from nsqx.nsqd.topic import PublishRefused, settle
 from nsqx.protocol.routes import RouteError, RouteHistory, routes_key
@@ -173,6 +175,8 @@ class FollowerGate:
     names no partition) to the leader, which spreads it over the partitions it leads.
     """
 
+    forwards = True
+
     def __init__(self, leader: str | None, member: NodeMember | None = None) -> None:
         self.leader = leader
         self.member = member
@@ -201,8 +205,13 @@ class FollowerGate:
 class UnknownTopicGate:
     """A topic the cluster has not created: refused, with how to create it."""
 
+    forwards = False
+
     def __init__(self, root: str) -> None:
         self.root = root
+
+    def forward(self, *_args: Any) -> bool:
+        return False  # refused: the topic must be created first
 
     def refuse(self, topic: Any, count: int) -> str | None:
         return (f"TOPIC({topic.name}): not created in the cluster ({self.root}); create it "
@@ -257,6 +266,11 @@ class LeaderGate:
 
     def refuse_consumers(self, topic: Any) -> str | None:
         return None if self.active else self.refuse(topic, 0)
+
+    forwards = False
+
+    def forward(self, *_args: Any) -> bool:
+        return False  # this node leads: a refusal stands
 
     def read(self, offset: int, max_bytes: int) -> tuple[Any, int]:
         """Frames from offset to the flushed end (up to max_bytes) and their count; the
@@ -527,8 +541,12 @@ class NodeMember:
 
     # -- metadata -------------------------------------------------------------------------
     async def _watch(self) -> None:
+        stepped_down = False
         while True:
             try:
+                if not stepped_down:  # leaderships of a previous run: given up before any role
+                    await step_down_after_restart(self.meta, self.node_id)
+                    stepped_down = True
                 kvs, rev = await self.etcd.get_prefix(self.meta.keys.root)
                 self.watch_outage.ok()
                 self._load(kvs)
@@ -848,18 +866,18 @@ class NodeMember:
             routes.release(channel)
         return _answer(200, {"node": self.node_id})
 
-    def _guard(self, part: Any) -> None:
+    def _guard(self, part: ReplicaPartition) -> None:
         """A local partition this node holds no role for may not take publishes."""
-        _hold_reads(part)
+        part.hold_reads_from_start()
         k = (part.name, part.partition)
         if k in self.gates:
             return
         if part.name not in self.topic_meta:
             if not isinstance(part.gate, UnknownTopicGate):
-                part.gate = UnknownTopicGate(self.meta.keys.root.decode())
+                part.attach_gate(UnknownTopicGate(self.meta.keys.root.decode()))
         else:
             pm = self.partitions.get(k)
-            part.gate = FollowerGate(pm.leader if pm else None, self)
+            part.attach_gate(FollowerGate(pm.leader if pm else None, self))
 
     def _on_new_topic(self, topic: Any) -> None:
         """A topic this node made (a PUB or SUB to a new name): not writable unless the
@@ -888,7 +906,8 @@ class NodeMember:
                   name, p, p)
         return None
 
-    def _become_leader(self, k: tuple[str, int], topic: Any, pm: PartitionMeta) -> None:
+    def _become_leader(self, k: tuple[str, int], topic: ReplicaPartition,
+                       pm: PartitionMeta) -> None:
         self._stop_following(k)
         old = self.gates.get(k)
         if isinstance(old, LeaderGate):
@@ -896,16 +915,15 @@ class NodeMember:
         tm = self.topic_meta.get(pm.topic)
         min_isr = tm.effective_min_isr if tm else min(2, len(pm.replicas))
         gate = LeaderGate(self, topic, pm, min_isr)
-        topic.epoch = pm.epoch
-        topic.gate = gate
+        topic.attach_gate(gate, pm.epoch)
         self.gates[k] = gate
-        _hold_reads(topic)
         topic.restore_deferred()  # before anything is delivered: DPUBs due later stay deferred
         gate.release()  # reads go on from this node's high watermark as the ISR catches up
         log.info("CLUSTER: TOPIC(%s) PARTITION(%d): leading at epoch %d, ISR %s, log end %d",
                  pm.topic, pm.partition, pm.epoch, ",".join(pm.isr), topic.log.flushed_offset)
 
-    def _become_follower(self, k: tuple[str, int], topic: Any, pm: PartitionMeta) -> None:
+    def _become_follower(self, k: tuple[str, int], topic: ReplicaPartition,
+                         pm: PartitionMeta) -> None:
         old = self.gates.get(k)
         if isinstance(old, LeaderGate):
             old.deposed(f"deposed by epoch {pm.epoch}")
@@ -913,14 +931,12 @@ class NodeMember:
                         pm.topic, pm.partition, pm.epoch, pm.leader)
         self._stop_following(k)
         gate = FollowerGate(pm.leader, self)
-        topic.gate = gate
-        _hold_reads(topic)
+        topic.attach_gate(gate, pm.epoch)
         for ch in list(topic.channels.values()):  # they find the leader again through lookupd
             for client in list(ch.clients.values()):
                 log.info("CLUSTER: TOPIC(%s) PARTITION(%d) CHANNEL(%s): closing consumer %s: "
                          "this node no longer leads", pm.topic, pm.partition, ch.name, client)
                 client.close()
-        topic.epoch = pm.epoch
         self.gates[k] = gate
         if pm.leader is not None:
             self._following[k] = (pm.leader, pm.epoch)
@@ -977,8 +993,7 @@ class NodeMember:
                                     "records (%d -> %d) to follow %s at epoch %d", name, p,
                                     plog.flushed_offset - cut, plog.flushed_offset, cut,
                                     pm.leader, epoch)
-                        plog.truncate_to(cut)
-                        topic.readable_end = min(topic.readable_end, cut)
+                        topic.truncate_to(cut)
                     truncated = True
                 await self._fetch_once(topic, conns[0], name, p, epoch)
             except StaleEpoch:
@@ -1109,24 +1124,11 @@ class NodeMember:
             futs.append(fut)
         await asyncio.gather(*futs)  # durable here before the next fetch acks it
 
-    def _advance_channel(self, topic: Any, name: str, confirmed: int) -> None:
+    def _advance_channel(self, topic: ReplicaPartition, name: str, confirmed: int) -> None:
         ch = topic.channels.get(name) or topic.get_channel(name)
         if ch is None:
             return
-        back = max(confirmed, topic.log.start_offset)
-        if back < ch.cursor.confirmed:
-            # The leader's cursor is behind ours: a replay (/channel/setoffset, SUB_ADVANCED)
-            # or a new leader with an older cursor (or a channel we created at our log end).
-            # Mirror it, so a failover resumes where the leader was, not further on.
-            ch.cursor.reset(back)
-            ch.dirty = False  # reset persisted it
-            return
-        if ch.cursor.confirmed >= confirmed:
-            return
-        target = min(confirmed, topic.log.flushed_offset)
-        if target > ch.cursor.confirmed:
-            ch.cursor.skip_to(target)
-            ch.dirty = True
+        ch.mirror_confirmed(confirmed)
 
     # -- forwarding publishes to the leader ---------------------------------------------------
     def forward(self, topic: Any, bodies: list[bytes], defer_ms: int,
@@ -1354,7 +1356,7 @@ class NodeMember:
         last = gate.last_cursor_sent.get(node, 0.0)
         if ordered or now - last >= CURSOR_EVERY:
             gate.last_cursor_sent[node] = now
-            head["channels"] = {c.name: c.cursor.confirmed for c in topic.channels.values()
+            head["channels"] = {c.name: c.confirmed for c in topic.channels.values()
                                 if not c.ephemeral}
             head["settings"] = export_settings(topic)  # TTL, tracing, max attempts
         return 200, head, data
@@ -1460,15 +1462,6 @@ class NodeMember:
         if new is None:
             return  # lost a race: the watch brings the new state
         gate.on_meta(new.meta)
-
-
-def _hold_reads(part: Any) -> None:
-    """Channels of a cluster partition read below the high watermark only (never what the
-    partition may truncate); a partition not yet held starts at its log start, as its
-    acknowledged end is not known (a restart), and the gate or the fetches raise it."""
-    if not part.hold_reads:
-        part.hold_reads = True
-        part.readable_end = part.log.start_offset
 
 
 def _index_nl(view: memoryview) -> int:

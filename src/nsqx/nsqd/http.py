@@ -289,6 +289,9 @@ class _Handlers:
     async def channel_create(self, request: web.Request) -> web.Response:
         topic, cname = self._topic_channel(request)
         topic.get_channel(cname)
+        # answered only once nsqd.dat names it, as /topic/create: the deferred write of a
+        # busy disk (metadata_changed coalesces) must not let a SIGKILL forget the channel
+        self._persist_metadata()
         return _empty()
 
     async def channel_delete(self, request: web.Request) -> web.Response:
