@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nsqx.protocol.errors import ProtocolError
-from nsqx.protocol.v2 import _split_general, _split_mixed_py, split_mpub
+from nsqx.protocol.v2 import _split_general, _split_mixed_py, _strip_no_ext_py, split_mpub
 from nsqx.speedups import native
 from nsqx.storage.message_id import ids_for_range
 from nsqx.storage.records import build_frames, build_frames_general, build_frames_mixed
@@ -42,6 +42,14 @@ def test_split_mixed_same_as_twin_on_valid_bodies(bodies, max_size):
     assert native.split_mixed(memoryview(raw), len(bodies), max_size) == c
     if c is not None:
         assert c == bodies
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=6), st.binary(max_size=40).map(lambda b: b"\0\0" + b)),
+                max_size=20))
+def test_strip_no_ext_same_as_twin(items):
+    # MPUB_EXT messages: with or without a header, empty or too short for a body
+    assert native.strip_no_ext(items) == _strip_no_ext_py(items)
 
 
 @settings(max_examples=500, deadline=None)

@@ -11,6 +11,8 @@
  * build_frames_mixed(bodies, ids, timestamp_ns) -> bytes
  *     NSQ message frames [4B size][4B type=2][8B ts][2B attempts=1][16B id][body] for a
  *     batch, ids being the 16-byte ids back to back.
+ * strip_no_ext(items) -> list[bytes] | None
+ *     MPUB_EXT messages without a header ([0x0000][body]) -> their bodies.
  * split_frames(data, max_count, max_bytes) -> tuple
  *     The archiver's split of frames into Parquet columns, without the GIL (twin: the
  *     numpy path of nsqx.storage.archive.split_frames).
@@ -323,6 +325,39 @@ done:
     return res;
 }
 
+/* strip_no_ext(items) -> list[bytes] | None: MPUB_EXT messages that all carry no header
+ * ([0x0000][body], body not empty) -> their bodies; None when any is not bytes, has a
+ * header or no body (the caller then splits each). Twin: nsqx.protocol.v2._strip_no_ext_py. */
+static PyObject *strip_no_ext(PyObject *self, PyObject *arg) {
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "items must be a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PyList_GET_ITEM(arg, i);
+        if (!PyBytes_Check(it) || PyBytes_GET_SIZE(it) <= 2)
+            Py_RETURN_NONE;
+        const char *p = PyBytes_AS_STRING(it);
+        if (p[0] != 0 || p[1] != 0)
+            Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PyList_GET_ITEM(arg, i);
+        PyObject *b = PyBytes_FromStringAndSize(PyBytes_AS_STRING(it) + 2,
+                                                PyBytes_GET_SIZE(it) - 2);
+        if (b == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, b);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"frames", frames, METH_VARARGS,
      "frames(bodies, partition, base, timestamp_ns) -> (data, flen, rel, sizes)"},
@@ -333,6 +368,8 @@ static PyMethodDef methods[] = {
     {"split_frames", split_frames, METH_VARARGS,
      "split_frames(data, max_count, max_bytes) -> (count, used, bodies, body_offsets, ts, "
      "attempts, ids, min_ts, max_ts): the archiver's column split of message frames"},
+    {"strip_no_ext", strip_no_ext, METH_O,
+     "strip_no_ext(items) -> list[bytes] | None: MPUB_EXT bodies without their empty header"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,6 +16,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from itertools import compress
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -56,6 +57,7 @@ from nsqx.protocol.v2 import (
     parse_touch,
     split_ext,
     split_trace,
+    strip_no_ext,
     traced_response,
 )
 from nsqx.storage.cursor import NotInFlight, NotOwner
@@ -83,9 +85,6 @@ class Fatal(Exception):
     def __init__(self, code: str, text: str) -> None:
         super().__init__(f"{code} {text}")
         self.code, self.text = code, text
-
-
-_NO_EXT = {b"\0\0"}  # an MPUB_EXT message's JSON length when it has no header
 
 
 class ClientV2(asyncio.Protocol):
@@ -983,7 +982,7 @@ class ClientV2(asyncio.Protocol):
         if headers is not None:
             existing = nsqd.get_topic(topic_name, create=False)
             if existing is not None and not existing.ext and any(
-                    k[:2] != "##" for h in headers if h for k in h):
+                    k[:2] != "##" for h in compress(headers, headers) for k in h):  # type: ignore[union-attr]
                 raise ProtocolError("E_EXT_NOT_SUPPORT",
                                     f"ext content not supported in topic {topic_name}", False)
         topic = nsqd.get_topic(topic_name)
@@ -1085,12 +1084,12 @@ class ClientV2(asyncio.Protocol):
         headers: list[dict[str, bytes] | None] = []
         traced: int | None = None
         if what.endswith("_EXT"):
-            rest = raw[1:]
-            if rest and min(map(len, rest)) > 2 and {item[:2] for item in rest} == _NO_EXT:
+            rest = strip_no_ext(raw[1:]) if len(raw) > 1 else None
+            if rest is not None:
                 # headers on the first message only (an idempotent producer's batch): the
-                # others split by one comprehension (batched ingest's hot path)
+                # others cut in C (strip_no_ext: batched ingest's hot path)
                 h, body = split_ext(raw[0], what)
-                bodies = [body] + [item[2:] for item in rest]
+                bodies = [body, *rest]
                 headers = [h] + [None] * len(rest)
             else:
                 for item in raw:

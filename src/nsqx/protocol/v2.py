@@ -78,6 +78,7 @@ __all__ = [
     "req",
     "req_failed",
     "split_mpub",
+    "strip_no_ext",
     "StartKind",
     "StartPosition",
     "sub",
@@ -695,6 +696,22 @@ def split_ext(body: bytes, what: str = "PUB_EXT") -> tuple[dict[str, bytes] | No
     if not jlen:
         return None, body[2:]
     return parse_ext_json(body[2 : 2 + jlen]) or None, body[2 + jlen :]
+
+
+def _strip_no_ext_py(items: list[bytes]) -> list[bytes] | None:
+    """MPUB_EXT messages that all carry no header (``[0x0000][body]``) -> their bodies;
+    None when any has a header or is too short for a body (the caller splits each).
+
+    Batched ingest's hot path (an idempotent producer's batch has the mark on its first
+    message only). The twin of ``nsqx._speedups.strip_no_ext`` (used when it was built).
+    """
+    if items and (min(map(len, items)) <= 2 or {item[:2] for item in items} != _NO_EXT):
+        return None
+    return [item[2:] for item in items]
+
+
+_NO_EXT = {b"\0\0"}  # an MPUB_EXT message's JSON length when it has no header
+strip_no_ext = native.strip_no_ext if native is not None else _strip_no_ext_py
 
 
 def split_trace(body: bytes, what: str = "PUB_TRACE") -> tuple[int, bytes]:

@@ -15,7 +15,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, chain, compress, repeat
 from operator import add
 from typing import NamedTuple
 
@@ -201,9 +201,10 @@ def encode_headers(headers: Sequence[dict[str, bytes] | None] | None, rel_base: 
     if not headers:
         return b""
     parts: list[bytes] = []
-    for i, h in enumerate(headers):
-        if not h:
-            continue
+    # compress skips the messages without headers in C: a marked batch has one header
+    for i in compress(range(len(headers)), headers):
+        h = headers[i]
+        assert h is not None
         parts.append(_REL.pack(rel_base + i, len(h)))
         for k, v in h.items():
             kb = k.encode()
