@@ -20,6 +20,7 @@ if [ "$quick" = 1 ]; then
 else
   bash scripts/install-browser.sh
 fi
+bash scripts/install-fault-deps.sh  # nftables for tests/faults (skipped without it)
 if [ -f scripts/install-test-deps.sh ]; then
   bash scripts/install-test-deps.sh
 fi

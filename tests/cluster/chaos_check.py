@@ -9,9 +9,11 @@ message must have been consumed at least once (``lost`` empty), duplicates are c
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,9 +22,12 @@ from tests.support.cluster import wait_until
 SCRIPT = Path(__file__).with_name("pynsq_chaos.py")
 
 
-def start_script(*args: str, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=out.open("wb"),
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+def start_script(*args: str, out: Path, prefix: Sequence[str] = (),
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``prefix``: e.g. ``ip netns exec NS`` (the fault suite's client host)."""
+    return subprocess.Popen([*prefix, sys.executable, str(SCRIPT), *args], stdout=out.open("wb"),
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=dict(os.environ, **env) if env else None)
 
 
 def read_events(path: Path) -> list[dict]:
@@ -56,12 +61,26 @@ class Load:
     """A pynsq producer and consumer on ``topic`` through nsqlookupd for ``seconds``."""
 
     def __init__(self, lookupd_http: str, topic: str, seconds: float, tmp: Path, *,
-                 mode: str = "produce", channel: str = "c") -> None:
+                 mode: str = "produce", channel: str = "c", prefix: Sequence[str] = (),
+                 stop_file: Path | None = None) -> None:
+        """``stop_file``: the producer ends early once it exists (see :meth:`end`)."""
         self.seconds = seconds
+        self.stop_file = stop_file
+        env = {"NSQX_CHAOS_STOP_FILE": str(stop_file)} if stop_file else None
         self.prod_out, self.cons_out = tmp / f"{topic}-producer.jsonl", tmp / f"{topic}-consumer.jsonl"
         self.consumer = start_script("consume", lookupd_http, topic, channel, str(seconds + 40),
-                                     out=self.cons_out)
-        self.producer = start_script(mode, lookupd_http, topic, str(seconds), out=self.prod_out)
+                                     out=self.cons_out, prefix=prefix)
+        self.producer = start_script(mode, lookupd_http, topic, str(seconds), out=self.prod_out,
+                                     prefix=prefix, env=env)
+
+    def end(self) -> None:
+        """Tell the producer to stop publishing now (it needs a ``stop_file``)."""
+        assert self.stop_file is not None
+        self.stop_file.touch()
+
+    def ack_times(self) -> dict[int, float]:
+        """Message number -> when its publish was acknowledged (wall clock)."""
+        return {e["ack"]: e["t"] for e in read_events(self.prod_out) if "ack" in e and "t" in e}
 
     def acked(self) -> int:
         return sum(1 for e in read_events(self.prod_out) if "ack" in e)

@@ -9,12 +9,15 @@ error looks the leader up again (produce-any: picks any node from /nodes, which 
 to the leader). It prints one JSON line per acknowledged message
 ({"ack": n}); a publish whose callback never comes or reports an error is not acknowledged.
 The consumer is pynsq's Reader on lookupd and prints {"got": n} per delivery (FIN after).
+Acks carry the wall-clock time ({"ack": n, "t": ...}: the fault suite measures unavailability
+from them); the producer also ends early once the file named by NSQX_CHAOS_STOP_FILE exists.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 import urllib.request
@@ -57,6 +60,7 @@ def produce(lookupd: str, topic: str, seconds: float, any_node: bool = False) ->
     state = {"n": 0, "writer": None, "addr": None, "inflight": 0, "writers": [],
              "last_answer": time.monotonic()}
     deadline = time.monotonic() + seconds
+    stop_file = os.environ.get("NSQX_CHAOS_STOP_FILE")
 
     def done(n: int):
         def cb(conn, data):
@@ -66,11 +70,11 @@ def produce(lookupd: str, topic: str, seconds: float, any_node: bool = False) ->
                 emit({"fail": n, "why": str(data)[:100]})
                 state["addr"] = None  # look the leader up again
             else:
-                emit({"ack": n})
+                emit({"ack": n, "t": time.time()})
         return cb
 
     def tick() -> None:
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (stop_file and os.path.exists(stop_file)):
             emit({"end": state["n"]})
             loop.call_later(8, loop.stop)  # let late callbacks arrive
             return

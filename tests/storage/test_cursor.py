@@ -492,3 +492,26 @@ def test_mark_finished_range_skips_blocks_and_survives_a_reload(tmp_path: Path) 
     assert sum(n for _, n in got) == 4
     assert {o for off, n in got for o in range(off, off + n)} == {3, 4, 8, 9}
     c.close()
+
+
+def test_a_cursor_past_a_shorter_log_resumes_at_its_end(tmp_path: Path) -> None:
+    """Issue 28: after a power loss the log can end below a durable cursor (cursors are
+    fsynced every pass, the log every --sync-timeout); new messages at those offsets must
+    be delivered, not skipped, and deferred entries past the end are gone with their
+    messages."""
+    path = tmp_path / "c.cursor"
+    c = ChannelCursor(0, state_path=path)
+    c.take(1, 100, 100, 0, T)
+    for o in range(100):
+        c.finish(1, o)
+    c.defer(150, 10**12, 0)
+    c.persist()
+    c.close()
+    c = ChannelCursor(0, state_path=path)
+    assert c.confirmed == 100
+    assert c.fit_log(120) is None  # fits: untouched
+    assert c.fit_log(40) == 100
+    assert c.confirmed == 40 and c.deferred_count == 0
+    assert flat(c.take(1, 10, 45, 0, T)) == [(o, 1) for o in range(40, 45)]
+    assert ChannelCursor(0, state_path=path).confirmed == 40  # persisted
+    c.close()

@@ -292,6 +292,11 @@ class Topic:
             suffix = f".p{self.partition}" if self.partition else ""
             state_path = self.dir / "channels" / f"c-{name}{suffix}.cursor"
         cursor = ChannelCursor(start, state_path=state_path)
+        was = cursor.fit_log(self.log.next_offset)
+        if was is not None:
+            log.warning("TOPIC(%s) CHANNEL(%s): cursor at offset %d is past the log end %d "
+                        "(the log lost its unsynced tail: power loss?); resuming at the end",
+                        self.name, name, was, self.log.next_offset)
         # upstream's memory queue: a redelivery waits behind at most this many queued ones
         cursor.redelivery_window = self.nsqd.opts.mem_queue_size
         cursor.note_end(self.readable_end)

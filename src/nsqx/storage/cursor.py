@@ -1017,6 +1017,21 @@ class ChannelCursor:
         self._rebuild_skip()
         self._persist_if_durable()
 
+    def fit_log(self, end: int) -> int | None:
+        """Resume at ``end`` when the cursor is past it; returns where it was (None: fits).
+
+        Cursor snapshots are fsynced every persist pass, the log only every --sync-timeout:
+        after a power loss the log can end below what the cursor says was consumed, and new
+        messages written at those offsets would be skipped. Deferred entries past ``end``
+        went with their messages.
+        """
+        if self.confirmed <= end:
+            return None
+        was = self.confirmed
+        self._store.discard_range(end, 1 << 62)
+        self.reset(end)
+        return was
+
     def skip_to(self, offset: int) -> int:
         """Retention moved the log start to offset: everything below counts as gone.
 
