@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from nsqx.client import NSQError, Producer
 from nsqx.cluster.forward import traced_offset
 from nsqx.cluster.model import NodeInfo, PartitionMeta
 from nsqx.nsqd.topic import PublishRefused
@@ -79,8 +80,6 @@ class Forwarder:
         self.producers.clear()
 
     def _producer(self, addr: str) -> Any:
-        from nsqx.client import Producer
-
         producer = self.producers.get(addr)
         if producer is None:
             producer = self.producers[addr] = Producer(addr, wait_timeout=self.timeout,
@@ -90,8 +89,6 @@ class Forwarder:
     async def _forward(self, topic: Any, bodies: list[bytes], defer_ms: int,
                        headers: list[dict[str, bytes] | None] | None, command: bytes,
                        done: Callable) -> None:
-        from nsqx.client import NSQError
-
         loop = asyncio.get_running_loop()
         key = (topic.name, topic.partition)
         deadline = loop.time() + self.timeout

@@ -25,6 +25,7 @@ from pathlib import Path
 import orjson
 
 from nsqx.cluster.etcd import Compare, EtcdClient, Op
+from nsqx.nsqd.routing import RouteConflict
 from nsqx.protocol.names import valid_name
 from nsqx.protocol.routes import RouteError, RouteHistory, routes_key
 
@@ -64,8 +65,6 @@ class EtcdRouteStore:
                       extra: Sequence[Op] = ()) -> None:
         """Store ``new`` if the stored history is still ``old``, with ``extra`` ops in the
         same transaction (the partitions a change creates). RouteConflict if not."""
-        from nsqx.nsqd.routing import RouteConflict
-
         if new.topic != self.topic:
             raise RouteError(f"route history of {new.topic} given to the store of {self.topic}")
         if self._current != old:
