@@ -14,7 +14,7 @@ from typing import Any
 from nsqx.cluster.etcd import EtcdError
 from nsqx.cluster.gates import LeaderGate
 from nsqx.cluster.metadata import ClusterMetadata, Versioned
-from nsqx.cluster.model import MetaError
+from nsqx.cluster.model import MetaError, NodeInfo
 from nsqx.cluster.placement import expand_isr, shrink_isr
 
 log = logging.getLogger("nsqx.cluster.member")
@@ -28,7 +28,7 @@ class IsrUpkeep:
     """Handed the member's live views (its gates, the registered nodes) and its identity."""
 
     def __init__(self, meta: ClusterMetadata, gates: Mapping[tuple[str, int], Any],
-                 nodes: Mapping[str, Any], node_id: Callable[[], str]) -> None:
+                 nodes: Mapping[str, NodeInfo], node_id: Callable[[], str]) -> None:
         self.meta = meta
         self.gates = gates
         self.nodes = nodes
