@@ -77,6 +77,9 @@ class Partition(RuleBasedStateMachine):
         leader = self.pm.leader
         if follower == leader or follower not in self.alive or follower not in self.pm.replicas:
             return
+        # a node fetching as a follower knows it no longer leads: it never appends as a
+        # deposed leader again (only a restarted or paused one that has not fetched can)
+        self.led.pop(follower, None)
         flog, llog = self.logs[follower], self.logs[leader]
         cut = truncation_point(spans(flog), len(flog), spans(llog), len(llog))
         del flog[cut:]

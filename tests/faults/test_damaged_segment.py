@@ -3,10 +3,10 @@ body flipped (bit rot, a bad sector) or the segment cut in the middle of the log
 tail of a file). It must be detected, never served (to a follower fetching from it or to a
 consumer), and repaired from the leader.
 
-The cut is (recovery finds the batch metadata pointing past the file's end). The flip is
-NOT today (xfail, strict): recovery verifies only the batches past the fsync checkpoint
-(fast starts), and reads do not check batch CRCs, so a flip inside synced data is served
-as it is. See docs/operations.md, "What survives which fault"."""
+The cut is found by recovery (the batch metadata points past the file's end); the flip by
+recovery's crc scrub, which checks every batch, the fsynced ones too (issue 28). Either way
+the replica's log is cut at the last good batch and the rest fetched again from the leader.
+See docs/operations.md, "What survives which fault"."""
 
 from __future__ import annotations
 
@@ -79,9 +79,6 @@ def test_a_cut_segment_on_a_follower_is_repaired(etcd_server: EtcdServer, nsqd_f
     damage_a_follower(Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=3), cut)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: a bit flip below the fsync checkpoint is not "
-                   "detected: recovery verifies only unsynced batches and reads do not check "
-                   "batch CRCs, so the damaged record is served")
 def test_bit_flip_on_a_follower_is_never_served(etcd_server: EtcdServer, nsqd_factory,  # type: ignore[no-untyped-def]
                                                 lookupd_factory) -> None:
     damage_a_follower(Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=3), flip)

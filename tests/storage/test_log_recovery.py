@@ -6,6 +6,7 @@ import os
 import pytest
 
 from nsqx.storage.log import LogConfig, PartitionLog
+from nsqx.storage.records import SegmentCorrupt
 
 CFG = LogConfig(segment_bytes=1 << 20, index_interval_bytes=128, sync_every=10**9)
 
@@ -267,4 +268,67 @@ def test_frame_sizes_sidecar_is_optional(tmp_path, damage):
     lg._drop_caches()
     assert frames(lg) == before  # cold reads fall back to walking the frames
     assert bytes(lg.read(3, 1 << 20).data) == b"".join(before[3:])
+    lg.close()
+
+
+def flip_byte(path, pos):
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_flipped_bit_below_recovery_point_is_cut(tmp_path, caplog):
+    """Issue 28: bit rot in fsynced data (below the recovery point) is found at start by the
+    crc scrub, logged as an ERROR naming segment and offset, and never served: the log is
+    cut at the last good batch (a replica fetches the rest again)."""
+    lg = make(tmp_path, sync_upto=10)
+    before = frames(lg)
+    pos = lg._segments[0].poss[3]
+    lg.close()
+    assert lg._read_checkpoint() == 50
+    flip_byte(seg_file(tmp_path, ".log"), pos + 40)
+    with caplog.at_level(logging.ERROR):
+        lg = PartitionLog(tmp_path, 0, CFG)
+    assert lg.next_offset == 15 and frames(lg) == before[:15]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("00000000000000000000.log" in m and "offset 15" in m for m in errors)
+    lg.close()
+
+
+def test_flipped_bit_in_an_earlier_synced_segment_drops_later(tmp_path):
+    cfg = LogConfig(segment_bytes=300, index_interval_bytes=64, sync_every=10**9)
+    lg = make(tmp_path, nbatches=10, sync_upto=10, cfg=cfg)
+    before = frames(lg)
+    bases = [s.base for s in lg._segments]
+    assert len(bases) >= 3
+    seg = lg._segments[1]
+    pos, off = seg.poss[-1], seg.bases[-1]
+    lg.close()
+    flip_byte(seg_file(tmp_path, ".log", bases[1]), pos + 40)
+    lg = PartitionLog(tmp_path, 0, cfg)
+    assert lg.next_offset == off and frames(lg) == before[:off]
+    assert not seg_file(tmp_path, ".log", bases[2]).exists()
+    lg.close()
+
+
+def test_flipped_bit_is_refused_on_the_disk_read_path(tmp_path, caplog):
+    """Damage after the start (or in a log read without a restart): a disk read checks each
+    commit's crc and refuses the damaged batch (SegmentCorrupt, E_SEGMENT_CORRUPT) instead of
+    serving it; the batches before it are still served, through read and locate alike."""
+    lg = make(tmp_path, sync_upto=10)
+    before = frames(lg)
+    pos = lg._segments[0].poss[3]
+    lg._drop_caches()
+    flip_byte(seg_file(tmp_path, ".log"), pos + 40)
+    with caplog.at_level(logging.ERROR), pytest.raises(SegmentCorrupt) as err:
+        lg.read(0, 1 << 20)
+    assert err.value.code == "E_SEGMENT_CORRUPT" and "offset 15" in str(err.value)
+    assert any("offset 15" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    with pytest.raises(SegmentCorrupt):
+        lg.locate(17, 1 << 20)
+    lg._read_ahead = 1  # a read-ahead that ends before the damaged commit serves what is good
+    assert [lg.read_frame(i) for i in range(15)] == before[:15]
+    assert frames(lg, 20) == before[20:]
     lg.close()

@@ -17,6 +17,7 @@ import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
+from functools import lru_cache
 from itertools import accumulate, repeat
 from operator import add
 from pathlib import Path
@@ -34,6 +35,7 @@ from nsqx.storage.records import (
     LogConfig,
     LogError,
     ReadResult,
+    SegmentCorrupt,
     build_frames,
     chunk_frame,
     decode_headers,
@@ -58,12 +60,19 @@ log = logging.getLogger("nsqx.storage.log")
 _CKPT = struct.Struct(">QI")
 _PREFIX = struct.Struct(">IIqH")
 _U32 = struct.Struct(">I")
+_DATA_CRC = struct.calcsize(">QIQQqqIQ")  # where a commit entry's frames crc lies (ENTRY_BODY)
 _LITTLE = sys.byteorder == "little"
 CHECKPOINT = "recovery-point"
 CHECKPOINT_INTERVAL = 5.0  # seconds between recovery-point moves after a syncfs pass
 READ_AHEAD = 1 << 20
 NO_LIMIT = 1 << 63  # ready_end: nothing to wait for
 _DISK_CACHE = 8  # read-ahead chunks kept for lagging readers
+
+
+@lru_cache(maxsize=64)
+def _crcs_struct(n: int) -> struct.Struct:
+    """The frames crcs of n back-to-back commit entries, in one unpack (one C call)."""
+    return struct.Struct(">" + f"{_DATA_CRC}xI{ENTRY_SIZE - _DATA_CRC - 4}x" * n)
 
 
 def frames_py(bodies: Sequence[bytes], partition: int, base: int, ts: int
@@ -694,17 +703,42 @@ class PartitionLog:
         return ch
 
     def _load_chunk(self, offset: int) -> Chunk:
-        """Read ahead (one large pread) from the frame at offset; frames located per commit."""
+        """Read ahead (one large pread) of whole commits, from the one holding offset to the
+        one holding the read-ahead's last byte, each checked against its crc (a damaged
+        batch is refused, never served: SegmentCorrupt); frames located per commit."""
         seg = self._segment_for(offset)
         pos = seg.position_of(offset)
-        n = min(self._read_ahead, seg.log_end - pos)
-        data = os.pread(seg.log_fd, n, pos)
-        P = seg.positions_in(data, offset, pos)
-        if len(P) == 1:  # the frame alone is bigger than the read-ahead
-            (size,) = struct.unpack_from(">I", data)
-            data = os.pread(seg.log_fd, size + 4, pos)
-            P = array("q", [0, size + 4])
-        return Chunk(offset, len(P) - 1, data, P, 0, seg.base, pos)
+        c = seg.commit_of(offset)
+        cpos = seg.poss[c]
+        c2 = bisect_right(seg.poss, min(pos + self._read_ahead, seg.log_end) - 1) - 1
+        data = os.pread(seg.log_fd, seg.commit_end(c2) - cpos, cpos)
+        self._check_crcs(seg, c, c2, data)
+        view = memoryview(data)[pos - cpos :]
+        P = seg.positions_in(view, offset, pos)
+        return Chunk(offset, len(P) - 1, view, P, 0, seg.base, pos)
+
+    def _check_crcs(self, seg: Segment, c: int, c2: int, data: bytes) -> None:
+        """Commits c..c2 of seg, read back to back into data: each one's crc (one crc32 call
+        in C per commit, their crcs from one metadata read and one unpack); SegmentCorrupt
+        on a mismatch."""
+        n = c2 - c + 1
+        crcs = _crcs_struct(n).unpack_from(seg.meta_raw(c, n))
+        poss = seg.poss
+        cpos = poss[c]
+        ends = poss[c + 1 : c2 + 1]
+        ends.append(seg.commit_end(c2))
+        mv = memoryview(data)
+        a = 0
+        for i, (end, crc) in enumerate(zip(ends, crcs, strict=True)):
+            b = end - cpos
+            if b > len(data) or crc32(mv[a:b]) != crc:
+                base = seg.bases[c + i]
+                msg = (f"E_SEGMENT_CORRUPT {seg.paths[0]} (partition {self.partition}): record "
+                       f"batch at offset {base} (byte {poss[c + i]}) fails its CRC: damaged on "
+                       f"disk; not served")
+                log.error("%s", msg)
+                raise SegmentCorrupt(msg)
+            a = b
 
     # -- reads ---------------------------------------------------------------------------
     def read(self, offset: int, max_bytes: int, max_count: int | None = None) -> ReadResult:

@@ -70,6 +70,12 @@ class LogError(Exception):
     """A log operation failed (disk full, unwritable path, I/O error); the message says which."""
 
 
+class SegmentCorrupt(LogError):
+    """A record batch on disk fails its CRC (bit rot, a bad sector): refused, never served."""
+
+    code = "E_SEGMENT_CORRUPT"
+
+
 class ReadResult(NamedTuple):
     data: bytes | memoryview  # whole frames, back to back
     start: int  # offset of the first frame in data
