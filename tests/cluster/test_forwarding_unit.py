@@ -21,14 +21,18 @@ def _closed_port() -> int:
 
 
 class LeaderGate:
-    """Admits everything (a leader gate has no ``forward``)."""
+    """Admits everything (a leader's gate does not forward)."""
+
+    forwards = False
 
     def refuse(self, topic: Any, count: int) -> str | None:
         return None
 
 
 class FollowerGate:
-    def forward(self) -> None:  # only its presence matters
+    forwards = True
+
+    def forward(self) -> None:  # never called by the forwarder
         raise AssertionError
 
 

@@ -11,7 +11,7 @@ import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 
-from nsqx.cluster.gates import LeaderGate, hold_reads
+from nsqx.cluster.member import LeaderGate
 from nsqx.cluster.model import PartitionMeta
 from nsqx.nsqd.fetch_api import readable_end
 from tests.nsqd.inprocess import running_node
@@ -19,7 +19,7 @@ from tests.nsqd.inprocess import running_node
 
 def fresh(ch) -> int:  # type: ignore[no-untyped-def]
     """How many fresh messages a client of the channel could be handed now."""
-    got = ch.cursor.take(1, 10_000, ch._end_offset(), 0, 60_000)
+    got = ch.cursor.take(1, 10_000, ch.end_offset(), 0, 60_000)
     return sum(d.count for d in got)
 
 
@@ -44,7 +44,7 @@ def test_leader_channels_advance_only_with_the_acked_end(tmp_path: Path) -> None
             await nsqd.publish("t", [b"old"] * 2)  # before the cluster held it: end 2
             member = SimpleNamespace(node_id="a", lag_timeout=3.0)
             pm = PartitionMeta("t", 0, ("a", "b"), "a", 1, ("a", "b"))
-            hold_reads(topic)  # a restarted replica: its acked end is not known
+            topic.hold_reads_from_start()  # a restarted replica: its acked end is not known
             assert topic.readable_end == 0
             gate = LeaderGate(member, topic, pm, min_isr=2)  # type: ignore[arg-type]
             topic.gate = gate
@@ -93,7 +93,7 @@ def test_a_lone_in_sync_leader_reads_at_once(tmp_path: Path) -> None:
             ch = topic.get_channel("c")
             member = SimpleNamespace(node_id="a", lag_timeout=3.0)
             pm = PartitionMeta("t", 0, ("a",), "a", 1, ("a",))
-            hold_reads(topic)
+            topic.hold_reads_from_start()
             gate = LeaderGate(member, topic, pm, min_isr=1)  # type: ignore[arg-type]
             topic.gate = gate
             await topic.publish([b"x", b"y"])

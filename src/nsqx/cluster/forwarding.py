@@ -146,7 +146,7 @@ class Forwarder:
     def _local_refusal(topic: Any, count: int) -> str | None:
         """None when this node's gate for ``topic`` admits the publish as its leader."""
         gate = topic.gate
-        if gate is None or getattr(gate, "forward", None) is not None:
+        if gate is None or gate.forwards:
             return "it is still taking over the partition"
         refusal: str | None = gate.refuse(topic, count)
         return refusal

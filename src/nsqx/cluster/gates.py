@@ -18,7 +18,7 @@ from nsqx.cluster.replication import LeaderProgress, epoch_spans
 from nsqx.nsqd.topic import PublishRefused
 
 __all__ = ["FollowerGate", "GateOwner", "LeaderGate", "PublishForwarder", "UnknownTopicGate",
-           "hold_reads", "refused"]
+           "refused"]
 
 
 class PublishForwarder(Protocol):
@@ -40,15 +40,6 @@ def refused(topic: Any, why: str) -> Exception:
     return PublishRefused(f"TOPIC({topic.name}) PARTITION({topic.partition}): {why}")
 
 
-def hold_reads(part: Any) -> None:
-    """Channels of a cluster partition read below the high watermark only (never what the
-    partition may truncate); a partition not yet held starts at its log start, as its
-    acknowledged end is not known (a restart), and the gate or the fetches raise it."""
-    if not part.hold_reads:
-        part.hold_reads = True
-        part.readable_end = part.log.start_offset
-
-
 class FollowerGate:
     """Client publishes go to the leader; this replica only copies it.
 
@@ -59,6 +50,8 @@ class FollowerGate:
     and trace ids included (``PUB_EXT``/``MPUB_EXT``/``MPUB_TRACE``); a deferred one (DPUB
     names no partition) to the leader, which spreads it over the partitions it leads.
     """
+
+    forwards = True
 
     def __init__(self, leader: str | None, member: PublishForwarder | None = None) -> None:
         self.leader = leader
@@ -88,8 +81,13 @@ class FollowerGate:
 class UnknownTopicGate:
     """A topic the cluster has not created: refused, with how to create it."""
 
+    forwards = False
+
     def __init__(self, root: str) -> None:
         self.root = root
+
+    def forward(self, *_args: Any) -> bool:
+        return False  # refused: the topic must be created first
 
     def refuse(self, topic: Any, count: int) -> str | None:
         return (f"TOPIC({topic.name}): not created in the cluster ({self.root}); create it "
@@ -144,6 +142,11 @@ class LeaderGate:
 
     def refuse_consumers(self, topic: Any) -> str | None:
         return None if self.active else self.refuse(topic, 0)
+
+    forwards = False
+
+    def forward(self, *_args: Any) -> bool:
+        return False  # this node leads: a refusal stands
 
     def read(self, offset: int, max_bytes: int) -> tuple[Any, int]:
         """Frames from offset to the flushed end (up to max_bytes) and their count; the

@@ -27,6 +27,7 @@ from nsqx.cluster.replication import FetchHead, epoch_at, epoch_spans, frame_run
 from nsqx.cluster.stream import StreamConnection, StreamRefused
 from nsqx.cluster.trust import SignedSession, Signer
 from nsqx.nsqd.config_api import apply_settings
+from nsqx.nsqd.interfaces import ReplicaPartition
 from nsqx.nsqd.topic import settle
 
 log = logging.getLogger("nsqx.cluster.member")
@@ -134,8 +135,7 @@ class ReplicaFollower:
                                     "records (%d -> %d) to follow %s at epoch %d", name, p,
                                     plog.flushed_offset - cut, plog.flushed_offset, cut,
                                     pm.leader, epoch)
-                        plog.truncate_to(cut)
-                        topic.readable_end = min(topic.readable_end, cut)
+                        topic.truncate_to(cut)
                     truncated = True
                 await self.fetch_once(topic, conns[0], name, p, epoch)
             except StaleEpoch:
@@ -268,25 +268,12 @@ async def append(topic: Any, offset: int, frames: memoryview, head: FetchHead) -
     await asyncio.gather(*futs)  # durable here before the next fetch acks it
 
 
-def advance_channel(topic: Any, name: str, confirmed: int) -> None:
+def advance_channel(topic: ReplicaPartition, name: str, confirmed: int) -> None:
     """Mirror the leader's confirmed cursor of a channel (creating the channel here)."""
     ch = topic.channels.get(name) or topic.get_channel(name)
     if ch is None:
         return
-    back = max(confirmed, topic.log.start_offset)
-    if back < ch.cursor.confirmed:
-        # The leader's cursor is behind ours: a replay (/channel/setoffset, SUB_ADVANCED)
-        # or a new leader with an older cursor (or a channel we created at our log end).
-        # Mirror it, so a failover resumes where the leader was, not further on.
-        ch.cursor.reset(back)
-        ch.dirty = False  # reset persisted it
-        return
-    if ch.cursor.confirmed >= confirmed:
-        return
-    target = min(confirmed, topic.log.flushed_offset)
-    if target > ch.cursor.confirmed:
-        ch.cursor.skip_to(target)
-        ch.dirty = True
+    ch.mirror_confirmed(confirmed)
 
 
 def index_nl(view: memoryview) -> int:

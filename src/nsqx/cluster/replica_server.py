@@ -198,7 +198,7 @@ class ReplicaServer:
         last = gate.last_cursor_sent.get(node, 0.0)
         if ordered or now - last >= CURSOR_EVERY:
             gate.last_cursor_sent[node] = now
-            head.channels = {c.name: c.cursor.confirmed for c in topic.channels.values()
+            head.channels = {c.name: c.confirmed for c in topic.channels.values()
                              if not c.ephemeral}
             head.settings = export_settings(topic)  # TTL, tracing, max attempts
         return 200, head.to_wire(), data

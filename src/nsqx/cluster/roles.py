@@ -13,10 +13,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from nsqx.cluster.gates import FollowerGate, LeaderGate, UnknownTopicGate, hold_reads
+from nsqx.cluster.gates import FollowerGate, LeaderGate, UnknownTopicGate
 from nsqx.cluster.model import PartitionMeta, TopicMeta
 from nsqx.cluster.replica_follower import ReplicaFollower
 from nsqx.cluster.topic_delete import LocalCopies, local_names
+from nsqx.nsqd.interfaces import ReplicaPartition
 
 log = logging.getLogger("nsqx.cluster.member")
 
@@ -88,18 +89,18 @@ class Roles:
                     self.guard(part)
         self.sync_routes()
 
-    def guard(self, part: Any) -> None:
+    def guard(self, part: ReplicaPartition) -> None:
         """A local partition this node holds no role for may not take publishes."""
-        hold_reads(part)
+        part.hold_reads_from_start()
         k = (part.name, part.partition)
         if k in self.gates:
             return
         if part.name not in self.host.topic_meta:
             if not isinstance(part.gate, UnknownTopicGate):
-                part.gate = UnknownTopicGate(self.root)
+                part.attach_gate(UnknownTopicGate(self.root))
         else:
             pm = self.host.partitions.get(k)
-            part.gate = FollowerGate(pm.leader if pm else None, self.host)
+            part.attach_gate(FollowerGate(pm.leader if pm else None, self.host))
 
     def on_new_topic(self, topic: Any) -> None:
         """A topic this node made (a PUB or SUB to a new name): not writable unless the
@@ -128,7 +129,8 @@ class Roles:
                   name, p, p)
         return None
 
-    def become_leader(self, k: tuple[str, int], topic: Any, pm: PartitionMeta) -> None:
+    def become_leader(self, k: tuple[str, int], topic: ReplicaPartition,
+                      pm: PartitionMeta) -> None:
         self.follower.stop(k)
         old = self.gates.get(k)
         if isinstance(old, LeaderGate):
@@ -136,16 +138,15 @@ class Roles:
         tm = self.host.topic_meta.get(pm.topic)
         min_isr = tm.effective_min_isr if tm else min(2, len(pm.replicas))
         gate = LeaderGate(self.host, topic, pm, min_isr)
-        topic.epoch = pm.epoch
-        topic.gate = gate
+        topic.attach_gate(gate, pm.epoch)
         self.gates[k] = gate
-        hold_reads(topic)
         topic.restore_deferred()  # before anything is delivered: DPUBs due later stay deferred
         gate.release()  # reads go on from this node's high watermark as the ISR catches up
         log.info("CLUSTER: TOPIC(%s) PARTITION(%d): leading at epoch %d, ISR %s, log end %d",
                  pm.topic, pm.partition, pm.epoch, ",".join(pm.isr), topic.log.flushed_offset)
 
-    def become_follower(self, k: tuple[str, int], topic: Any, pm: PartitionMeta) -> None:
+    def become_follower(self, k: tuple[str, int], topic: ReplicaPartition,
+                        pm: PartitionMeta) -> None:
         old = self.gates.get(k)
         if isinstance(old, LeaderGate):
             old.deposed(f"deposed by epoch {pm.epoch}")
@@ -153,14 +154,12 @@ class Roles:
                         pm.topic, pm.partition, pm.epoch, pm.leader)
         self.follower.stop(k)
         gate = FollowerGate(pm.leader, self.host)
-        topic.gate = gate
-        hold_reads(topic)
+        topic.attach_gate(gate, pm.epoch)
         for ch in list(topic.channels.values()):  # they find the leader again through lookupd
             for client in list(ch.clients.values()):
                 log.info("CLUSTER: TOPIC(%s) PARTITION(%d) CHANNEL(%s): closing consumer %s: "
                          "this node no longer leads", pm.topic, pm.partition, ch.name, client)
                 client.close()
-        topic.epoch = pm.epoch
         self.gates[k] = gate
         if pm.leader is not None:
             self.follower.start(k, topic, pm)

@@ -12,14 +12,16 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsqx.nsqd.dead_letters import screen
 from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.headers import ext_frames
 from nsqx.nsqd.tags import TagDispatch, retag
-from nsqx.protocol.v2 import StartPosition
+from nsqx.protocol.v2 import StartKind, StartPosition
 from nsqx.storage.cursor import ChannelCursor, Delivery
 from nsqx.storage.message_id import parse_id
 from nsqx.storage.records import LogError
@@ -64,17 +66,17 @@ def resolve_position(topic: TopicView, pos: StartPosition) -> tuple[int, bool]:
     channel silently skip everything published until the log got there. In cluster mode
     only the leader moves channels (NotLeader where the write gate refuses).
     """
-    gate = getattr(topic, "gate", None)
+    gate = topic.gate
     refusal = gate.refuse(topic, 0) if gate is not None else None
     if refusal is not None:
         raise NotLeader(refusal)
     log_ = topic.log
     earliest, latest = log_.earliest_offset, log_.next_offset  # (the archive's start)
-    if pos.kind == "earliest":
+    if pos.kind == StartKind.EARLIEST:
         off, clamped = earliest, False
-    elif pos.kind == "latest":
+    elif pos.kind == StartKind.LATEST:
         return latest, False
-    elif pos.kind == "timestamp":
+    elif pos.kind == StartKind.TIMESTAMP:
         off, clamped = min(max(log_.offset_for_time(pos.value * 1_000_000_000), earliest),
                            latest), False
     elif pos.value > latest:
@@ -112,14 +114,14 @@ async def load_position(topic: TopicView, pos: StartPosition) -> None:
     lower = getattr(log_, "lower", None)
     if lower is None or log_.earliest_offset >= log_.start_offset:
         return
-    if pos.kind == "timestamp":
+    if pos.kind == StartKind.TIMESTAMP:
         off = await load_time(log_, pos.value * 1_000_000_000)
         if off is None:
             return
-    elif pos.kind == "latest":
+    elif pos.kind == StartKind.LATEST:
         return
     else:  # earliest, an offset (clamped up to the archive start)
-        off = 0 if pos.kind == "earliest" else pos.value
+        off = 0 if pos.kind == StartKind.EARLIEST else pos.value
     await load_archived(log_, max(off, log_.earliest_offset))
 
 
@@ -170,20 +172,43 @@ class Channel:
     def dirty(self, value: bool) -> None:
         """A dirty channel joins the node's set, so the persist pass visits only those."""
         if value and not self._dirty:
-            dirty = getattr(self.topic.nsqd, "dirty_channels", None)
-            if dirty is not None:
-                dirty.add(self)
+            self.topic.nsqd.dirty_channels.add(self)
         self._dirty = value
 
+    @property
+    def armed(self) -> bool:
+        """The node's scanner visits this channel (its cursor has timers)."""
+        return self.cursor.armed
+
+    @armed.setter
+    def armed(self, value: bool) -> None:
+        self.cursor.armed = value
+
+    def has_timers(self) -> bool:
+        return self.cursor.has_timers()
+
     def _on_armed(self) -> None:
-        timed = getattr(self.topic.nsqd, "timed_channels", None)
-        if timed is not None:
-            timed.add(self)
+        self.topic.nsqd.timed_channels.add(self)
 
     # -- state exposed to stats / http -------------------------------------------------
     @property
     def paused(self) -> bool:
         return self.cursor.paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        """As loaded from the metadata (``pause``/``unpause`` are the operations)."""
+        self.cursor.paused = value
+
+    @property
+    def confirmed(self) -> int:
+        """Everything below this offset is finished (what a restart resumes from)."""
+        return self.cursor.confirmed
+
+    @property
+    def next_read(self) -> int:
+        """The first offset never delivered."""
+        return self.cursor.next_read
 
     @property
     def in_flight_count(self) -> int:
@@ -260,15 +285,68 @@ class Channel:
         only the leader may (NotLeader elsewhere); followers mirror its cursor.
         """
         offset, clamped = resolve_position(self.topic, pos)
-        self.cursor.reset(offset)
-        self.dirty = False
+        self.reset_to(offset)
         log.info("TOPIC(%s) CHANNEL(%s): reset to offset %d (%s%s)%s", self.topic.name,
                  self.name, offset, pos.kind,
-                 f" {pos.value}" if pos.kind in ("offset", "timestamp") else "",
+                 f" {pos.value}" if pos.kind in (StartKind.OFFSET, StartKind.TIMESTAMP) else "",
                  f" by {who}" if who else "")
         self.wake()
         return SeekResult(offset, self.topic.log.earliest_offset, self.topic.log.next_offset,
                           clamped, self.cursor.state_path is not None)
+
+    def reset_to(self, offset: int) -> None:
+        """Move the cursor to ``offset`` (ChannelCursor.reset, which persists it)."""
+        self.cursor.reset(offset)
+        self.dirty = False
+
+    def mirror_confirmed(self, confirmed: int) -> None:
+        """Cluster follower: follow the leader's confirmed offset, so that a failover
+        resumes where the leader was. Behind ours: a replay (/channel/setoffset,
+        SUB_ADVANCED) or a new leader with an older cursor (or a channel created here at
+        our log end): reset to it. Ahead: skip to it, up to what this replica has."""
+        cursor = self.cursor
+        back = max(confirmed, self.topic.log.start_offset)
+        if back < cursor.confirmed:
+            self.reset_to(back)
+            return
+        if cursor.confirmed >= confirmed:
+            return
+        target = min(confirmed, self.topic.log.flushed_offset)
+        if target > cursor.confirmed:
+            cursor.skip_to(target)
+            self.dirty = True
+
+    def skip_to(self, offset: int) -> int:
+        """Treat everything below ``offset`` as finished (retention dropped it); how many
+        unconsumed messages that skipped."""
+        return self.cursor.skip_to(offset)
+
+    def defer(self, offsets: Iterable[int], ready_at_ms: int) -> None:
+        """Hold these offsets back until ``ready_at_ms`` (a DPUB, or a due time restored)."""
+        cursor = self.cursor
+        for off in offsets:
+            cursor.defer(off, ready_at_ms)
+
+    def note_readable(self, end: int) -> None:
+        """The topic's readable end moved to ``end``: deliver up to it (a redelivery from
+        now on waits behind these, as behind upstream's memory queue)."""
+        self.cursor.note_end(end)
+        self.wake()
+
+    # -- persistence ---------------------------------------------------------------------
+    def persist_if_dirty(self) -> None:
+        """Write a durable channel's changed cursor now (on the loop)."""
+        if self._dirty and not self.ephemeral:
+            self.dirty = False
+            self.cursor.persist()
+
+    def snapshot(self) -> tuple[int, bytes] | None:
+        """The cursor's state to write off the loop (``write_snapshot``); None: nothing to write."""
+        return self.cursor.snapshot()
+
+    def write_snapshot(self, gen: int, data: bytes) -> None:
+        """Worker thread: write a ``snapshot`` (tmp + fsync + rename)."""
+        self.cursor.write_snapshot(gen, data)
 
     def _changed(self) -> None:
         self.dirty = True
@@ -293,8 +371,63 @@ class Channel:
         if self.ephemeral and not self.clients and not self.exiting:
             self.topic.nsqd.loop.create_task(self.topic.delete_unused_ephemeral(self.name))
 
+    # -- what its consumers do (the TCP session calls these, never the cursor) ------------
+    def in_flight_of(self, client_id: int) -> int:
+        return self.cursor.in_flight_of(client_id)
+
+    def finish(self, client: Session, offset: int) -> None:
+        """FIN of one message ``client`` holds; NotInFlight / NotOwner when it holds none."""
+        self.cursor.finish(client.id, offset)
+        self._finished(client, (offset,), offset, 1)
+
+    def finish_head(self, client: Session, offset: int) -> bool:
+        """FIN of the oldest unfinished message (the one-in-flight fast path); False, with
+        nothing changed, unless ``client`` holds exactly that one."""
+        if not self.cursor.finish_head(client.id, offset):
+            return False
+        if self.topic.tracer is None and self.e2e is None:
+            self.dirty = True  # (_finished's only work then, without its call: per message)
+        else:
+            self._finished(client, (offset,), offset, 1)
+        return True
+
+    def finish_many(self, client: Session, offsets: list[int]) -> list[tuple[int, Exception]]:
+        """FINs of one read (in-order runs finished at once); the (offset, error) of each
+        that failed, the rest finished."""
+        if not offsets:
+            return []
+        errors = self.cursor.finish_many(client.id, offsets)
+        done = offsets
+        if errors and self.topic.tracer is not None:
+            bad = {off for off, _ in errors}
+            done = [o for o in offsets if o not in bad]
+        self._finished(client, done, offsets[-1], len(offsets) - len(errors))
+        return errors
+
+    def _finished(self, client: Session, offsets: Sequence[int], last: int, count: int) -> None:
+        """The bookkeeping of FINs the cursor took, once per batch: trace events, one e2e
+        latency sample (at ``last``) standing for ``count`` FINs, the cursor to persist."""
+        tracer = self.topic.tracer
+        if tracer is not None:
+            tracer.finished(self, client, offsets)
+        if count and self.e2e is not None:
+            self.record_finished(last, count)
+        self.dirty = True
+
+    def requeue(self, client: Session, offset: int, delay_ms: int) -> None:
+        """REQ: redeliver after ``delay_ms``; NotInFlight / NotOwner as ``finish``."""
+        self.cursor.requeue(client.id, offset, delay_ms, now_ms())
+        if self.topic.tracer is not None:
+            self.topic.tracer.requeued(self, client, offset, delay_ms)
+        self.dirty = True
+
+    def touch(self, client: Session, offset: int, max_msg_timeout_ms: int) -> None:
+        """TOUCH: restart the message's timeout (the client's, capped by the node's)."""
+        self.cursor.touch(client.id, offset, now_ms(), client.msg_timeout_ms,
+                          max_msg_timeout_ms=max_msg_timeout_ms)
+
     # -- delivery ------------------------------------------------------------------------
-    def _end_offset(self) -> int:
+    def end_offset(self) -> int:
         """Fresh messages are delivered up to what is written (in cluster mode: what the
         ISR has); a paused topic delivers none."""
         if self.topic.paused:
@@ -345,7 +478,7 @@ class Channel:
         self._pump_scheduled = False
         if self.cursor.paused or self.exiting or not self.clients:
             return
-        end = self._end_offset()
+        end = self.end_offset()
         routes = self.topic.routes
         if routes is not None:  # route-managed: the barrier, and never the command message
             end = routes.gate(self, end)
@@ -388,7 +521,7 @@ class Channel:
                 break  # nothing left for anyone this turn
             self.dirty = True
             took = True
-            self._send(client, deliveries)
+            self.send(client, deliveries)
             if want == MAX_BATCH_PER_TURN and client.ready_room() > 0:
                 more = True  # a busy client: continue next turn, after other work
         if more or (limited and took and self.cursor.next_read >= end):
@@ -418,7 +551,9 @@ class Channel:
         return [d for d in deliveries if d.offset >= start or d.attempts == 1
                 or log_.ready_end(d.offset, self._archive_ready) > d.offset]
 
-    def _send(self, client: Session, deliveries: list[Delivery]) -> None:
+    def send(self, client: Session, deliveries: list[Delivery]) -> None:
+        """Write ``deliveries`` (taken for ``client``) as message frames: fresh runs as byte
+        ranges of the log, redeliveries patched; screened, sampled and traced first."""
         log_ = self.topic.log
         if getattr(log_, "lower", None) is not None:
             deliveries = self._archive_pending(log_, deliveries)
@@ -525,11 +660,27 @@ class Channel:
         if self.cursor.pending_redeliveries(t_ms):
             self.wake()
 
-    def close(self) -> None:
+    def close(self, *, persist: bool = True) -> None:
+        """Shutting down: write the changed cursor (unless its files go too) and close it."""
         self.exiting = True
-        if self.dirty:
+        if persist and self.dirty:
             self.cursor.persist()
         self.cursor.close()
+
+    def discard(self) -> None:
+        """Deleted: close the cursor and remove its files (nothing is written)."""
+        self.cursor.close()
+        if self.cursor.state_path is not None:
+            delete_cursor_files(Path(self.cursor.state_path))
+
+
+def delete_cursor_files(path: Path) -> None:
+    """Remove a cursor's file and its temporaries (``<name>*``)."""
+    for p in path.parent.glob(path.name + "*"):
+        try:
+            p.unlink()
+        except OSError:
+            pass
 
 
 def patch_attempts(frame: bytes, attempts: int) -> bytes:

@@ -15,14 +15,14 @@ import ssl
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthState, query_auth
-from nsqx.nsqd.channel import NotLeader, SeekError, load_position, now_ms, resolve_position
+from nsqx.nsqd.channel import NotLeader, SeekError, load_position, resolve_position
 from nsqx.nsqd.idempotence import (
     IdempotenceError,
     deduper_for,
@@ -65,7 +65,7 @@ from nsqx.storage.records import LogError
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
-    from nsqx.nsqd.interfaces import NodeAPI
+    from nsqx.nsqd.interfaces import NodeAPI, TopicView
     from nsqx.protocol.v2 import StartPosition
 
 log = logging.getLogger("nsqx.nsqd.client")
@@ -290,9 +290,9 @@ class ClientV2(asyncio.Protocol):
             offset = ch.imported_offset(self.id, v)
             if offset < 0:
                 return False
-        if not ch.cursor.finish_head(self.id, offset):
+        if not ch.finish_head(self, offset):
             return False
-        self._finished(ch, offset)
+        self.finish_count += 1
         ch.pump_now(self)
         return True
 
@@ -523,8 +523,8 @@ class ClientV2(asyncio.Protocol):
     def in_flight_count(self) -> int:
         subs = self.subs
         if len(subs) == 1:
-            return subs[0].cursor.in_flight_of(self.id)
-        return sum(ch.cursor.in_flight_of(self.id) for ch in subs)
+            return subs[0].in_flight_of(self.id)
+        return sum(ch.in_flight_of(self.id) for ch in subs)
 
     # -- heartbeats -----------------------------------------------------------------------
     def _schedule_heartbeat(self) -> None:
@@ -673,7 +673,8 @@ class ClientV2(asyncio.Protocol):
             raise Fatal("E_UNAUTHORIZED", "AUTH no authorizations found")
         return state
 
-    def _check_auth(self, topic: str, channel: str | None, permission: str, cmd: str) -> Any:
+    def _check_auth(self, topic: str, channel: str | None, permission: str, cmd: str
+                    ) -> Awaitable[Any] | None:
         """None when allowed now; a coroutine when the authorization must be refreshed."""
         if not self.nsqd.auth_enabled:
             return None
@@ -751,7 +752,8 @@ class ClientV2(asyncio.Protocol):
         return None
 
     @staticmethod
-    async def _load_start(auth: Any, part: Any, start: StartPosition | None) -> None:
+    async def _load_start(auth: Awaitable[Any] | None, part: TopicView | None,
+                          start: StartPosition | None) -> None:
         """SUB_ADVANCED: the authorization first, then the archived row group its position
         names, read in a thread (``load_position``) so that resolving it on the loop waits
         for no store; an unreadable file fails as resolving it would."""
@@ -764,7 +766,7 @@ class ClientV2(asyncio.Protocol):
                 raise Fatal(getattr(exc, "code", "E_SUB_FAILED"),
                             f"SUB_ADVANCED {exc}") from None
 
-    async def _after(self, coro: Any, then: Callable[[], None]) -> None:
+    async def _after(self, coro: Awaitable[Any], then: Callable[[], None]) -> None:
         await coro
         try:
             then()
@@ -877,21 +879,12 @@ class ClientV2(asyncio.Protocol):
         try:
             if ch is None:
                 raise NotInFlight
-            ch.cursor.finish(self.id, offset)
+            ch.finish(self, offset)
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_FIN_FAILED", f"FIN {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
-        self._finished(ch, offset)
+        self.finish_count += 1
         self._wake_subs(ch)
         return None
-
-    def _finished(self, ch: Channel, offset: int) -> None:
-        """Bookkeeping of one FIN the cursor took (both FIN paths)."""
-        self.finish_count += 1
-        if ch.topic.tracer is not None:
-            ch.topic.tracer.finished(ch, self, (offset,))
-        if ch.e2e is not None:
-            ch.record_finished(offset)
-        ch.dirty = True
 
     def _wake_subs(self, ch: Channel) -> None:
         """RDY room opened: every partition this client reads may send now."""
@@ -930,19 +923,12 @@ class ClientV2(asyncio.Protocol):
                 except ProtocolError as exc:
                     self._respond(frames.encode_error(exc.code, exc.text))
             return None
-        errors = self.channel.cursor.finish_many(self.id, offsets)
+        errors = self.channel.finish_many(self, offsets)
         self.finish_count += n - len(errors)
-        if self.channel.topic.tracer is not None:
-            bad = {off for off, _ in errors}
-            self.channel.topic.tracer.finished(
-                self.channel, self, [o for o in offsets if o not in bad] if bad else offsets)
-        if self.channel.e2e is not None and len(errors) < n:
-            self.channel.record_finished(offsets[-1], n - len(errors))
         for off, exc in errors:
             mid = b"%016x" % off
             self._respond(frames.encode_error(
                 "E_FIN_FAILED", f"FIN {mid.decode()} failed {_reason(exc)}"))
-        self.channel.dirty = True
         self.channel.wake()
         return None
 
@@ -952,13 +938,10 @@ class ClientV2(asyncio.Protocol):
         try:
             if ch is None:
                 raise NotInFlight
-            ch.cursor.requeue(self.id, offset, delay, now_ms())
+            ch.requeue(self, offset, delay)
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_REQ_FAILED", f"REQ {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
         self.requeue_count += 1
-        if ch.topic.tracer is not None:
-            ch.topic.tracer.requeued(ch, self, offset, delay)
-        ch.dirty = True
         self._wake_subs(ch)
         return None
 
@@ -967,9 +950,7 @@ class ClientV2(asyncio.Protocol):
         try:
             if ch is None:
                 raise NotInFlight
-            ch.cursor.touch(
-                self.id, offset, now_ms(), self.msg_timeout_ms,
-                max_msg_timeout_ms=int(self.nsqd.opts.max_msg_timeout * 1000))
+            ch.touch(self, offset, int(self.nsqd.opts.max_msg_timeout * 1000))
         except (NotInFlight, NotOwner) as exc:
             raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {cmd.params[0].decode('latin-1')} failed {_reason(exc)}", fatal=False) from None
         return None
@@ -1030,7 +1011,7 @@ class ClientV2(asyncio.Protocol):
             part.publish(bodies, defer_ms, done, headers=headers, producer=self.remote_address)
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
 
-    def _publish_once(self, part: Any, bodies: list[bytes], defer_ms: int,
+    def _publish_once(self, part: TopicView, bodies: list[bytes], defer_ms: int,
                       headers: list[dict[str, bytes] | None], code: str, what: str,
                       ok_from: Callable[[int], bytes] | None) -> None:
         """A batch marked for idempotence (``nsqx-pub`` key or ``##nsqx_producer``
@@ -1218,7 +1199,7 @@ def _route_version_param(params: list[bytes], index: int, what: str) -> int | No
     return int(raw)
 
 
-def _check_serves_consumers(topic: Any, what: str) -> None:
+def _check_serves_consumers(topic: TopicView, what: str) -> None:
     """Cluster mode: only a partition's leader delivers (Youzan's fatal error otherwise)."""
     gate = topic.gate
     refusal = gate.refuse_consumers(topic) if gate is not None else None

@@ -85,7 +85,7 @@ def leads(part: Any) -> bool:
     """This node appends to ``part`` itself (standalone or its leader): it checks marks.
     A follower forwards, marks and all, to the leader that checks them."""
     gate = getattr(part, "gate", None)
-    return gate is None or getattr(gate, "forward", None) is None
+    return gate is None or not gate.forwards
 
 
 def _readable_end(part: Any) -> int:

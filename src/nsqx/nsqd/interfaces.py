@@ -49,11 +49,11 @@ class Tracer(Protocol):
                      count: int, producer: str,
                      done: Callable[[int, Exception | None], None] | None) -> Any: ...
 
-    def delivered(self, channel: ChannelView, client: Any, deliveries: Iterable[Delivery]) -> None: ...
+    def delivered(self, channel: ChannelView, client: Session, deliveries: Iterable[Delivery]) -> None: ...
 
-    def finished(self, channel: ChannelView, client: Any, offsets: Iterable[int]) -> None: ...
+    def finished(self, channel: ChannelView, client: Session, offsets: Iterable[int]) -> None: ...
 
-    def requeued(self, channel: ChannelView, client: Any, offset: int, delay_ms: int) -> None: ...
+    def requeued(self, channel: ChannelView, client: Session, offset: int, delay_ms: int) -> None: ...
 
     def timed_out(self, channel: ChannelView, expired: Iterable[tuple[int, int, int]]) -> None: ...
 
@@ -78,10 +78,38 @@ class TopicRouting(Protocol):
     def channel_deleted(self, name: str) -> None: ...
 
 
+class WriteGate(Protocol):
+    """What cluster mode puts in front of a topic partition's appends (``nsqx.cluster``'s
+    leader, follower and unknown-topic gates); None standalone."""
+
+    # a follower's gate: a publish it refuses goes to the leader (``forward``), and the
+    # leader checks idempotency marks, not this node
+    forwards: bool
+
+    def refuse(self, topic: TopicView, count: int) -> str | None:
+        """A reason to refuse this publish, or None to take it."""
+
+    def wrap(self, topic: TopicView, end_offset: int, done: Callable[[int, Exception | None], None]
+             ) -> Callable[[int, Exception | None], None]:
+        """A completion that calls ``done`` once the append up to ``end_offset`` is replicated."""
+
+    def refuse_consumers(self, topic: TopicView) -> str | None:
+        """A reason this partition may not deliver to new subscribers here, or None."""
+
+    def forward(self, topic: TopicView, bodies: list[bytes], defer_ms: int,
+                done: Callable[[int, Exception | None], None],
+                headers: list[dict[str, bytes] | None] | None = None) -> bool:
+        """Send a refused publish to the leader, which acks it through ``done``; False when
+        it was not sent (the publish is then refused)."""
+
+
 class TopicView(Protocol):
     """One topic partition (``topic.Topic``) as its channels and the services see it."""
 
     nsqd: NodeContext
+    gate: WriteGate | None
+    epoch: int
+    hold_reads: bool
     name: str
     partition: int
     partitions: list[Any]
@@ -118,7 +146,74 @@ class ChannelView(Protocol):
     expired_count: int
     tags: Any
 
+    @property
+    def confirmed(self) -> int:
+        """Everything below this offset is finished."""
+
+    @property
+    def in_flight_count(self) -> int: ...
+
+    def skip_to(self, offset: int) -> int:
+        """Treat everything below ``offset`` as finished; how many that skipped."""
+
     def wake(self) -> None: ...
+
+    def end_offset(self) -> int:
+        """Where fresh delivery stops now (readable end; a paused topic: none)."""
+
+    def send(self, client: Session, deliveries: list[Delivery]) -> None:
+        """Write ``deliveries`` (taken from the cursor for ``client``) to its socket."""
+
+
+class ReplicaChannel(Protocol):
+    """A channel (``channel.Channel``) as cluster replication mirrors it: the follower
+    follows the leader's confirmed offset and never writes the cursor itself."""
+
+    name: str
+
+    @property
+    def confirmed(self) -> int:
+        """Everything below is finished."""
+
+    def mirror_confirmed(self, confirmed: int) -> None:
+        """Move to the leader's confirmed offset (back: a reset; forward: a skip)."""
+
+
+class ReplicaPartition(Protocol):
+    """A topic partition (``topic.Topic``) as cluster mode drives it: the gate in front of
+    its appends, the leader epoch stamped on commits, and the readable end (the high
+    watermark) its channels deliver below. Cluster code calls these; it never writes the
+    fields."""
+
+    name: str
+    partition: int
+    partitions: list[Any]
+    channels: dict[str, Any]
+    ephemeral: bool
+    log: Any
+    committer: Any
+    gate: WriteGate | None
+    epoch: int
+    hold_reads: bool
+    readable_end: int
+
+    def attach_gate(self, gate: WriteGate, epoch: int | None = None) -> None:
+        """Put ``gate`` in front of the appends (and stamp ``epoch`` on commits from now on);
+        reads are held below the high watermark (``hold_reads_from_start``)."""
+
+    def hold_reads_from_start(self) -> None:
+        """Channels read below the high watermark only; not known yet: the log start."""
+
+    def advance_readable(self, end: int) -> None:
+        """Channels may now read below ``end`` (the high watermark moved)."""
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop the log from ``offset`` on (a diverged tail) and what channels could read of it."""
+
+    def restore_deferred(self) -> int:
+        """On becoming leader: defer again the DPUBs whose due time is ahead."""
+
+    def get_channel(self, name: str, create: bool = True) -> Any: ...
 
 
 class NodeContext(Protocol):

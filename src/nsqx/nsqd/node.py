@@ -290,7 +290,7 @@ class NSQD:
             for cname, ch in topic.channels.items():
                 sib = part._get_channel_here(cname)
                 if sib is not None and ch.paused:
-                    sib.cursor.paused = True
+                    sib.paused = True
             for hook in self.topic_hooks:
                 hook(part)
             log.info("TOPIC(%s): partition %d created", name, k)
@@ -372,7 +372,7 @@ class NSQD:
                     continue
                 ch = topic.get_channel(cname)
                 assert ch is not None
-                ch.cursor.paused = bool(c.get("paused"))
+                ch.paused = bool(c.get("paused"))
                 if "max_attempts" in c:
                     ch.max_attempts, ch.max_attempts_set = int(c["max_attempts"]), True
             if "msg_ttl_ms" in t:
@@ -593,8 +593,8 @@ class NSQD:
                 except Exception:  # one channel's bug must not stop every timeout
                     log.exception("TOPIC(%s) CHANNEL(%s): timer pass failed", ch.topic.name,
                                   ch.name)
-                if ch.exiting or not ch.cursor.has_timers():
-                    ch.cursor.armed = False
+                if ch.exiting or not ch.has_timers():
+                    ch.armed = False
                     timed.discard(ch)
             ticks += 1
             if ticks % SWEEP_TICKS == 0:
@@ -604,10 +604,10 @@ class NSQD:
         for topic in list(self.topics.values()):
             for part in topic.partitions:
                 for ch in part.channels.values():
-                    if ch not in self.timed_channels and ch.cursor.has_timers():
+                    if ch not in self.timed_channels and ch.has_timers():
                         log.error("TOPIC(%s) CHANNEL(%s): BUG: timers were not scheduled; "
                                   "scheduling them now", part.name, ch.name)
-                        ch.cursor.armed = True
+                        ch.armed = True
                         self.timed_channels.add(ch)
 
     async def _persist_loop(self) -> None:
@@ -685,7 +685,7 @@ class NSQD:
         for ch in dirty:
             if ch.dirty and not ch.ephemeral and not ch.exiting:
                 try:
-                    snap = ch.cursor.snapshot()
+                    snap = ch.snapshot()
                 except OSError as exc:
                     failed[ch] = exc
                     continue
@@ -816,7 +816,7 @@ class NSQD:
                     "log_end": p.log.flushed_offset,
                     "channels": [{"channel_name": pc.name, "depth": pc.depth,
                                   "in_flight_count": pc.in_flight_count,
-                                  "confirmed": pc.cursor.confirmed}
+                                  "confirmed": pc.confirmed}
                                  for pc in sorted(p.channels.values(), key=lambda x: x.name)
                                  if channel is None or pc.name == channel],
                 } for p in parts]
@@ -869,7 +869,7 @@ def _write_snapshots(snaps: list[tuple[Channel, int, bytes]]) -> dict[Channel, O
     failed: dict[Channel, OSError] = {}
     for ch, gen, data in snaps:
         try:
-            ch.cursor.write_snapshot(gen, data)
+            ch.write_snapshot(gen, data)
         except OSError as exc:
             failed[ch] = exc
     return failed

@@ -239,7 +239,7 @@ class _ReplayAPI:
         except NotLeader:
             raise HTTPError(400, "E_FAILED_ON_NOT_LEADER") from None
         return _json({"topic": tname, "channel": cname, "route_version": state.version,
-                      "partitions": {str(p.partition): p.channels[cname].cursor.next_read
+                      "partitions": {str(p.partition): p.channels[cname].next_read
                                      for p in topic.partitions if cname in p.channels}})
 
     # -- GET /message/get ----------------------------------------------------------------

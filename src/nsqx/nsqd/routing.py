@@ -409,8 +409,7 @@ class TopicRoutes:
             if ch is None:
                 continue
             off = min(max(off, part.log.start_offset), part.log.next_offset)
-            ch.cursor.reset(off)
-            ch.dirty = False
+            ch.reset_to(off)
             log.info("TOPIC(%s) CHANNEL(%s): partition %d reset to offset %d (cluster reset "
                      "%d, route version %d)", self.topic.name, name, p, off, gen, version)
         if name not in self.states and self.topic.get_channel(name, create=False) is None:
@@ -599,7 +598,7 @@ class TopicRoutes:
             for p in readable_partitions(state, self.history):
                 off = self.sealed.get(p)
                 ch = self.topic.partitions[p].channels.get(name)
-                if off is not None and ch is not None and ch.cursor.confirmed > off and \
+                if off is not None and ch is not None and ch.confirmed > off and \
                         self.leads(p):  # a follower's cursor may not be the leader's yet
                     state = on_command_fin(state, self.history, p)
                     self._passed(name, p)
@@ -677,10 +676,9 @@ class TopicRoutes:
             off = self.sealed.get(p)
             if off is None:
                 return end
-        cur = channel.cursor
-        if cur.confirmed >= off and cur.in_flight_count == 0:
-            if cur.confirmed == off:
-                cur.skip_to(off + 1)
+        if channel.confirmed >= off and channel.in_flight_count == 0:
+            if channel.confirmed == off:
+                channel.skip_to(off + 1)
                 channel.dirty = True
             self._set_state(name, on_command_fin(self.states[name], self.history, p))
             self._passed(name, p)

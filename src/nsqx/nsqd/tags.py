@@ -63,7 +63,7 @@ class TagDispatch:
         want = min(sum(room.values()), max_batch, HOLD_MAX - len(held))
         took = 0
         if want > 0:
-            deliveries = ch.cursor.take(DISPATCH, want, ch._end_offset() if end is None
+            deliveries = ch.cursor.take(DISPATCH, want, ch.end_offset() if end is None
                                         else end, now, HOLD_MS)
             if deliveries:
                 ch.dirty = True
@@ -102,7 +102,7 @@ class TagDispatch:
             out.setdefault(target.id, []).append(Delivery(off, 1, attempts, why))
         self.held = keep
         for cid, ds in out.items():
-            ch._send(ch.clients[cid], ds)
+            ch.send(ch.clients[cid], ds)
         # room left and messages taken: take more next turn (what was taken may all have
         # gone to the held queue, and nothing else would wake the channel)
         return took > 0 and len(self.held) < HOLD_MAX and any(room.values())

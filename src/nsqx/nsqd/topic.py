@@ -12,15 +12,16 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from nsqx.nsqd.channel import Channel, now_ms
+from nsqx.protocol.names import is_ephemeral
 from nsqx.storage.commit import GroupCommitter
 from nsqx.storage.cursor import ChannelCursor
 from nsqx.storage.log import LogConfig, MemoryLog, PartitionLog
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.interfaces import NodeContext, TopicRouting, Tracer
+    from nsqx.nsqd.interfaces import NodeContext, TopicRouting, Tracer, WriteGate
 
 log = logging.getLogger("nsqx.nsqd.topic")
 
@@ -63,7 +64,7 @@ class Topic:
         # fsync after this many messages, set on this topic (0: the node's --sync-every);
         # 1 makes every publish wait for its fsync
         self.sync_every = 0
-        self.ephemeral = name.endswith("#ephemeral")
+        self.ephemeral = is_ephemeral(name)
         # Youzan's ext flag: a topic created with extend=false refuses custom headers
         # (E_EXT_NOT_SUPPORT); nsqx topics take them by default
         self.ext = True
@@ -160,7 +161,7 @@ class Topic:
         if isinstance(self.log, MemoryLog):
             return 0
         chans = list(self.channels.values())
-        lo = min((ch.cursor.confirmed for ch in chans), default=self.pending_from)
+        lo = min((ch.confirmed for ch in chans), default=self.pending_from)
         now, n = now_ms(), 0
         for off, h in self.log.headers_range(lo, self.log.flushed_offset).items():
             raw = h.get(DELIVER_AT_KEY)
@@ -168,7 +169,7 @@ class Topic:
                 continue
             n += 1
             for ch in chans:
-                ch.cursor.defer(off, int(raw))
+                ch.defer((off,), int(raw))
             if not chans and off >= self.pending_from:
                 self.pending_deferred.append((off, int(raw)))
         if n:
@@ -204,12 +205,11 @@ class Topic:
         if self.gate is not None:  # cluster mode: leader only, acked once the ISR has it
             refusal = self.gate.refuse(self, len(bodies))
             if refusal is not None:
-                forward = getattr(self.gate, "forward", None)
-                if forward is not None:
+                if self.gate.forwards:
                     if done is None:
                         outer = self.nsqd.loop.create_future()
                         done = settle(outer)
-                    if forward(self, bodies, defer_ms, done, headers):
+                    if self.gate.forward(self, bodies, defer_ms, done, headers):
                         return outer  # the leader acks it (after its ISR)
                 failed = _refuse(self.nsqd.loop, done, PublishRefused(refusal))
                 return outer if outer is not None else failed
@@ -233,8 +233,7 @@ class Topic:
             ready_at = now_ms() + defer_ms
             offsets = range(base, base + len(bodies))
             for ch in self.channels.values():
-                for off in offsets:
-                    ch.cursor.defer(off, ready_at)
+                ch.defer(offsets, ready_at)
             if not self.channels:
                 self.pending_deferred.extend((off, ready_at) for off in offsets)
                 self.nsqd.metadata_changed()
@@ -245,8 +244,7 @@ class Topic:
             return  # cluster mode: advance_readable() once the ISR has it
         self.readable_end = offset
         for ch in self.channels.values():
-            ch.cursor.note_end(offset)  # a redelivery from now on waits behind these
-            ch.wake()
+            ch.note_readable(offset)
 
     def advance_readable(self, end: int) -> None:
         """Cluster mode: channels may now read below ``end`` (the high watermark).
@@ -258,8 +256,32 @@ class Topic:
             return
         self.readable_end = end
         for ch in self.channels.values():
-            ch.cursor.note_end(end)
-            ch.wake()
+            ch.note_readable(end)
+
+    # -- the replica API (cluster mode drives a partition through these) --------------------
+    def attach_gate(self, gate: WriteGate, epoch: int | None = None) -> None:
+        """Put cluster mode's ``gate`` in front of the appends and, when given, stamp
+        ``epoch`` (the leader epoch) on commits from now on; reads are held below the high
+        watermark (``hold_reads_from_start``)."""
+        if epoch is not None:
+            self.epoch = epoch
+        self.gate = gate
+        self.hold_reads_from_start()
+
+    def hold_reads_from_start(self) -> None:
+        """Channels of a cluster partition read below the high watermark only (never what
+        the partition may truncate); a partition not yet held starts at its log start, as
+        its acknowledged end is not known (a restart), and the gate or the fetches raise it
+        (``advance_readable``)."""
+        if not self.hold_reads:
+            self.hold_reads = True
+            self.readable_end = self.log.start_offset
+
+    def truncate_to(self, offset: int) -> None:
+        """A follower's diverged tail: drop the log from ``offset`` on, and what the
+        channels could read of it."""
+        self.log.truncate_to(offset)
+        self.readable_end = min(self.readable_end, offset)
 
     # -- channels --------------------------------------------------------------------------
     def get_channel(self, name: str, create: bool = True) -> Channel | None:
@@ -280,7 +302,7 @@ class Topic:
         ch = self.channels.get(name)
         if ch is not None:
             return ch
-        ephemeral = name.endswith("#ephemeral")
+        ephemeral = is_ephemeral(name)
         if not self.channels:
             start = max(self.pending_from, self.log.start_offset)
         else:
@@ -344,9 +366,7 @@ class Topic:
         ch.exiting = True
         for client in list(ch.clients.values()):
             client.close()
-        ch.cursor.close()
-        if ch.cursor.state_path is not None:
-            delete_cursor_files(Path(ch.cursor.state_path))
+        ch.discard()
         if not self.channels:
             self.pending_from = self.log.next_offset
         self.nsqd.metadata_changed()
@@ -392,9 +412,7 @@ class Topic:
 
     def persist_cursors(self) -> None:
         for ch in self.channels.values():
-            if ch.dirty and not ch.ephemeral:
-                ch.dirty = False
-                ch.cursor.persist()
+            ch.persist_if_dirty()
 
     def release_idle_files(self) -> None:
         """Close the log's files if nothing was written since the last call and nobody
@@ -408,13 +426,13 @@ class Topic:
         """Let the log drop segments every durable channel has passed."""
         if self.ephemeral:
             return
-        floors = [ch.cursor.confirmed for ch in self.channels.values() if not ch.ephemeral]
+        floors = [ch.confirmed for ch in self.channels.values() if not ch.ephemeral]
         floor = min(floors) if floors else max(self.pending_from, self.log.start_offset)
         self.log.apply_retention(floor, time.time())
         start = self.log.earliest_offset  # (with an archive: what it still serves)
         for ch in self.channels.values():
-            if ch.cursor.confirmed < start:
-                skipped = ch.cursor.skip_to(start)
+            if ch.confirmed < start:
+                skipped = ch.skip_to(start)
                 log.warning("TOPIC(%s) CHANNEL(%s): retention skipped %d unconsumed messages",
                             self.name, ch.name, skipped)
 
@@ -462,10 +480,7 @@ class Topic:
             await self.committer.close()
         finally:
             for ch in self.channels.values():
-                if delete:
-                    ch.cursor.close()
-                else:
-                    ch.close()
+                ch.close(persist=not delete)
             if self.dedupe is not None:
                 self.dedupe.close()
                 self.dedupe = None
@@ -517,20 +532,6 @@ class PublishRefused(Exception):
     """A publish this node may not take now (not the leader, too few in-sync replicas)."""
 
 
-class WriteGate(Protocol):
-    """What cluster mode puts in front of a topic partition's appends."""
-
-    def refuse(self, topic: Topic, count: int) -> str | None:
-        """A reason to refuse this publish, or None to take it."""
-
-    def wrap(self, topic: Topic, end_offset: int, done: Callable[[int, Exception | None], None]
-             ) -> Callable[[int, Exception | None], None]:
-        """A completion that calls ``done`` once the append up to ``end_offset`` is replicated."""
-
-    def refuse_consumers(self, topic: Topic) -> str | None:
-        """A reason this partition may not deliver to new subscribers here, or None."""
-
-
 def settle(fut: asyncio.Future[int]) -> Callable[[int, Exception | None], None]:
     def done(base: int, exc: Exception | None) -> None:
         if fut.done():
@@ -552,9 +553,3 @@ def _refuse(loop: asyncio.AbstractEventLoop, done: Callable[[int, Exception | No
     return fut
 
 
-def delete_cursor_files(path: Path) -> None:
-    for p in path.parent.glob(path.name + "*"):
-        try:
-            p.unlink()
-        except OSError:
-            pass
