@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsqx import NSQ_VERSION, __version__
 from nsqx.netutil import check_listen_address, check_peer_address
 
 __all__ = [
@@ -591,8 +592,6 @@ class Program:
         return self._index
 
     def version(self) -> str:
-        from nsqx import NSQ_VERSION, __version__
-
         return (f"{self.name} v{NSQ_VERSION} (built w/python{platform.python_version()}) "
                 f"nsqx/{__version__}")
 

@@ -13,6 +13,7 @@ from nsqx.cluster.etcd_server import EtcdServer
 from nsqx.cluster.metadata import ClusterMetadata
 from nsqx.cluster.model import MetaError, MoveRequest, NodeInfo, PartitionMeta, TopicMeta
 from nsqx.cluster.placement import expand_isr
+from nsqx.cluster.restart import step_down_after_restart
 from tests.client.helpers import run
 
 CID = "test"
@@ -90,6 +91,35 @@ def test_leader_loss_elects_from_the_isr_with_a_new_epoch(etcd_server: EtcdServe
             finally:
                 await coord.close()
                 await coord.meta.etcd.close()
+
+    run(body())
+
+
+def test_a_node_back_within_its_lease_gives_up_its_leaderships(etcd_server: EtcdServer) -> None:
+    """Its old registration is still alive, so the coordinator sees nothing: the node itself
+    hands each leadership to another live ISR member before it takes any role; one whose
+    ISR is itself alone stays led by it, at a new epoch."""
+    async def body() -> None:
+        async with EtcdClient([etcd_server.endpoint]) as etcd:
+            meta = ClusterMetadata(etcd, CID)
+            nodes = Nodes(meta)
+            for n in ("n1", "n2", "n3"):
+                await nodes.up(n)
+            await meta.create_topic(TopicMeta("t", 3, 3), ["n1", "n2", "n3"])
+            await meta.create_topic(TopicMeta("solo", 1, 1), ["n1"])
+            before = {p: v.meta for p, v in (await meta.partitions("t")).items()}
+            assert await step_down_after_restart(meta, "n1") == 1
+            after = {p: v.meta for p, v in (await meta.partitions("t")).items()}
+            for p, was in before.items():
+                if was.leader == "n1":
+                    now = after[p]
+                    assert now.leader in ("n2", "n3") and now.epoch == was.epoch + 1
+                    assert "n1" not in now.isr and "n1" in now.catchup
+                else:
+                    assert after[p] == was
+            solo = (await meta.partitions("solo"))[0].meta  # its only ISR member: kept,
+            assert (solo.leader, solo.isr, solo.epoch) == ("n1", ("n1",), 2)  # at a new epoch
+            assert await step_down_after_restart(meta, "n1") == 0  # nothing left to hand over
 
     run(body())
 

@@ -29,6 +29,7 @@ from nsqx.cluster.placement import (
     preferred_leader_move,
     remove_replica,
     shrink_isr,
+    step_down,
 )
 from nsqx.cluster.replication import LeaderProgress, truncation_point
 
@@ -86,6 +87,30 @@ def test_the_last_isr_member_is_never_forgotten() -> None:
     assert node_lost(offline, "a", ["b", "c"], {}) == offline
     back = elect_leader(offline, ["a", "b"], {})
     assert back.leader == "a" and back.epoch == offline.epoch + 1
+
+
+def test_a_restarted_leader_steps_down_to_a_live_isr_member() -> None:
+    """Its log may have lost unsynced records: another ISR member leads at a new epoch and
+    the restarted node leaves the ISR until it has caught up; alone in the ISR it keeps
+    leading (nobody holds more)."""
+    after = step_down(pm(), "a", ["b", "c"])
+    assert (after.leader, after.epoch, after.isr, after.catchup) == ("b", 4, ("b", "c"), ("a",))
+    after.check()
+    assert step_down(pm(), "a", ["c"]).leader == "c"  # b is not registered: c leads
+    assert step_down(pm(), "b", ["a", "c"]) == pm()  # not its leadership
+    # the only ISR member, or no other one live: it keeps leading, at a new epoch
+    assert step_down(pm(isr=("a",)), "a", ["b", "c"]) == pm(isr=("a",), epoch=4)
+    assert step_down(pm(), "a", ["a"]) == pm(epoch=4)
+
+
+def test_a_lone_leader_back_from_power_loss_leads_at_a_new_epoch() -> None:
+    """Its disk kept 80 of 100 records of epoch 3; a catch-up replica fetched all 100. What
+    it writes next must not share epoch 3, or the replica's old records at 80..100 would
+    pass for the leader's new ones."""
+    back = step_down(pm(isr=("a",)), "a", ["b", "c"])
+    leader_spans = [(3, 0), (back.epoch, 80)]  # 10 new records written after the restart
+    assert truncation_point([(3, 0)], 100, leader_spans, 90) == 80
+    assert truncation_point([(3, 0)], 100, [(3, 0)], 90) == 90  # without the new epoch
 
 
 def test_isr_changes_need_the_current_epoch() -> None:

@@ -3,7 +3,8 @@
 Leaders append under their epoch, followers truncate by leader epochs then fetch, acks wait
 for every ISR member (and at least min ISR of them), laggards leave the ISR, caught-up
 replicas rejoin, dead leaders are replaced from the ISR (longest log), and deposed leaders
-keep writing into their own log (the paused-leader case). Checked after every step: every
+keep writing into their own log (the paused-leader case), and a leader that loses its
+unsynced tail and is back within its lease steps down. Checked after every step: every
 acknowledged message is in the current leader's log at its offset, and a follower that has
 truncated holds a prefix of the leader's log.
 """
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from nsqx.cluster.model import PartitionMeta
-from nsqx.cluster.placement import elect_leader, expand_isr, node_lost, shrink_isr
+from nsqx.cluster.placement import elect_leader, expand_isr, node_lost, shrink_isr, step_down
 from nsqx.cluster.replication import LeaderProgress, truncation_point
 
 NODES = ("a", "b", "c")
@@ -135,6 +136,18 @@ class Partition(RuleBasedStateMachine):
         if self.pm.leader is None:
             ends = {n: len(self.logs[n]) for n in self.alive}
             self._new_leader(elect_leader(self.pm, self.alive, ends))
+
+    @precondition(lambda self: self._leader_ok()
+                  and any(n in self.alive for n in self.pm.isr if n != self.pm.leader))
+    @rule(lost=st.integers(1, 4))
+    def leader_power_loss_within_lease(self, lost: int) -> None:
+        """The leader loses its unsynced tail and is back before its lease ends: still
+        registered, it moves its leadership itself (the restart's step-down)."""
+        node = self.pm.leader
+        assert node is not None
+        del self.logs[node][max(0, len(self.logs[node]) - lost):]
+        self.led.pop(node)  # a new run: it knows it leads no longer (a paused one would not)
+        self._new_leader(step_down(self.pm, node, self.alive - {node}))
 
     @rule(node=st.sampled_from(NODES), k=st.integers(1, 2))
     def deposed_leader_writes(self, node: str, k: int) -> None:

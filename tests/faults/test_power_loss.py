@@ -92,15 +92,9 @@ def test_power_loss_of_one_node(policy: str, nsqd_factory, tmp_path: Path) -> No
         assert not lost, f"{len(lost)} acknowledged messages lost: {lost[:20]}"
 
 
-LEADER_BACK_IN_ITS_LEASE = pytest.mark.xfail(strict=True, reason=(
-    "issue 28: a leader that loses power and is back within its etcd lease resumes leading "
-    "at the same epoch with the log it has left, and its followers truncate acknowledged "
-    "records to follow it ('truncating 318 diverged records (318 -> 0)')"))
-
-
 @pytest.mark.parametrize(("who", "policy"), [
     ("every", "default"), ("every", "syncdisk-1"), ("leader-after-failover", "default"),
-    pytest.param("leader-within-lease", "default", marks=LEADER_BACK_IN_ITS_LEASE),
+    ("leader-within-lease", "default"),
     ("leader-within-lease", "syncdisk-1"), ("follower", "default")])
 def test_power_loss_in_a_cluster(who: str, policy: str, net: Net, tmp_path: Path) -> None:
     """``every`` node at once, or the partition's leader alone (its followers keep what they

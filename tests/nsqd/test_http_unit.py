@@ -281,12 +281,14 @@ def test_channel_endpoints() -> None:
                              err("CHANNEL_NOT_FOUND"))
         ch = n.topics["t"].channels["c"]
         ch.depth = ch.in_flight_count = ch.deferred_count = 3
+        created = n.persisted  # /channel/create answers once nsqd.dat names the channel
+        assert created >= 1
         await expect(await c.post("/channel/empty?topic=t&channel=c"), 200, b"")
         assert ch.emptied == 1 and ch.depth == ch.in_flight_count == ch.deferred_count == 0
         await expect(await c.post("/channel/pause?topic=t&channel=c"), 200, b"")
-        assert ch.paused and n.persisted == 1
+        assert ch.paused and n.persisted == created + 1
         await expect(await c.post("/channel/unpause?topic=t&channel=c"), 200, b"")
-        assert not ch.paused and n.persisted == 2
+        assert not ch.paused and n.persisted == created + 2
         await expect(await c.post("/channel/delete?topic=t&channel=c"), 200, b"")
         assert "c" not in n.topics["t"].channels
 

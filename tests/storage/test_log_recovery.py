@@ -1,5 +1,6 @@
 """Recovery on open: torn/corrupt tails, damaged metadata and indexes."""
 
+import dataclasses
 import logging
 import os
 
@@ -9,6 +10,7 @@ from nsqx.storage.log import LogConfig, PartitionLog
 from nsqx.storage.records import SegmentCorrupt
 
 CFG = LogConfig(segment_bytes=1 << 20, index_interval_bytes=128, sync_every=10**9)
+REPLICA = dataclasses.replace(CFG, cut_damaged_synced=True)  # a cluster replica
 
 
 def crash(lg: PartitionLog) -> None:
@@ -290,7 +292,7 @@ def test_flipped_bit_below_recovery_point_is_cut(tmp_path, caplog):
     assert lg._read_checkpoint() == 50
     flip_byte(seg_file(tmp_path, ".log"), pos + 40)
     with caplog.at_level(logging.ERROR):
-        lg = PartitionLog(tmp_path, 0, CFG)
+        lg = PartitionLog(tmp_path, 0, REPLICA)
     assert lg.next_offset == 15 and frames(lg) == before[:15]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("00000000000000000000.log" in m and "offset 15" in m for m in errors)
@@ -298,7 +300,8 @@ def test_flipped_bit_below_recovery_point_is_cut(tmp_path, caplog):
 
 
 def test_flipped_bit_in_an_earlier_synced_segment_drops_later(tmp_path):
-    cfg = LogConfig(segment_bytes=300, index_interval_bytes=64, sync_every=10**9)
+    cfg = LogConfig(segment_bytes=300, index_interval_bytes=64, sync_every=10**9,
+                    cut_damaged_synced=True)
     lg = make(tmp_path, nbatches=10, sync_upto=10, cfg=cfg)
     before = frames(lg)
     bases = [s.base for s in lg._segments]
@@ -310,6 +313,25 @@ def test_flipped_bit_in_an_earlier_synced_segment_drops_later(tmp_path):
     lg = PartitionLog(tmp_path, 0, cfg)
     assert lg.next_offset == off and frames(lg) == before[:off]
     assert not seg_file(tmp_path, ".log", bases[2]).exists()
+    lg.close()
+
+
+def test_a_lone_copy_keeps_its_log_and_refuses_the_damaged_batch(tmp_path, caplog):
+    """Without a replica to fetch from (``cut_damaged_synced`` off, a standalone nsqd), the
+    damage found in fsynced data does not cut the log (that would drop every later record):
+    the log opens whole, the damaged batch is refused when read, the others are served."""
+    lg = make(tmp_path, sync_upto=10)
+    before = frames(lg)
+    pos = lg._segments[0].poss[3]
+    lg.close()
+    flip_byte(seg_file(tmp_path, ".log"), pos + 40)
+    lg = PartitionLog(tmp_path, 0, CFG)
+    assert lg.next_offset == len(before)
+    with caplog.at_level(logging.ERROR), pytest.raises(SegmentCorrupt):
+        lg.read(0, 1 << 20)
+    lg._read_ahead = 1
+    assert [lg.read_frame(i) for i in range(15)] == before[:15]
+    assert frames(lg, 20) == before[20:]
     lg.close()
 
 

@@ -398,7 +398,6 @@ class AdminHTTP:
         return self._html(request, cn, pages.render_nodes(cn[0], producers, health, lookupds))
 
     def _down_error(self, p: dict[str, Any]) -> str:
-        from .cluster import node_url_addr
         st = self.cluster.health.get(node_url_addr(p))
         return st.error if st else ""
 

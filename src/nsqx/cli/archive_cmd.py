@@ -13,21 +13,19 @@ import sys
 from typing import Any
 
 from nsqx.cli.common import help_when_bare
+from nsqx.extras import install_command
+from nsqx.storage.archive import Archive, ArchiveError
 
 __all__ = ["add_archive_commands"]
 
 
 def cmd_archive_ls(args: argparse.Namespace) -> int:
     try:
-        from nsqx.storage.archive import Archive, ArchiveError
-    except ImportError:  # pragma: no cover - pyarrow is the archive extra
-        from nsqx.extras import install_command
-
-        print(f"nsqx archive: needs pyarrow: {install_command('archive')}", file=sys.stderr)
-        return 2
-    try:
         archive = Archive(args.archive_url, s3_endpoint=args.archive_s3_endpoint or None)
         files = archive.files(args.topic)
+    except ImportError:  # pragma: no cover - pyarrow is the archive extra
+        print(f"nsqx archive: needs pyarrow: {install_command('archive')}", file=sys.stderr)
+        return 2
     except ValueError as e:
         print(f"nsqx archive ls: {e}", file=sys.stderr)
         return 2

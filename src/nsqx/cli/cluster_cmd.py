@@ -23,6 +23,9 @@ from typing import Any
 
 from nsqx.cli.cluster_preflight import exit_detached, preflight, wait_in_foreground
 from nsqx.cli.common import answer_failed, auth_headers, help_when_bare
+from nsqx.cluster.etcd_server import EtcdNotFound, EtcdServer
+from nsqx.cluster.trust import generate_secret_file
+from nsqx.flags import parse_go_duration
 
 __all__ = ["add_cluster_commands", "add_node_commands"]
 
@@ -90,10 +93,6 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     """Start etcd (unless --etcd names one), nsqlookupd(s) and nsqd(s), and supervise them:
     a member that dies is reported and the rest keep running (a failover to watch); it is
     started again by `nsqx cluster restart NAME` or after --restart-after. Ctrl-C stops all."""
-    from nsqx.cluster.etcd_server import EtcdNotFound, EtcdServer
-    from nsqx.cluster.trust import generate_secret_file
-    from nsqx.flags import parse_go_duration
-
     try:
         restart_after = parse_go_duration(args.restart_after) if args.restart_after else None
     except ValueError as e:
@@ -195,8 +194,6 @@ def _lock_etcd(etcd: Any, root: Path) -> str:
     beside the cluster secret, made on first use): whoever can write to etcd controls the
     cluster. The endpoint with the login every member is given."""
     from urllib.parse import urlencode
-
-    from nsqx.cluster.trust import generate_secret_file
 
     password_file = root / "etcd.password"
     if not password_file.exists():

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from nsqx.cluster.etcd_server import EtcdNotFound, etcd_binary
+
 __all__ = ["LOG_FILE", "PID_FILE", "Port", "exit_detached", "planned_ports", "preflight",
            "wait_in_foreground"]
 
@@ -101,8 +103,6 @@ def check_ports(ports: list[Port]) -> str | None:
 def check_etcd(args: argparse.Namespace) -> str | None:
     if args.etcd:
         return None
-    from nsqx.cluster.etcd_server import EtcdNotFound, etcd_binary
-
     try:
         binary = etcd_binary()
     except EtcdNotFound as e:

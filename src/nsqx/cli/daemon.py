@@ -14,6 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nsqx import NSQ_VERSION, __version__, speedups
+from nsqx.cli import lazy
+
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
           "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}
 
@@ -34,8 +37,6 @@ def setup_logging(level: str, prefix: str) -> None:
 
 def build_kind() -> str:
     """Whether the C speedups (nsqx._speedups) run or their pure-Python twins."""
-    from nsqx import speedups
-
     if speedups.native is not None:
         return "compiled C speedups"
     if os.environ.get("NSQX_NO_SPEEDUPS"):
@@ -53,13 +54,12 @@ def cluster_mode(opts: Any) -> str:
 def cluster_settings(opts: Any) -> tuple[list[str], bytes | None, Any]:
     """(etcd endpoints, secret, (server, client) TLS contexts or None) from the cluster
     options nsqd and nsqlookupd share; a bad secret or TLS file is a ValueError."""
-    from nsqx.cluster.trust import load_secret, tls_contexts
-
+    trust = lazy.cluster_trust()
     endpoints = [u for a in opts.cluster_leadership_addresses for u in a.split(",") if u]
-    secret = load_secret(opts.cluster_secret_file) if opts.cluster_secret_file else None
+    secret = trust.load_secret(opts.cluster_secret_file) if opts.cluster_secret_file else None
     tls = None
     if opts.cluster_tls_cert or opts.cluster_tls_key or opts.cluster_tls_ca:
-        tls = tls_contexts(opts.cluster_tls_cert, opts.cluster_tls_key, opts.cluster_tls_ca)
+        tls = trust.tls_contexts(opts.cluster_tls_cert, opts.cluster_tls_key, opts.cluster_tls_ca)
     return endpoints, secret, tls
 
 
@@ -75,8 +75,6 @@ class Banner:
     addresses: Callable[[Any], str]  # the started server -> "TCP a, HTTP b"
 
     def opening(self) -> str:
-        from nsqx import NSQ_VERSION, __version__
-
         data = f", data path {os.path.abspath(self.data_path)}" if self.data_path is not None else ""
         return (f"{self.program} v{NSQ_VERSION} (nsqx {__version__}, {build_kind()}), "
                 f"{self.mode}{data}")

@@ -12,12 +12,12 @@ import argparse
 import sys
 from typing import Any
 
+from nsqx.migrate.importer import ImportError_, run_import
+
 __all__ = ["add_import_commands", "cmd_import"]
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from nsqx.migrate.importer import ImportError_, run_import
-
     try:
         return run_import(args.from_nsqd_data, args.data_path, dry_run=args.dry_run,
                           max_msg_size=args.max_msg_size,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nsqx.admin.options import parse_args
+from nsqx.admin.server import NSQAdmin
 from nsqx.cli.daemon import Banner, run_daemon
 
 
@@ -10,8 +11,6 @@ def main(argv: list[str] | None = None) -> None:
     opts = parse_args(argv)
 
     def make():  # type: ignore[no-untyped-def]
-        from nsqx.admin.server import NSQAdmin
-
         return NSQAdmin(opts)
 
     source = ("lookupd " + ",".join(opts.nsqlookupd_http_addresses)

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from nsqx.cli import lazy
 from nsqx.cli.daemon import Banner, cluster_mode, cluster_settings, run_daemon
+from nsqx.nsqd.node import NSQD
 from nsqx.nsqd.options import parse_args
 
 
-def _addresses(node: Any) -> str:
+def _addresses(node: NSQD) -> str:
     host = node.opts.tcp_address.rpartition(":")[0]
     out = [f"TCP {host}:{node.tcp_port}"]
     if node.opts.http_address:
         out.append(f"HTTP {node.opts.http_address.rpartition(':')[0]}:{node.http_port}")
-    if getattr(node, "https_port", None):
+    if node.https_port:
         out.append(f"HTTPS {node.opts.https_address.rpartition(':')[0]}:{node.https_port}")
     return ", ".join(out)
 
@@ -22,15 +22,11 @@ def main(argv: list[str] | None = None) -> None:
     opts = parse_args(argv)
 
     def make():  # type: ignore[no-untyped-def]
-        from nsqx.nsqd.node import NSQD
-
         node = NSQD(opts)
         if opts.cluster_leadership_addresses:
-            from nsqx.cluster.member import NodeMember
-
             try:  # a bad secret file or etcd endpoint option: a clear error, no start
                 endpoints, secret, tls = cluster_settings(opts)
-                node.plugins.append(NodeMember(node, endpoints, opts.cluster_id,
+                node.plugins.append(lazy.node_member()(node, endpoints, opts.cluster_id,
                                                ttl=opts.cluster_node_ttl, secret=secret,
                                                cluster_address=opts.cluster_address, tls=tls))
             except ValueError as e:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from nsqx.cli import lazy
 from nsqx.cli.daemon import Banner, cluster_mode, cluster_settings, run_daemon
+from nsqx.lookupd.node import NSQLookupd
 from nsqx.lookupd.options import parse_args
 
 
@@ -10,15 +12,11 @@ def main(argv: list[str] | None = None) -> None:
     opts = parse_args(argv)
 
     def make():  # type: ignore[no-untyped-def]
-        from nsqx.lookupd.node import NSQLookupd
-
         node = NSQLookupd(opts)
         if opts.cluster_leadership_addresses:
-            from nsqx.cluster.lookupd_api import ClusterLookupd
-
             try:  # a bad secret file or etcd endpoint option: a clear error, no start
                 endpoints, secret, tls = cluster_settings(opts)
-                ClusterLookupd(node, endpoints, opts.cluster_id, rebalance=opts.cluster_rebalance,
+                lazy.cluster_lookupd()(node, endpoints, opts.cluster_id, rebalance=opts.cluster_rebalance,
                                secret=secret, tls=tls[1] if tls else None)  # a client only
             except ValueError as e:
                 raise SystemExit(f"FATAL: {e}") from None

@@ -27,6 +27,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from nsqx import NSQ_VERSION, __version__
+from nsqx.benchmark import scenarios
+from nsqx.cli.archive_cmd import add_archive_commands
+from nsqx.cli.cluster_cmd import add_cluster_commands, add_node_commands
 from nsqx.cli.common import (
     AUTH_SECRET_ENV,
     LOCAL_NSQD_HTTP,
@@ -37,6 +41,11 @@ from nsqx.cli.common import (
     http_call,
     http_failed,
 )
+from nsqx.cli.import_cmd import add_import_commands
+from nsqx.cli.topic_cmd import add_topic_commands
+from nsqx.cli.trace_cmd import add_trace_commands
+from nsqx.spark.jobs import format_stats, parse_time_ms, run_archive, spark_session, stats
+from nsqx.spark.trace_report import format_report, trace_report
 
 __all__ = ["main", "build_parser", "add_spark_commands", "add_bench_commands",
            "add_channel_commands", "add_message_commands", "GROUPS"]
@@ -64,8 +73,6 @@ def _source_args(p: argparse.ArgumentParser) -> None:
 
 
 def _spark(args: argparse.Namespace, name: str) -> Any:
-    from nsqx.spark.jobs import spark_session
-
     spark = spark_session(args.master, f"nsqx-{name}", dict(args.conf))
     spark.sparkContext.setLogLevel("WARN")
     return spark
@@ -77,8 +84,6 @@ def _need_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
 
 
 def cmd_spark_archive(args: argparse.Namespace) -> int:
-    from nsqx.spark.jobs import run_archive
-
     spark = _spark(args, "archive")
     try:
         return run_archive(
@@ -93,8 +98,6 @@ def cmd_spark_archive(args: argparse.Namespace) -> int:
 
 
 def cmd_spark_stats(args: argparse.Namespace) -> int:
-    from nsqx.spark.jobs import format_stats, parse_time_ms, stats
-
     try:
         start_ms, end_ms = parse_time_ms(args.from_), parse_time_ms(args.to)
     except ValueError as exc:
@@ -116,8 +119,6 @@ def cmd_spark_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_spark_trace_report(args: argparse.Namespace) -> int:
-    from nsqx.spark.trace_report import format_report, trace_report
-
     spark = _spark(args, "trace-report")
     try:
         summary = trace_report(spark, out=args.out, nsqd=args.nsqd, lookupd=args.lookupd,
@@ -191,8 +192,6 @@ def add_spark_commands(sub: Any) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run one scenario against each address in turn; print rates and the ratio."""
-    from nsqx.benchmark import scenarios
-
     targets = [a.split(",", 1) for a in args.nsqd or [f"{LOCAL_NSQD_TCP},{LOCAL_NSQD_HTTP}"]]
     results = []
     for tcp, http in targets:
@@ -244,8 +243,6 @@ def cmd_channel_reset(args: argparse.Namespace) -> int:
     """POST /channel/setoffset with the position the flags name."""
     prog = "nsqx channel reset"
     if args.to_time is not None:
-        from nsqx.spark.jobs import parse_time_ms
-
         try:
             ms = parse_time_ms(args.to_time)
         except ValueError as exc:
@@ -443,25 +440,14 @@ def add_message_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_message_get)
 
 
-def _cluster_groups() -> list[Callable[[Any], None]]:
-    from nsqx.cli.archive_cmd import add_archive_commands
-    from nsqx.cli.cluster_cmd import add_cluster_commands, add_node_commands
-    from nsqx.cli.import_cmd import add_import_commands
-    from nsqx.cli.topic_cmd import add_topic_commands
-    from nsqx.cli.trace_cmd import add_trace_commands
-
-    return [add_topic_commands, add_cluster_commands, add_node_commands, add_trace_commands,
-            add_import_commands, add_archive_commands]
-
-
 GROUPS: list[Callable[[Any], None]] = [add_spark_commands, add_bench_commands,
                                        add_channel_commands, add_message_commands,
-                                       *_cluster_groups()]
+                                       add_topic_commands, add_cluster_commands,
+                                       add_node_commands, add_trace_commands,
+                                       add_import_commands, add_archive_commands]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nsqx import NSQ_VERSION, __version__
-
     parser = argparse.ArgumentParser(prog="nsqx", description="nsqx administration")
     parser.add_argument("--version", action="version",
                         version=f"nsqx {__version__} (speaks NSQ {NSQ_VERSION})")

@@ -57,9 +57,15 @@ from nsqx.cluster.coordinator import Coordinator
 from nsqx.cluster.etcd import EtcdClient, EtcdError
 from nsqx.cluster.model import MetaError, NodeInfo, TopicMeta
 from nsqx.cluster.placement import plan_move
+from nsqx.cluster.route_coord import ResetRefused
 from nsqx.cluster.trust import Signer
+from nsqx.httpapi import HTTPError, topic_channel_args
+from nsqx.httpapi import query as parse_query
 from nsqx.lookupd.http import registry_lookup
+from nsqx.lookupd.http import topic_delete as lookupd_topic_delete
 from nsqx.lookupd.registry import CHANNEL
+from nsqx.nsqd.replay_api import MAX_POSITION_BODY, split_position_arg
+from nsqx.nsqd.routes_api import parse_change
 from nsqx.protocol.routes import DEFAULT_LOGICAL, MAX_LOGICAL, RouteError
 
 log = logging.getLogger("nsqx.cluster.lookupd")
@@ -224,9 +230,7 @@ class ClusterLookupd:
             await self.meta.delete_topic(name)
         except EtcdError as e:
             return _err(503, "E_CLUSTER_UNAVAILABLE", str(e))
-        from nsqx.lookupd.http import _Handlers
-
-        return await _Handlers(self.lookupd).topic_delete(request)
+        return await lookupd_topic_delete(self.lookupd, request)
 
     # -- route-managed ordered topics (nsqx.cluster.route_coord) ----------------------------
     async def h_route(self, request: web.Request) -> web.Response:
@@ -253,10 +257,6 @@ class ClusterLookupd:
         """``POST /topic/split|merge|move`` with nsqd's parameters (``parse_change``): run by
         the elected coordinator (another lookupd passes the request on to it); 400 with the
         rule's text as ``message`` when refused, as nsqd answers."""
-        from nsqx.httpapi import HTTPError
-        from nsqx.httpapi import query as parse_query
-        from nsqx.nsqd.routes_api import parse_change
-
         c = self.coordinator
         assert c is not None
         if not c.is_leader:
@@ -285,11 +285,6 @@ class ClusterLookupd:
     async def h_channel_setoffset(self, request: web.Request) -> web.StreamResponse:
         """``POST /channel/setoffset?topic=T&channel=C`` + nsqd's position body: a cluster
         reset of a route-managed topic's channel (RouteCoordinator.reset_channel)."""
-        from nsqx.cluster.route_coord import ResetRefused
-        from nsqx.httpapi import HTTPError, topic_channel_args
-        from nsqx.httpapi import query as parse_query
-        from nsqx.nsqd.replay_api import MAX_POSITION_BODY, split_position_arg
-
         c = self.coordinator
         assert c is not None
         if not c.is_leader:

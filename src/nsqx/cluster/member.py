@@ -67,6 +67,7 @@ from nsqx.cluster.outage import Outage
 from nsqx.cluster.replica_follower import ReplicaFollower
 from nsqx.cluster.replica_server import ReplicaServer
 from nsqx.cluster.replication import epoch_spans, frame_runs
+from nsqx.cluster.restart import step_down_after_restart
 from nsqx.cluster.roles import Roles
 from nsqx.cluster.route_handlers import RouteHandlers
 from nsqx.cluster.stream import PATH as STREAM_PATH
@@ -271,8 +272,12 @@ class NodeMember:
 
     # -- metadata -------------------------------------------------------------------------
     async def _watch(self) -> None:
+        stepped_down = False
         while True:
             try:
+                if not stepped_down:  # leaderships of a previous run: given up before any role
+                    await step_down_after_restart(self.meta, self.node_id)
+                    stepped_down = True
                 kvs, rev = await self.etcd.get_prefix(self.meta.keys.root)
                 self.watch_outage.ok()
                 self._load(kvs)

@@ -28,6 +28,7 @@ __all__ = [
     "preferred_leader_move",
     "remove_replica",
     "shrink_isr",
+    "step_down",
 ]
 
 
@@ -88,6 +89,27 @@ def node_lost(pm: PartitionMeta, node: str, live: Iterable[str],
     # the last in-sync replica stays in the ISR while it is away: it alone holds every
     # acknowledged message, so the partition waits for it rather than forget it
     return pm
+
+
+def step_down(pm: PartitionMeta, node: str, live: Iterable[str]) -> PartitionMeta:
+    """A restarted ``node`` gives up a leadership of its previous run (pure).
+
+    Its log may have lost what it had not fsynced (power loss), yet the metadata still names
+    it leader at the same epoch: leading again would make the followers truncate acknowledged
+    records to match it. Another live ISR member holds every acknowledged message, so it
+    leads at a new epoch and ``node`` leaves the ISR until it has caught up. When no other
+    ISR member is live ``node`` keeps leading (nobody better exists: the lone ISR member
+    case of docs/cluster.md), at a new epoch all the same: what it writes now may land at
+    offsets where a catch-up replica holds records its disk lost, and only a new epoch
+    makes that replica truncate them (KIP-101: an epoch per leadership, not per leader).
+    """
+    if pm.leader != node:
+        return pm
+    alive = set(live)
+    others = [n for n in pm.isr if n != node and n in alive]
+    if not others:
+        return replace(pm, epoch=pm.epoch + 1)
+    return elect_leader(pm, others, {})
 
 
 def shrink_isr(pm: PartitionMeta, follower: str, epoch: int) -> PartitionMeta:

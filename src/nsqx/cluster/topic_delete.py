@@ -126,7 +126,7 @@ def refuse_imported_topics(topics: dict[str, Any]) -> None:
     so a follower's id check would refuse the frames and FIN/REQ/TOUCH by Go id would stop
     working on a new leader. SystemExit with the topics and what to do."""
     held = sorted(f"{t.name}/{p.partition}" for t in topics.values() if not t.ephemeral
-                  for p in t.partitions if getattr(p.log, "imported", None) is not None)
+                  for p in t.partitions if p.log.imported is not None)
     if held:
         raise SystemExit(
             f"FATAL: cluster mode refused: topic partition(s) {', '.join(held)} hold messages "

@@ -43,7 +43,7 @@ from .options import Options
 from .registry import CHANNEL, CLIENT, TOPIC, Registration, RegistrationDB, filter_by_active
 from .trace_search import trace_search
 
-__all__ = ["HTTPHost", "make_app", "registry_lookup"]
+__all__ = ["HTTPHost", "make_app", "registry_lookup", "topic_delete"]
 
 
 class HTTPHost(Protocol):
@@ -363,6 +363,12 @@ def _guarded(fn: Handler, rule: Rule, authz: HTTPAuthorizer) -> Handler:
         return await fn(request)
 
     return guarded
+
+
+async def topic_delete(lookupd: HTTPHost, request: web.Request) -> web.Response:
+    """Upstream's ``/topic/delete`` on this lookupd's registry (cluster mode deletes the
+    topic in etcd first, then answers with this)."""
+    return await _Handlers(lookupd).topic_delete(request)
 
 
 def make_app(lookupd: HTTPHost) -> web.Application:

@@ -34,7 +34,16 @@ from typing import IO, Any
 
 from nsqx import NSQ_VERSION
 from nsqx.migrate.diskqueue import GoMessage, queue_files, queue_name, read_queue
-from nsqx.nsqd.topic import topic_dir
+from nsqx.nsqd.datapath import (
+    LOCK_FILE,
+    channels_dir,
+    cursor_path,
+    lock_path,
+    metadata_path,
+    partition_dir,
+    topic_dir,
+    topics_root,
+)
 from nsqx.protocol.names import is_ephemeral, valid_channel_name, valid_topic_name
 from nsqx.storage.cursor import ChannelCursor
 from nsqx.storage.fileio import write_durably
@@ -45,7 +54,6 @@ from nsqx.storage.message_id import make_id
 __all__ = ["ImportError_", "GoChannel", "GoTopic", "read_go_metadata", "run_import",
            "LOCK_FILE"]
 
-LOCK_FILE = ".nsqx.lock"  # nsqd flock()s this file in its --data-path (NSQD._lock_data_path)
 _STAGING = ".nsqx-import.tmp"
 _FRAME = struct.Struct(">IIqH")  # size, type 2 (message), timestamp, attempts
 _BATCH_BYTES = 1 << 20
@@ -114,7 +122,7 @@ def locked_data_path(data_path: Path, *, create: bool) -> Iterator[None]:
             return
         data_path.mkdir(parents=True)
     try:
-        fd = os.open(data_path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock_path(data_path), os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise ImportError_(f"--data-path={data_path}: {exc.strerror}") from None
     try:
@@ -217,15 +225,10 @@ class _TopicWriter:
         self.log.close()
 
 
-def _cursor_path(tdir: Path, channel: str) -> Path:
-    # nsqd's cursor file of partition 0 (Topic._get_channel_here)
-    return tdir / "channels" / f"c-{channel}.cursor"
-
-
 def _write_topic(go_path: Path, staging: Path, topic: GoTopic, report: Callable[[str], None],
                  progress: Progress, max_msg_size: int) -> None:
     tdir = topic_dir(staging, topic.name)
-    writer = _TopicWriter(tdir / "p0")
+    writer = _TopicWriter(partition_dir(tdir, 0))
     blocks: dict[str, tuple[int, int]] = {}
     try:
         # each channel's own queue as one block, then the topic's (every channel gets it)
@@ -250,9 +253,9 @@ def _write_topic(go_path: Path, staging: Path, topic: GoTopic, report: Callable[
                "could be read as nsqx ids (written before February 2015, or not lowercase "
                f"hex); each keeps Go's id in its {GO_ID_HEADER} header")
     if topic.channels:
-        (tdir / "channels").mkdir(parents=True, exist_ok=True)
+        channels_dir(tdir).mkdir(parents=True, exist_ok=True)
     for c in topic.channels:
-        cur = ChannelCursor(0, state_path=_cursor_path(tdir, c.name))
+        cur = ChannelCursor(0, state_path=cursor_path(tdir, c.name))
         for other, (a, b) in sorted(blocks.items(), key=lambda kv: kv[1]):
             if other != c.name:
                 cur.mark_finished_range(a, b)
@@ -261,7 +264,7 @@ def _write_topic(go_path: Path, staging: Path, topic: GoTopic, report: Callable[
 
 
 def _nsqx_metadata(data_path: Path) -> dict[str, Any]:
-    path = data_path / "nsqd.dat"
+    path = metadata_path(data_path)
     if not path.exists():
         return {"topics": [], "version": NSQ_VERSION}
     try:
@@ -345,12 +348,12 @@ def run_import(go_path: str | Path, data_path: str | Path, *, dry_run: bool = Fa
             try:
                 for t in topics:
                     _write_topic(go_path, staging, t, report, progress, max_msg_size)
-                topic_dir(data_path, "x").parent.mkdir(exist_ok=True)
+                topics_root(data_path).mkdir(exist_ok=True)
                 for t in topics:
                     os.rename(topic_dir(staging, t.name), topic_dir(data_path, t.name))
                 meta["topics"] += [_topic_metadata(t) for t in topics]
                 meta.setdefault("version", NSQ_VERSION)
-                write_durably(data_path / "nsqd.dat", json.dumps(meta).encode())
+                write_durably(metadata_path(data_path), json.dumps(meta).encode())
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
     _print_counts(topics, out, dry_run=dry_run)

@@ -75,7 +75,7 @@ from aiohttp import web
 from nsqx.httpapi import HTTPError, topic_arg
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
-from nsqx.nsqd.auth import http_authorizer
+from nsqx.nsqd.auth import HTTPAuthorizer
 from nsqx.nsqd.channel import load_archived, load_time
 from nsqx.nsqd.http_publish import (
     existing_topic,
@@ -88,6 +88,7 @@ from nsqx.storage.publish_keys import PUB_KEY_HEADER
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
+    from nsqx.nsqd.topic import Topic
 
 __all__ = ["add_routes", "FETCH_HEADER", "FETCH_MAGIC", "PUB_KEY_HEADER", "encode_fetch_headers"]
 
@@ -126,26 +127,21 @@ def _int_arg(params: dict[str, list[str]], key: str, default: int | None = None,
     return int(v)
 
 
-def _partitions(topic: Any) -> dict[int, Any]:
-    """partition id -> log. A topic of this node has one log unless it says otherwise."""
-    return {pid: getattr(v, "log", v) for pid, v in _partition_objects(topic).items()}
+def _partitions(topic: Topic) -> dict[int, Any]:
+    """partition id -> log."""
+    return {pid: part.log for pid, part in enumerate(topic.partitions)}
 
 
-def _partition_objects(topic: Any) -> dict[int, Any]:
-    parts = getattr(topic, "partitions", None)
-    if isinstance(parts, dict):
-        return {int(k): v for k, v in parts.items()}
-    if isinstance(parts, list | tuple):
-        return dict(enumerate(parts))
-    return {int(getattr(topic.log, "partition", 0) or 0): topic}
+def _partition_objects(topic: Topic) -> dict[int, Topic]:
+    return dict(enumerate(topic.partitions))
 
 
-def readable_end(part: Any, uncommitted: bool = False) -> int:
+def readable_end(part: Topic, uncommitted: bool = False) -> int:
     """Where readers stop: the flushed end, or in cluster mode (``hold_reads``) the end every
     in-sync replica has (the high watermark), so a pipeline never reads a tail that a
     failover may truncate. ``uncommitted`` (diagnostics) reads to the flushed end anyway."""
-    plog = getattr(part, "log", part)
-    if getattr(part, "hold_reads", False) and not uncommitted:
+    plog = part.log
+    if part.hold_reads and not uncommitted:
         return min(int(part.readable_end), plog.flushed_offset)
     return plog.flushed_offset
 
@@ -162,10 +158,13 @@ def encode_fetch_headers(items: list[tuple[int, dict[str, bytes]]]) -> bytes:
 
 # ---------------------------------------------------------------- handlers
 
-class _FetchAPI:
-    def __init__(self, nsqd: NodeAPI) -> None:
+class FetchAPI:
+    """The node's one fetch API: its HTTP and HTTPS apps share the publish-key indexes, so
+    the node builds it once (``nsqd.http.http_services``) and hands it to both."""
+
+    def __init__(self, nsqd: NodeAPI, authz: HTTPAuthorizer) -> None:
         self.nsqd = nsqd
-        self._authz = http_authorizer(nsqd)
+        self._authz = authz
 
     # -- common -----------------------------------------------------------------------
     def _topic(self, name: str) -> Any:
@@ -194,7 +193,7 @@ class _FetchAPI:
         uncommitted = (_first(params, "uncommitted") or "") in ("1", "true")
         out = []
         for pid, part in sorted(_partition_objects(topic).items()):
-            plog = getattr(part, "log", part)
+            plog = part.log
             if ts_ns is not None:
                 await load_time(plog, ts_ns)  # the archive's part in a thread
             entry = {"partition": pid, "earliest": plog.earliest_offset,  # (archive too)
@@ -217,7 +216,7 @@ class _FetchAPI:
         part = _partition_objects(self._topic(name)).get(pid)
         if part is None:
             raise HTTPError(404, "PARTITION_NOT_FOUND")
-        plog = getattr(part, "log", part)
+        plog = part.log
         uncommitted = (_first(params, "uncommitted") or "") in ("1", "true")
         earliest, latest = plog.earliest_offset, readable_end(part, uncommitted)
         if offset > latest:
@@ -325,9 +324,9 @@ class _FetchAPI:
         headers: list[dict[str, bytes] | None] = [
             {"key": k} if k else None for k in keys] if keys else [None] * len(msgs)
         headers[0] = {**(headers[0] or {}), PUB_KEY_HEADER: f"{key}#{len(msgs)}".encode()}
-        parts = getattr(topic, "partitions", None)
-        target = parts[pid] if isinstance(parts, list) and pid < len(parts) else topic
-        if getattr(target, "committer", None) is None:
+        parts = topic.partitions
+        target = parts[pid] if pid < len(parts) else topic
+        if target.committer is None:
             raise HTTPError(500, "INTERNAL_ERROR")
         try:
             # in cluster mode only a leader takes it (acked after its ISR); a follower
@@ -349,19 +348,10 @@ class _FetchAPI:
         """The indexes are the partitions' (closed with them)."""
 
 
-def add_routes(app: web.Application, nsqd: NodeAPI) -> _FetchAPI:
-    """Register /nsqx/offsets, /nsqx/fetch and /nsqx/pub on nsqd's HTTP app.
-
-    Returns the node's API object."""
-    api = getattr(nsqd, "_nsqx_fetch_api", None)
-    if api is None:  # one per node: the HTTP and HTTPS apps share the publish-key indexes
-        api = _FetchAPI(nsqd)
-        try:
-            nsqd._nsqx_fetch_api = api
-        except AttributeError:
-            pass
+def add_routes(app: web.Application, api: FetchAPI) -> None:
+    """Register /nsqx/offsets, /nsqx/fetch and /nsqx/pub of the node's ``api`` on one of
+    its HTTP apps."""
     app.router.add_get("/nsqx/offsets", api.offsets, allow_head=False)
     app.router.add_get("/nsqx/fetch", api.fetch, allow_head=False)
     app.router.add_post("/nsqx/pub", api.pub)
     app.on_cleanup.append(api.close)
-    return api

@@ -24,6 +24,7 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -37,6 +38,7 @@ from nsqx.httpapi import (
     HTTPError,
     client_address,
     client_fault,
+    make_runner,
     parse_go_query,
     task_dump,
     topic_arg,
@@ -44,7 +46,8 @@ from nsqx.httpapi import (
 )
 from nsqx.httpapi import first as _first
 from nsqx.httpapi import query as _query
-from nsqx.nsqd.auth import OPERATOR_RULES, HTTPAuthorizer, http_authorizer
+from nsqx.nsqd import config_api, fetch_api, replay_api, routes_api, trace_api
+from nsqx.nsqd.auth import OPERATOR_RULES, HTTPAuthorizer
 from nsqx.nsqd.http_publish import (
     existing_topic,
     idempotency_key,
@@ -60,12 +63,13 @@ from nsqx.nsqd.http_publish import (
 )
 from nsqx.nsqd.metrics import memory_stats, prometheus_text
 from nsqx.nsqd.options import LOG_LEVELS, TLS_REQUIRED
+from nsqx.nsqd.routes_api import create_routed
 from nsqx.nsqd.stats_text import format_stats
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeAPI
 
-__all__ = ["HTTPError", "make_app", "parse_go_query", "parse_mpub_binary"]
+__all__ = ["HTTPError", "HTTPServices", "http_services", "make_app", "make_runner", "parse_go_query", "parse_mpub_binary"]
 
 log = logging.getLogger("nsqx.nsqd.http")
 
@@ -216,8 +220,6 @@ class _Handlers:
                         part.ext = False
                     self._persist_metadata()
         if _first(params, "logical") is not None:  # a route-managed ordered topic
-            from nsqx.nsqd.routes_api import create_routed
-
             await create_routed(self.nsqd, name, params)
             return _empty()
         if raw is None and not ordered:
@@ -287,6 +289,9 @@ class _Handlers:
     async def channel_create(self, request: web.Request) -> web.Response:
         topic, cname = self._topic_channel(request)
         topic.get_channel(cname)
+        # answered only once nsqd.dat names it, as /topic/create: the deferred write of a
+        # busy disk (metadata_changed coalesces) must not let a SIGKILL forget the channel
+        self._persist_metadata()
         return _empty()
 
     async def channel_delete(self, request: web.Request) -> web.Response:
@@ -470,7 +475,23 @@ async def _add_v1_header(request: web.Request, response: web.StreamResponse) -> 
     response.headers[V1_HEADER] = V1_VALUE
 
 
-def make_app(nsqd: NodeAPI, *, tls_listener: bool = False) -> web.Application:
+@dataclass(frozen=True)
+class HTTPServices:
+    """What a node's HTTP and HTTPS apps share: one authorizer (one cache of the auth
+    server's answers) and one fetch API (its publish-key indexes). The node builds them
+    once and hands them to each app; nothing is stored on the node behind its back."""
+
+    authorizer: HTTPAuthorizer
+    fetch: fetch_api.FetchAPI
+
+
+def http_services(nsqd: NodeAPI) -> HTTPServices:
+    authz = HTTPAuthorizer(nsqd.opts)
+    return HTTPServices(authz, fetch_api.FetchAPI(nsqd, authz))
+
+
+def make_app(nsqd: NodeAPI, *, tls_listener: bool = False,
+             services: HTTPServices | None = None) -> web.Application:
     """The HTTP API of one node.
 
     ``tls_listener`` says whether this app serves the HTTPS listener; the plain
@@ -492,7 +513,9 @@ def make_app(nsqd: NodeAPI, *, tls_listener: bool = False) -> web.Application:
     if not tls_listener and nsqd.opts.tls_required == TLS_REQUIRED:
         middlewares.append(_tls_required_middleware(nsqd))
     middlewares.append(_v1_errors)
-    authz = http_authorizer(nsqd)
+    if services is None:  # an app of its own (tests): nothing to share
+        services = http_services(nsqd)
+    authz = services.authorizer
     if authz.enabled:
         middlewares.append(_operator_auth_middleware(authz))
     app = web.Application(middlewares=middlewares)
@@ -525,10 +548,7 @@ def make_app(nsqd: NodeAPI, *, tls_listener: bool = False) -> web.Application:
     get("/debug/pprof/goroutine", h.debug_tasks)
     r.add_post("/debug/freememory", h.free_memory)
     app.on_response_prepare.append(_add_v1_header)
-    # here: these modules import this one
-    from nsqx.nsqd import config_api, fetch_api, replay_api, routes_api, trace_api
-
-    fetch_api.add_routes(app, nsqd)
+    fetch_api.add_routes(app, services.fetch)
     config_api.add_routes(app, nsqd)
     routes_api.add_routes(app, nsqd)
     trace_api.add_routes(app, nsqd)

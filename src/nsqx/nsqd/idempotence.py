@@ -22,9 +22,9 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from nsqx.nsqd.datapath import publish_keys_path
 from nsqx.protocol.routes import key_partition
 from nsqx.storage.publish_keys import (
     PRODUCER_HEADER,
@@ -33,6 +33,9 @@ from nsqx.storage.publish_keys import (
     parse_key,
     parse_producer,
 )
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.topic import Topic
 
 __all__ = ["Deduper", "IdempotenceError", "deduper_for", "fingerprint", "has_mark",
            "leads", "sticky_partition"]
@@ -81,16 +84,16 @@ def sticky_partition(topic: Any, headers: list[dict[str, bytes] | None]) -> int 
     return key_partition(pid, len(parts))
 
 
-def leads(part: Any) -> bool:
+def leads(part: Topic) -> bool:
     """This node appends to ``part`` itself (standalone or its leader): it checks marks.
     A follower forwards, marks and all, to the leader that checks them."""
-    gate = getattr(part, "gate", None)
+    gate = part.gate
     return gate is None or not gate.forwards
 
 
-def _readable_end(part: Any) -> int:
+def _readable_end(part: Topic) -> int:
     plog = part.log
-    if getattr(part, "hold_reads", False):  # cluster: only what every in-sync replica has
+    if part.hold_reads:  # cluster: only what every in-sync replica has
         return min(int(part.readable_end), plog.flushed_offset)
     return plog.flushed_offset
 
@@ -278,21 +281,20 @@ def _same_request(fp: str, stored_fp: str, count: int, stored_count: int) -> Non
             "topic or parameters) within the window; use a new key", 422)
 
 
-def deduper_for(part: Any) -> Deduper:
+def deduper_for(part: Topic) -> Deduper:
     """The partition's :class:`Deduper`, opened (and recovered from the log) on first use."""
-    d: Deduper | None = getattr(part, "dedupe", None)
+    d: Deduper | None = part.dedupe
     if d is not None and d.keys.log is part.log:
         return d
     if d is not None:
         d.close()
     opts = part.nsqd.opts
     path = None
-    if not getattr(part, "ephemeral", False) and getattr(part, "dir", None) is not None:
-        path = Path(part.dir) / f"pubkeys-p{part.partition}.sqlite"
-    keys = PublishKeys(path, part.log,
-                       window=float(getattr(opts, "idempotency_window", 86400.0)),
-                       max_keys=int(getattr(opts, "idempotency_max_keys", 1_000_000)),
-                       max_producers=int(getattr(opts, "idempotency_max_producers", 10_000)))
+    if not part.ephemeral:
+        path = publish_keys_path(part.dir, part.partition)
+    keys = PublishKeys(path, part.log, window=float(opts.idempotency_window),
+                       max_keys=int(opts.idempotency_max_keys),
+                       max_producers=int(opts.idempotency_max_producers))
     d = Deduper(part, keys)
     part.dedupe = d
     return d

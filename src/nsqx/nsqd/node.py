@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from nsqx import NSQ_VERSION
+from nsqx.nsqd import datapath, lazy
 from nsqx.nsqd.channel import Channel, now_ms
+from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.e2e import LatencyWindow
+from nsqx.nsqd.http_fast import DeferredApp, FastPubProtocol
 from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED
-from nsqx.nsqd.topic import Topic, has_routes
+from nsqx.nsqd.topic import Topic
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.protocol.v2 import TRACE_TOPIC
 from nsqx.storage.commit import CommitScheduler, FileSystemSyncer
@@ -31,7 +34,6 @@ from nsqx.storage.log import PartitionLog
 from nsqx.storage.segment import open_segments
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.client_v2 import ClientV2
     from nsqx.nsqd.options import Options
 
 log = logging.getLogger("nsqx.nsqd")
@@ -127,13 +129,12 @@ class NSQD:
         # idempotently; returns whether anything knew the name
         self.topic_delete_hook: Callable[[str], Awaitable[bool]] | None = None
         self._tracer: Any = None  # see tracer
-        self._http_app: Any = None  # http_fast.DeferredApp of the plain listener, see start()
+        self._http_app: DeferredApp | None = None  # of the plain listener, see start()
+        self._http_services: Any = None  # nsqd.http.HTTPServices, built with the first app
         self._idle_socks: list[socket.socket] = []  # listening, not served yet: see start()
         self.archiver: Any = None  # tiered storage (--archive-url): nsqx.nsqd.archiving
         if opts.archive_url:
-            from nsqx.nsqd.archiving import NodeArchiver
-
-            self.archiver = NodeArchiver(self.loop, opts.archive_url, opts.archive_s3_endpoint,
+            self.archiver = lazy.node_archiver()(self.loop, opts.archive_url, opts.archive_s3_endpoint,
                                          cluster=bool(opts.cluster_leadership_addresses),
                                          compression=opts.archive_compression)
             self.plugins.append(self.archiver)
@@ -144,9 +145,7 @@ class NSQD:
         """The recorder of traced topics' events (``trace.TraceRecorder``, into ``__trace``),
         made when first needed: a node that traces nothing never loads the tracing code."""
         if self._tracer is None:
-            from nsqx.nsqd.trace import TraceRecorder
-
-            self._tracer = TraceRecorder(self)
+            self._tracer = lazy.trace_recorder()(self)
         return self._tracer
 
     # -- facade used by the TCP and HTTP front ends --------------------------------------
@@ -340,7 +339,7 @@ class NSQD:
             "topics": [t.metadata() for t in self.topics.values() if not t.ephemeral],
             "version": NSQ_VERSION,
         }
-        path = self.data_path / "nsqd.dat"
+        path = datapath.metadata_path(self.data_path)
         tmp = path.with_name(f"nsqd.dat.{os.getpid()}.tmp")
         try:
             write_durably(path, orjson.dumps(data), tmp)
@@ -350,7 +349,7 @@ class NSQD:
             log.error("failed to persist metadata to %s: %s", path, exc)
 
     def _load_metadata(self) -> None:
-        path = self.data_path / "nsqd.dat"
+        path = datapath.metadata_path(self.data_path)
         if not path.exists():
             return
         try:
@@ -396,10 +395,8 @@ class NSQD:
                             ch.max_attempts, ch.max_attempts_set = int(c["max_attempts"]), True
                     part.msg_ttl_ns, part.msg_ttl_set = topic.msg_ttl_ns, topic.msg_ttl_set
                     part.set_sync_every(topic.sync_every)
-            if has_routes(topic.dir):
-                from nsqx.nsqd.routing import TopicRoutes  # only when a topic is routed
-
-                TopicRoutes.load(self, topic)
+            if datapath.has_routes(topic.dir):
+                lazy.topic_routes().load(self, topic)
         self.share_memory()
         log.info("loaded %d topics from %s", len(self.topics), path)
 
@@ -412,21 +409,22 @@ class NSQD:
         route-managed topics are made by /topic/create, which persists before answering.
         A deleted topic's directory is gone, so nothing deleted comes back.
         """
-        root = self.data_path / "topics"
+        root = datapath.topics_root(self.data_path)
         if not root.is_dir():
             return
         adopted = 0
         for d in sorted(root.iterdir()):
-            name = d.name[2:]
-            if (not d.name.startswith("t-") or name in self.topics or not d.is_dir()
+            name = datapath.topic_name(d)
+            if (name is None or name in self.topics or not d.is_dir()
                     or not valid_topic_name(name) or name.endswith("#ephemeral")
-                    or not (d / "p0").is_dir() or (d / "p1").exists() or has_routes(d)):
+                    or not datapath.partition_dir(d, 0).is_dir()
+                    or datapath.partition_dir(d, 1).exists() or datapath.has_routes(d)):
                 continue
             topic = Topic(self, name)
             self.topics[name] = topic
-            cdir = d / "channels"
-            for f in sorted(cdir.glob("c-*.cursor")) if cdir.is_dir() else ():
-                cname = f.name[2:-len(".cursor")]
+            cdir = datapath.channels_dir(d)
+            for f in sorted(cdir.glob(datapath.CURSOR_GLOB)) if cdir.is_dir() else ():
+                cname = datapath.cursor_channel(f)
                 if valid_channel_name(cname):
                     topic.get_channel(cname)
             log.warning("TOPIC(%s): adopted from %s (not in nsqd.dat: a crash came before "
@@ -458,7 +456,7 @@ class NSQD:
     def _lock_data_path(self) -> None:
         try:  # unusable: one FATAL line, as upstream (before this, stop() had nothing to save)
             self.data_path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.data_path / ".nsqx.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(datapath.lock_path(self.data_path), os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise SystemExit(f"FATAL: --data-path={self.data_path} cannot be used: "
                              f"{e.strerror or e}") from None
@@ -470,8 +468,6 @@ class NSQD:
         self._lock_fd = fd
 
     async def start(self) -> None:
-        from nsqx.nsqd.client_v2 import ClientV2
-
         self._lock_data_path()
         self._load_metadata()
         if not self.opts.cluster_leadership_addresses:
@@ -509,8 +505,6 @@ class NSQD:
             # The fast path answers /pub, /mpub and /ping at once; aiohttp and the rest of
             # the API load meanwhile (most of a start's time), and a request for them waits
             # until they are ready instead of being refused.
-            from nsqx.nsqd.http_fast import DeferredApp, FastPubProtocol
-
             app = self._http_app = DeferredApp(self.loop)
             await self._serve(lambda: FastPubProtocol(self, app), http_sock)
             self._tasks.append(self.loop.create_task(self._build_http(app, https_sock),
@@ -522,9 +516,7 @@ class NSQD:
         self._tasks.append(self.loop.create_task(self._persist_loop(), name="persist"))
         self.lookup.start()
         if o.statsd_address:
-            from nsqx.nsqd.statsd import StatsdEmitter
-
-            self.statsd = StatsdEmitter(self)
+            self.statsd = lazy.statsd_emitter()(self)
             self.statsd.start()
         for topic in self.topics.values():
             self.lookup_register(topic.name, None)
@@ -549,11 +541,11 @@ class NSQD:
 
     async def _http_runner(self, *, tls_listener: bool) -> Any:
         """The HTTP API's aiohttp runner, set up (cleaned up by stop())."""
-        from nsqx.httpapi import make_runner
-        from nsqx.nsqd.http import make_app
-
-        runner = make_runner(make_app(self, tls_listener=tls_listener),
-                             logging.getLogger("nsqx.nsqd.http"))
+        http = lazy.http_api()
+        if self._http_services is None:  # one set for the HTTP and HTTPS apps
+            self._http_services = http.http_services(self)
+        app = http.make_app(self, tls_listener=tls_listener, services=self._http_services)
+        runner = http.make_runner(app, logging.getLogger("nsqx.nsqd.http"))
         await runner.setup()
         self._runners.append(runner)
         return runner
@@ -564,7 +556,7 @@ class NSQD:
         modules are imported in a worker thread, so the loop keeps serving while they load;
         a failure is the node's health and closes the requests that waited."""
         try:
-            await self.loop.run_in_executor(None, _import_http_api)
+            await self.loop.run_in_executor(None, lazy.http_api)
             runner = await self._http_runner(tls_listener=False)
             if https_sock is not None:
                 tls_runner = await self._http_runner(tls_listener=True)
@@ -850,18 +842,6 @@ def _fmt_addr(sock: socket.socket) -> str:
     if sock.family == socket.AF_INET6:
         return f"[{name[0]}]:{name[1]}"
     return f"{name[0]}:{name[1]}"
-
-
-def _import_http_api() -> None:
-    """Worker thread: import what the HTTP API's app needs (aiohttp, the sub-APIs)."""
-    from nsqx.nsqd import (  # noqa: F401
-        config_api,
-        fetch_api,
-        http,
-        replay_api,
-        routes_api,
-        trace_api,
-    )
 
 
 def _write_snapshots(snaps: list[tuple[Channel, int, bytes]]) -> dict[Channel, OSError]:

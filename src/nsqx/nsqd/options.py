@@ -34,6 +34,7 @@ from nsqx.flags import (
     peer_flag,
 )
 from nsqx.storage.archive_codecs import CODECS as ARCHIVE_CODECS
+from nsqx.storage.archive_url import parse_url as parse_archive_url
 
 __all__ = [
     "LOG_LEVELS",
@@ -246,9 +247,7 @@ class Options:
                 raise OptionsError(f"--{name.replace('_', '-')} must not be negative")
         if self.archive_compression not in ARCHIVE_CODECS:  # "" skips the flag's check
             raise OptionsError(f"--archive-compression must be one of {', '.join(ARCHIVE_CODECS)}")
-        if self.archive_url:  # nsqx tiered storage (loaded only when asked for)
-            from nsqx.storage.archive import parse_url as parse_archive_url
-
+        if self.archive_url:  # nsqx tiered storage
             try:
                 parse_archive_url(self.archive_url)
             except ValueError as e:

@@ -88,7 +88,9 @@ async def create_routed(nsqd: NodeAPI, name: str, params: dict[str, list[str]]) 
             raise HTTPError(400, "TOPIC_EXISTS")
         return r
     try:
-        from nsqx.nsqd.routing import TopicRoutes  # loaded by the first routed topic
+        # lazy: the HTTP API loads at every start, the routing code only with a routed topic
+        # (nsqd/lazy.py is above this module's layer, so it cannot be asked)
+        from nsqx.nsqd.routing import TopicRoutes
 
         return await TopicRoutes.create(nsqd, name, count, logical, node_label(nsqd))
     except RouteError as exc:

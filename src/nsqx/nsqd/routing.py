@@ -38,7 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from nsqx.nsqd.topic import ROUTES_FILE, SealedPartition
+from nsqx.nsqd.datapath import ROUTES_FILE, route_state_path
+from nsqx.nsqd.topic import SealedPartition
 from nsqx.protocol.barrier import (
     ChannelRoute,
     StaleRoute,
@@ -568,7 +569,7 @@ class TopicRoutes:
     def _state_path(self, name: str) -> Path | None:
         if is_ephemeral(name):
             return None
-        return self.topic.dir / "channels" / f"c-{name}.route"
+        return route_state_path(self.topic.dir, name)
 
     def channel_created(self, name: str, *, first: bool) -> None:
         """A channel now exists in every partition: load its barrier state, or start it (the

@@ -11,10 +11,10 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsqx.nsqd.channel import Channel, now_ms
+from nsqx.nsqd.datapath import channels_dir, cursor_path, partition_dir, topic_dir
 from nsqx.protocol.names import is_ephemeral
 from nsqx.storage.commit import GroupCommitter
 from nsqx.storage.cursor import ChannelCursor
@@ -24,11 +24,6 @@ if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeContext, TopicRouting, Tracer, WriteGate
 
 log = logging.getLogger("nsqx.nsqd.topic")
-
-
-def topic_dir(data_path: Path, name: str) -> Path:
-    # The prefix keeps names such as "." and ".." (valid NSQ names) from being path tricks.
-    return data_path / "topics" / f"t-{name}"
 
 
 class Topic:
@@ -90,8 +85,11 @@ class Topic:
                 retention_bytes=opts.retention_bytes or None,
                 hard_size_cap=opts.max_log_bytes or None,
                 reclaim_files=nsqd.reclaim_files,  # EMFILE: idle logs let go, one retry
+                # a cluster replica cuts at damage found at start and fetches the rest again;
+                # a lone nsqd keeps its log and refuses the damaged commit when it is read
+                cut_damaged_synced=bool(opts.cluster_leadership_addresses),
             )
-            self.log = PartitionLog(self.dir / f"p{partition}", partition, config)
+            self.log = PartitionLog(partition_dir(self.dir, partition), partition, config)
         self._idle_end = -1  # log end seen by the last release_idle_files()
         self.dedupe: Any = None  # idempotent publishes' index (nsqd.idempotence), on first use
         self.committer = GroupCommitter(self.log, nsqd.loop, syncer=nsqd.fs_syncer,
@@ -146,9 +144,9 @@ class Topic:
         """This partition's fsync policy: every ``n`` messages (1: each publish waits for its
         fsync), 0 for the node's ``--sync-every``. Takes effect with the next commit."""
         self.sync_every = n
-        config = getattr(self.log, "config", None)
-        if isinstance(self.log, MemoryLog) or config is None:
+        if not self.log.durable:
             return
+        config = self.log.config
         config.sync_every = n if n > 0 else max(self.nsqd.opts.sync_every, 1)
         self.committer.sync_always = config.sync_every == 1
 
@@ -158,7 +156,7 @@ class Topic:
         every channel (or for the first channel to come). A follower mirrors only the
         channels' confirmed offsets, so without this a failover delivered them at once.
         Returns how many offsets were deferred."""
-        if isinstance(self.log, MemoryLog):
+        if not self.log.durable:
             return 0
         chans = list(self.channels.values())
         lo = min((ch.confirmed for ch in chans), default=self.pending_from)
@@ -309,10 +307,8 @@ class Topic:
             start = self.log.next_offset
         state_path = None
         if not ephemeral and not self.ephemeral:
-            (self.dir / "channels").mkdir(parents=True, exist_ok=True)
-            # one cursor file per partition (partition 0 keeps the single-partition name)
-            suffix = f".p{self.partition}" if self.partition else ""
-            state_path = self.dir / "channels" / f"c-{name}{suffix}.cursor"
+            channels_dir(self.dir).mkdir(parents=True, exist_ok=True)
+            state_path = cursor_path(self.dir, name, self.partition)
         cursor = ChannelCursor(start, state_path=state_path)
         was = cursor.fit_log(self.log.next_offset)
         if was is not None:
@@ -518,14 +514,6 @@ class SealedPartition(BadPartition):
         self.version = stale.version
         super().__init__(f"route version {stale.version} (partition {stale.partition} of "
                          f"topic {topic} takes no publishes)")
-
-
-ROUTES_FILE = "routes.json"  # a route-managed topic's history, in its topic directory
-
-
-def has_routes(topic_dir: Path) -> bool:
-    """Whether the topic stored in ``topic_dir`` is route-managed (``routing.TopicRoutes``)."""
-    return (topic_dir / ROUTES_FILE).exists()
 
 
 class PublishRefused(Exception):

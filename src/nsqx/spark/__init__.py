@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from nsqx.extras import install_command
+
 __all__ = ["register", "NsqDataSource"]
 
 
@@ -29,18 +31,14 @@ def register(spark: Any) -> None:
     import nsqx, this says so at once. (Spark Connect sessions configure workers on the
     server and are left alone.)
     """
-    from nsqx.spark.source import NsqDataSource
-
     _use_driver_python(spark)
-    spark.dataSource.register(NsqDataSource)
+    spark.dataSource.register(_data_source())
 
 
 def _use_driver_python(spark: Any) -> None:
     import os
     import subprocess
     import sys
-
-    from nsqx.extras import install_command
 
     sc = getattr(spark, "sparkContext", None)
     try:
@@ -78,9 +76,15 @@ def _use_driver_python(spark: Any) -> None:
             f"SparkSession, or .config('spark.pyspark.python', {sys.executable!r})")
 
 
+def _data_source() -> Any:
+    """``source.NsqDataSource``, whose module imports pyspark (an optional extra): this
+    package imports without it (``nsqx spark`` loads the jobs before a session exists)."""
+    from nsqx.spark.source import NsqDataSource
+
+    return NsqDataSource
+
+
 def __getattr__(name: str) -> Any:
     if name == "NsqDataSource":
-        from nsqx.spark.source import NsqDataSource
-
-        return NsqDataSource
+        return _data_source()
     raise AttributeError(name)

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from nsqx.spark import register
+
 __all__ = ["spark_session", "archive", "run_archive", "stats", "parse_time_ms"]
 
 
@@ -49,8 +51,6 @@ def spark_session(master: str | None = None, app_name: str = "nsqx",
     conf.setdefault("spark.pyspark.driver.python",
                     os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable)
     from pyspark.sql import SparkSession
-
-    from nsqx.spark import register
 
     b = SparkSession.builder.appName(app_name)
     if master:

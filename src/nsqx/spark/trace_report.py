@@ -31,6 +31,8 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
+from nsqx.spark.jobs import source_options
+
 __all__ = ["EVENT_SCHEMA_DDL", "trace_report", "format_report"]
 
 TRACE_TOPIC = "__trace"
@@ -46,8 +48,6 @@ def events(spark: Any, *, nsqd: str | None = None, lookupd: str | None = None,
            options: dict[str, str] | None = None) -> Any:
     """``__trace`` as one row per (event, message): ranges expanded, times in ns."""
     from pyspark.sql import functions as F
-
-    from nsqx.spark.jobs import source_options
 
     raw = (spark.read.format("nsq")
            .options(**source_options(nsqd=nsqd, lookupd=lookupd, topic=TRACE_TOPIC,

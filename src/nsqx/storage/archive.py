@@ -50,6 +50,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from nsqx.storage.archive_codecs import CODECS
+from nsqx.storage.archive_url import parse_url
 from nsqx.storage.fileio import fsync_dir, write_durably
 from nsqx.storage.records import Chunk, LogError
 
@@ -101,22 +102,6 @@ class ArchivedFile:
     bytes: int
     min_ts: int
     max_ts: int
-
-
-def parse_url(url: str) -> tuple[str, str]:
-    """("dir", absolute path) or ("s3", "bucket/prefix") of an archive URL; ValueError with
-    what is wrong otherwise. Needs no pyarrow (nsqd checks its flags with it)."""
-    u = urlparse(url)
-    if u.scheme in ("", "file"):
-        root = u.path if u.scheme == "file" else url
-        if not root or not os.path.isabs(root):
-            raise ValueError(f"archive directory must be an absolute path: {url!r}")
-        return "dir", root.rstrip("/") or "/"
-    if u.scheme == "s3":
-        if not u.netloc:
-            raise ValueError(f"s3 archive URL needs a bucket: {url!r}")
-        return "s3", (u.netloc + "/" + u.path.strip("/")).rstrip("/")
-    raise ValueError(f"archive URL must be a directory or s3://bucket/prefix: {url!r}")
 
 
 class Archive:

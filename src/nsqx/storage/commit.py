@@ -13,13 +13,37 @@ import ctypes
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from nsqx.storage.records import LogError
+from nsqx.storage.records import LogConfig, LogError
 
-__all__ = ["CommitScheduler", "FileSystemSyncer", "GroupCommitter"]
+__all__ = ["CommitLog", "CommitScheduler", "FileSystemSyncer", "GroupCommitter"]
 
 log = logging.getLogger("nsqx.storage.commit")
+
+
+class CommitLog(Protocol):
+    """What a GroupCommitter (and a FileSystemSyncer) use of a log: ``log.PartitionLog`` or
+    ``memlog.MemoryLog``. ``durable`` says whether appends reach files (fsync policy,
+    syncfs tickets); a memory log's sync calls do nothing."""
+
+    durable: bool
+    config: LogConfig
+    next_offset: int
+
+    @property
+    def flushed_offset(self) -> int: ...
+    @property
+    def synced_offset(self) -> int: ...
+    def append(self, bodies: Sequence[bytes], timestamp_ns: int | None = None,
+               **kw: Any) -> int: ...
+    def append_frames(self, data: bytes, count: int, timestamp_ns: int, **kw: Any) -> int: ...
+    def flush(self) -> int: ...
+    def needs_sync(self) -> bool: ...
+    def sync(self) -> None: ...
+    def write_waiting_meta(self) -> None: ...
+    def begin_sync(self) -> tuple: ...
+    def end_sync(self, ticket: tuple, *, fs_synced: bool = False) -> None: ...
 
 
 class CommitScheduler:
@@ -70,7 +94,7 @@ class CommitScheduler:
 class GroupCommitter:
     """Batches appends per loop turn for one PartitionLog (or MemoryLog)."""
 
-    def __init__(self, log: Any, loop: asyncio.AbstractEventLoop | None = None, *,
+    def __init__(self, log: CommitLog, loop: asyncio.AbstractEventLoop | None = None, *,
                  sync_always: bool = False, syncer: FileSystemSyncer | None = None,
                  scheduler: CommitScheduler | None = None) -> None:
         self.log = log
@@ -78,10 +102,10 @@ class GroupCommitter:
         # the node's shared flush pass (one call_soon per turn for all its logs), if any
         self.scheduler = scheduler
         # interval fsyncs of many logs share one syncfs() when a syncer is given
-        self.syncer = syncer if hasattr(log, "begin_sync") else None
+        self.syncer = syncer if log.durable else None
         self._ext_busy = False  # the syncer holds a ticket of this log
         self._kick_after_ext = False
-        self.sync_always = sync_always or getattr(log.config, "sync_every", 0) == 1
+        self.sync_always = sync_always or log.config.sync_every == 1
         self.on_flushed: list[Callable[[int], None]] = []
         self._turn: list[tuple[asyncio.Future[int], int, int]] = []  # (future, base, end)
         self._scheduled = False
@@ -170,7 +194,7 @@ class GroupCommitter:
             self._arm_timer()
 
     def _arm_timer(self) -> None:
-        iv = getattr(self.log.config, "sync_interval", 0)
+        iv = self.log.config.sync_interval
         if iv and iv > 0 and self._timer is None:
             if self.syncer is not None:  # one timer for all the syncer's logs
                 self._timer = self.syncer.later(self, iv)

@@ -142,6 +142,7 @@ def frame_lengths(data: bytes, count: int) -> list[int]:
 class PartitionLog:
     """Segment files + sparse indexes + group-writable tail; see module doc."""
 
+    durable = True  # appends reach files (storage.commit.CommitLog)
     _fast_commit = True  # flush of one batch via Segment.write_single (tests turn it off)
 
     def __init__(self, path: str | Path, partition: int = 0, config: LogConfig | None = None
@@ -218,7 +219,7 @@ class PartitionLog:
                 seg.delete()
                 cut_at = base
                 continue
-            cut = seg.recover(ckpt)
+            cut = seg.recover(ckpt, scrub=self.config.cut_damaged_synced)
             seg.release_files()  # reopened on first use: a node of many topics starts
             self._segments.append(seg)  # without one descriptor per file of each
             if cut:

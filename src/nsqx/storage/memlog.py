@@ -11,6 +11,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 
+from nsqx.storage.checksum import crc32
 from nsqx.storage.message_id import ids_for_range
 from nsqx.storage.records import (
     BatchInfo,
@@ -31,6 +32,7 @@ class MemoryLog:
     """Bounded in-memory log; sync/flush are trivial, retention is by message count."""
 
     imported = None  # PartitionLog's imported range (nsqx import): never in memory
+    durable = False  # nothing reaches a file: no fsync policy, no syncfs tickets
 
     def __init__(self, partition: int = 0, mem_queue_size: int = 10000,
                  config: LogConfig | None = None) -> None:
@@ -124,6 +126,12 @@ class MemoryLog:
     def write_waiting_meta(self) -> None:
         return None  # nothing is written: nothing waits
 
+    def begin_sync(self) -> tuple:
+        return ()  # not durable (storage.commit never asks): no files to sync
+
+    def end_sync(self, ticket: tuple, *, fs_synced: bool = False) -> None:
+        return None
+
     def _index(self, offset: int) -> int:
         return bisect_right(self._bases, offset, self._head) - 1
 
@@ -178,8 +186,6 @@ class MemoryLog:
                                                   default=self._flushed))
 
     def batches(self, from_offset: int = 0) -> Iterator[BatchInfo]:
-        from nsqx.storage.checksum import crc32
-
         start = max(self._head, self._index(from_offset)) if self._bases else 0
         for i in range(start, len(self._chunks)):
             ch, (epoch, cid, _h) = self._chunks[i], self._meta[i]

@@ -61,6 +61,11 @@ class LogConfig:
     retention_bytes: int | None = None
     hard_size_cap: int | None = None
     mem_tail_bytes: int = 8 * MiB  # newest records kept in memory for readers that keep up
+    # At open, check the CRC of every fsynced commit too and cut the log at the first damaged
+    # one. Right for a cluster replica, which fetches the rest again from its leader; a lone
+    # copy keeps its log (cutting would drop every later record) and its disk reads refuse
+    # the damaged commit instead (SegmentCorrupt).
+    cut_damaged_synced: bool = False
     # called when a segment's files cannot be opened for want of descriptors (EMFILE,
     # ENFILE), before the one retry: the owner closes other idle logs' files (nsqd does)
     reclaim_files: Callable[[], object] | None = field(default=None, compare=False, repr=False)

@@ -551,8 +551,11 @@ class Segment:
         return self.next_offset  # pragma: no cover - runmax guarantees a hit
 
     # -- recovery ------------------------------------------------------------------------
-    def recover(self, checkpoint: int) -> bool:
-        """Load and verify; truncate a torn tail. Returns True if the segment was cut short."""
+    def recover(self, checkpoint: int, scrub: bool = False) -> bool:
+        """Load and verify; truncate a torn tail. Returns True if the segment was cut short.
+
+        ``scrub``: also check the CRC of every commit below ``checkpoint`` (fsynced) and cut at
+        the first damaged one (``LogConfig.cut_damaged_synced``)."""
         raw = os.pread(self.meta_fd, self.sizes[1], 0) if self.sizes[1] else b""
         n = len(raw) // ENTRY_SIZE
         good = 0
@@ -595,7 +598,7 @@ class Segment:
         synced = 0
         while synced < len(parsed) and parsed[synced][0] + parsed[synced][1] <= checkpoint:
             synced += 1
-        bad = self._first_damaged(parsed, synced)
+        bad = self._first_damaged(parsed, synced) if scrub else None
         verified = True
         if bad is not None:
             e = parsed[bad]

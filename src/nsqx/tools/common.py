@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from nsqx import NSQ_VERSION, __version__
+from nsqx.client import Consumer
 from nsqx.flags import (
     Flag,
     FlagError,
@@ -511,8 +512,6 @@ async def consume_until_stopped(opts: Options, topics: Iterable[str],
     ``--nsqd-tcp-address`` or ``--lookupd-http-address``) with ``handler_for(topic)``, all
     started, then the rate reporter; returns when ``stop`` is set, every consumer and the
     reporter closed. A bad consumer option is fatal (exit 1) with its message."""
-    from nsqx.client import Consumer
-
     consumers: list[Consumer] = []
     try:
         for topic in topics:

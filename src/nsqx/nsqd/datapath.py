@@ -1,0 +1,80 @@
+"""The layout of nsqd's ``--data-path``, spelled once: the node, its topics, routed topics
+and the offline importer (``nsqx.migrate``) all read and write the same directory, so a
+file name written in two places could drift and lose data on restart.
+
+::
+
+    <data-path>/nsqd.dat                           node metadata (topics, channels, pauses)
+    <data-path>/.nsqx.lock                         flock()ed by the running node or importer
+    <data-path>/topics/t-<topic>/p<N>/             partition N's log (storage.log)
+    <data-path>/topics/t-<topic>/routes.json       a route-managed topic's history
+    <data-path>/topics/t-<topic>/pubkeys-p<N>.sqlite   idempotent publishes' keys
+    <data-path>/topics/t-<topic>/channels/c-<channel>[.p<N>].cursor   a channel's cursor
+    <data-path>/topics/t-<topic>/channels/c-<channel>.route           its barrier state
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+METADATA_FILE = "nsqd.dat"
+LOCK_FILE = ".nsqx.lock"
+ROUTES_FILE = "routes.json"  # a route-managed topic's history, in its topic directory
+CURSOR_GLOB = "c-*.cursor"  # partition 0's cursor files (and others: callers check names)
+
+_TOPIC_PREFIX = "t-"  # keeps names such as "." and ".." (valid NSQ names) from being path tricks
+_CURSOR_PREFIX, _CURSOR_SUFFIX = "c-", ".cursor"
+
+
+def metadata_path(data_path: Path) -> Path:
+    return data_path / METADATA_FILE
+
+
+def lock_path(data_path: Path) -> Path:
+    return data_path / LOCK_FILE
+
+
+def topics_root(data_path: Path) -> Path:
+    return data_path / "topics"
+
+
+def topic_dir(data_path: Path, name: str) -> Path:
+    return topics_root(data_path) / f"{_TOPIC_PREFIX}{name}"
+
+
+def topic_name(tdir: Path) -> str | None:
+    """The topic stored in a directory of :func:`topics_root`, None for anything else."""
+    return tdir.name[len(_TOPIC_PREFIX):] if tdir.name.startswith(_TOPIC_PREFIX) else None
+
+
+def partition_dir(tdir: Path, partition: int) -> Path:
+    return tdir / f"p{partition}"
+
+
+def channels_dir(tdir: Path) -> Path:
+    return tdir / "channels"
+
+
+def cursor_path(tdir: Path, channel: str, partition: int = 0) -> Path:
+    """One cursor file per partition; partition 0 keeps the single-partition name."""
+    suffix = f".p{partition}" if partition else ""
+    return channels_dir(tdir) / f"{_CURSOR_PREFIX}{channel}{suffix}{_CURSOR_SUFFIX}"
+
+
+def cursor_channel(path: Path) -> str:
+    """The channel name in a cursor file's name (the inverse of :func:`cursor_path` at 0)."""
+    return path.name[len(_CURSOR_PREFIX):-len(_CURSOR_SUFFIX)]
+
+
+def route_state_path(tdir: Path, channel: str) -> Path:
+    return channels_dir(tdir) / f"{_CURSOR_PREFIX}{channel}.route"
+
+
+def publish_keys_path(tdir: Path, partition: int) -> Path:
+    """Idempotent publishes' key index of one partition (``nsqd.idempotence``)."""
+    return tdir / f"pubkeys-p{partition}.sqlite"
+
+
+def has_routes(tdir: Path) -> bool:
+    """Whether the topic stored in ``tdir`` is route-managed (``routing.TopicRoutes``)."""
+    return (tdir / ROUTES_FILE).exists()
