@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 __all__ = ["FetchConnection", "parse_head"]
 
-_MAX_HEAD = 64 << 10
+MAX_HEAD = 64 << 10
 
 
 class _Proto(asyncio.Protocol):
@@ -111,7 +111,7 @@ class FetchConnection:
             end = buf.find(b"\r\n\r\n")
             if end >= 0:
                 break
-            if len(buf) > _MAX_HEAD:
+            if len(buf) > MAX_HEAD:
                 raise ValueError("answer head too long")
             await proto.wait_for(proto.size + 1)
         status, length, close = parse_head(buf[:end])

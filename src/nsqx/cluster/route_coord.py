@@ -13,7 +13,7 @@ the elected coordinator runs the same steps across nodes, every write a CAS in e
 2. **ready**: the new partitions' leaders report ``leader`` in ``/nsqx/cluster/state`` (so
    the producers that route by the committed version find them serving).
 3. **seal**: the leader of each retired partition appends the command message and answers
-   once its ISR has it (``POST /nsqx/route/seal`` on the node, :mod:`nsqx.cluster.member`).
+   once its ISR has it (``POST /nsqx/route/seal`` on the node, :mod:`nsqx.cluster.route_handlers`).
 4. **commit**: the version becomes the newest with a CAS; nodes learn it from their watch,
    and channels advance through the cross-node barrier (``route_passed/`` keys).
 

@@ -219,7 +219,7 @@ class _Proto(fetchconn._Proto):
         buf = self.joined()
         end = buf.find(b"\r\n\r\n")
         if end < 0:
-            if len(buf) > fetchconn._MAX_HEAD:
+            if len(buf) > fetchconn.MAX_HEAD:
                 raise ValueError("handshake answer head too long")
             return
         head, self.head = self.head, None
