@@ -52,8 +52,16 @@ class SparkStandalone:
     def start(self, timeout: float = 120.0) -> SparkStandalone:
         self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                "--port", str(self.port), "--webui-port", str(self.ui)])
+        taken = {self.port, self.ui}  # not bound yet by the master: free_port may pick them
+        worker_ports = []
+        while len(worker_ports) < 2:
+            port = free_port()
+            if port not in taken:
+                taken.add(port)
+                worker_ports.append(port)
         self._spawn("worker", ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                               "--port", str(free_port()), "--webui-port", str(free_port()),
+                               "--port", str(worker_ports[0]),
+                               "--webui-port", str(worker_ports[1]),
                                "--cores", "2", "--memory", "1g",
                                "--work-dir", str(self.work / "w"), self.master_url])
         deadline = time.monotonic() + timeout
@@ -65,7 +73,7 @@ class SparkStandalone:
             try:
                 if self.state().get("aliveworkers") == 1:
                     return self
-            except OSError:
+            except (OSError, ValueError):  # not up yet, or a page that is not the JSON yet
                 pass
             time.sleep(0.5)
         raise RuntimeError(f"standalone Spark not up after {timeout}s; logs in {self.work}")
