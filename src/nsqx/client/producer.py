@@ -380,23 +380,27 @@ class Producer:
                     fut = conn.command(data if isinstance(data, bytes) else data())
                 except ConnectionClosedError:
                     continue
-                self._inflight.add(fut)
                 try:
-                    if conn.write_buffer_size > 1 << 20:
-                        with contextlib.suppress(ConnectionClosedError):
-                            await conn.drain()
-                    return await fut
+                    return await self._answer(conn, fut)
                 except ConnectionClosedError as e:
                     attempt += 1
                     if attempt > self.retries or self._closed:
                         raise
                     log.warning("[%s] publish failed (%s); retrying on another nsqd",
                                 conn.address, e)
-                except NSQError:
-                    raise
-                finally:
-                    self._inflight.discard(fut)
 
+
+    async def _answer(self, conn: Connection, fut: asyncio.Future[bytes]) -> bytes:
+        """Await the answer to a command just written on ``conn``; tracked in ``_inflight``
+        meanwhile (close() waits for those), and a large write buffer is drained first."""
+        self._inflight.add(fut)
+        try:
+            if conn.write_buffer_size > 1 << 20:
+                with contextlib.suppress(ConnectionClosedError):
+                    await conn.drain()
+            return await fut
+        finally:
+            self._inflight.discard(fut)
 
     async def _send_once(self, topic: str, bodies: list[bytes], partition: int | None,
                          headers: Headers, multi: bool, address: str | None = None) -> bytes:
@@ -444,12 +448,8 @@ class Producer:
                         fut = conn.command(data)
                     except ConnectionClosedError:
                         continue
-                    self._inflight.add(fut)
                     try:
-                        if conn.write_buffer_size > 1 << 20:
-                            with contextlib.suppress(ConnectionClosedError):
-                                await conn.drain()
-                        return await fut
+                        return await self._answer(conn, fut)
                     except ConnectionClosedError as e:
                         error = e
                     except NSQError as e:
@@ -468,8 +468,6 @@ class Producer:
                                 data = mark_command(topic, bodies, partition, headers, mark,
                                                     multi)
                                 gap_since = None
-                    finally:
-                        self._inflight.discard(fut)
                 if self._closed or loop.time() >= deadline:
                     self._seqs.give_up(stream, mark)  # outcome unknown: a new epoch next
                     raise error
