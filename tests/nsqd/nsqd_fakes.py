@@ -104,6 +104,7 @@ class FakeNSQD:
         self.exiting = False
         self.publish_error: Exception | None = None
         self.persisted = 0
+        self.topic_delete_hook = None  # standalone: /topic/delete deletes here
         self.lookupd: list[list[str]] = []
         self.producers: list[FakeClient] = []
         self.stats_error: Exception | None = None

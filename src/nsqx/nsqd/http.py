@@ -240,7 +240,7 @@ class _Handlers:
 
     async def topic_delete(self, request: web.Request) -> web.Response:
         name = self._topic_arg(request, validate=False)
-        cluster_delete = getattr(self.nsqd, "topic_delete_hook", None)
+        cluster_delete = self.nsqd.topic_delete_hook
         if cluster_delete is not None:  # cluster mode: every replica and the metadata
             await cluster_delete(name)  # idempotent, as nsqlookupd's: 200 for a name gone
             return _empty()

@@ -13,7 +13,7 @@ here is ``runtime_checkable``: the hot paths call the concrete objects directly)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -261,6 +261,8 @@ class NodeAPI(NodeContext, Protocol):
     tls_context: Any
     tls_required_tcp: bool
     tls_required_http: bool
+    # cluster mode: /topic/delete is the cluster's operation (set by the member that runs it)
+    topic_delete_hook: Callable[[str], Awaitable[bool]] | None
 
     def health(self) -> str: ...
 
