@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from nsqx.cluster.forwarding import Forwarder, reason_of
 from nsqx.cluster.model import NodeInfo, PartitionMeta
 from nsqx.protocol import v2
+from tests.nsqd.inprocess import running_node
 
 
 def _closed_port() -> int:
@@ -97,5 +99,30 @@ def test_no_leader_within_the_timeout_fails_with_a_reason() -> None:
         off, exc = await asyncio.wait_for(outcome, 10)
         assert off == -1 and str(exc).endswith("failed: the partition has no leader"), exc
         await fwd.close()
+
+    asyncio.run(main())
+
+
+def test_a_marked_publish_appended_here_is_checked_for_idempotence(tmp_path: Path) -> None:
+    """A follower forwarded a keyed publish to a leader that stored and replicated it, then
+    died before answering; this node leads now and appends the publish itself: it is
+    answered from what it holds, not stored twice (CI saw ``http-13`` twice)."""
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            part = n.get_topic("orders")
+            assert part is not None
+            marked = [{"nsqx-pub": b"h/req-13#1#fp"}]
+            first = part.publish([b"http-13"], 0, headers=marked)  # the replicated copy
+            assert first is not None and await first == 0
+            part.gate = LeaderGate()  # type: ignore[assignment]
+            member = SimpleNamespace(node_id="me", partitions={("orders", 0): _meta("me")},
+                                     nodes={})
+            fwd = Forwarder(member)  # type: ignore[arg-type]
+            outcome: asyncio.Future[tuple[int, Any]] = asyncio.get_running_loop().create_future()
+            fwd.start(part, [b"http-13"], 0, marked, v2.pub("orders", b"http-13"),
+                      lambda off, exc: outcome.set_result((off, exc)))
+            assert await asyncio.wait_for(outcome, 10) == (0, None)
+            assert fwd.local_appends == 1 and part.log.next_offset == 1
+            await fwd.close()
 
     asyncio.run(main())

@@ -203,3 +203,98 @@ def test_a_producer_naming_no_partition_sticks_to_one(tmp_path: Path) -> None:
             counts = sorted(p.log.next_offset for p in n.topics["multi"].partitions)
             assert counts == [0, 0, 0, 6]
     run(main())
+
+
+class _AckGate:
+    """A leader's gate whose acknowledgements the test gives (cluster.gates.LeaderGate's
+    wrap contract): appends wait in ``waiters`` until ``ack``."""
+
+    forwards = False
+
+    def __init__(self) -> None:
+        self.waiters: list[tuple[int, int, object]] = []
+
+    def refuse(self, topic: object, count: int) -> None:
+        return None
+
+    def wrap(self, topic: object, end: int, done):  # type: ignore[no-untyped-def]
+        def committed(base: int, exc: Exception | None) -> None:
+            self.waiters.append((end, base, done)) if exc is None else done(base, exc)
+        return committed
+
+    def refuse_consumers(self, topic: object) -> None:
+        return None
+
+    def ack(self, part, end: int) -> None:  # type: ignore[no-untyped-def]
+        part.advance_readable(end)
+        for _w_end, base, done in [w for w in self.waiters if w[0] <= end]:
+            done(base, None)
+        self.waiters = [w for w in self.waiters if w[0] > end]
+
+
+def test_a_new_leader_answers_a_retry_from_its_predecessors_unacked_tail(tmp_path: Path) -> None:
+    """A failover: the first copy of a keyed publish and of a producer's batch were
+    replicated here by the old leader, which died before the high watermark covered them.
+    Their retries reach this node, now the leader: nothing is appended again, and each is
+    answered only once the new leader's ISR acknowledges the copy it already holds (CI saw
+    ``http-13`` stored twice before)."""
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            c = Connection(f"127.0.0.1:{n.tcp_port}")
+            await c.connect()
+            try:
+                assert await c.command(v2.pub_ext("f", b"early", {"nsqx-pub": "h/e#1#f0"})) == b"OK"
+                part = n.topics["f"]
+                assert part.dedupe is not None and part.dedupe.keys.covered == 1
+                # what replication from the old leader appended (not through this deduper)
+                for body, h in ((b"keyed", {"nsqx-pub": b"h/k#1#f1"}),
+                                (b"seq0", {"##nsqx_producer": b"p1:0:0"})):
+                    fut = part.publish([body], 0, headers=[h])
+                    assert fut is not None
+                    await fut
+                gate = _AckGate()
+                part.attach_gate(gate)  # type: ignore[arg-type]  # this node leads now
+                part.advance_readable(1)  # the high watermark it learned: below the tail
+                assert part.readable_end == 1 and part.log.flushed_offset == 3
+
+                keyed = asyncio.ensure_future(
+                    c.command(v2.pub_ext("f", b"keyed", {"nsqx-pub": "h/k#1#f1"})))
+                seq = asyncio.ensure_future(
+                    c.command(v2.pub_ext("f", b"seq0", _mark("p1", 0, 0))))
+                await asyncio.sleep(0.2)
+                assert not keyed.done() and not seq.done()  # not acknowledged yet
+                assert part.log.next_offset == 3  # and nothing appended again
+                gate.ack(part, 3)
+                assert await asyncio.wait_for(keyed, 5) == b"OK"
+                assert await asyncio.wait_for(seq, 5) == b"OK"
+                assert part.log.next_offset == 3
+                # the next sequence follows the inherited one
+                nxt2 = asyncio.ensure_future(c.command(v2.pub_ext("f", b"seq1", _mark("p1", 0, 1))))
+                await asyncio.sleep(0.1)
+                gate.ack(part, 4)
+                assert await asyncio.wait_for(nxt2, 5) == b"OK"
+                assert part.log.next_offset == 4
+            finally:
+                c.close()
+    run(main())
+
+
+def test_a_cut_tail_is_forgotten_by_the_index(tmp_path: Path) -> None:
+    """A follower's diverged tail is truncated: a key stored only there is not stored any
+    more, so its retry must be appended (not answered from the index)."""
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            c = Connection(f"127.0.0.1:{n.tcp_port}")
+            await c.connect()
+            try:
+                assert await c.command(v2.pub_ext("cut", b"a", {"nsqx-pub": "h/a#1#f"})) == b"OK"
+                assert await c.command(v2.pub_ext("cut", b"b", {"nsqx-pub": "h/b#1#f"})) == b"OK"
+                part = n.topics["cut"]
+                part.truncate_to(1)
+                assert part.dedupe.keys.get("h/b") is None and part.dedupe.keys.get("h/a")
+                assert await c.command(v2.pub_ext("cut", b"b", {"nsqx-pub": "h/b#1#f"})) == b"OK"
+                assert await c.command(v2.pub_ext("cut", b"a", {"nsqx-pub": "h/a#1#f"})) == b"OK"
+                assert part.log.next_offset == 2
+            finally:
+                c.close()
+    run(main())

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from nsqx.client import NSQError, Producer
 from nsqx.cluster.forward import traced_offset
 from nsqx.cluster.model import NodeInfo, PartitionMeta
+from nsqx.nsqd.idempotence import IdempotenceError, deduper_for, has_mark
 from nsqx.nsqd.topic import PublishRefused
 
 __all__ = ["FORWARD_TIMEOUT", "Forwarder", "reason_of"]
@@ -105,8 +106,7 @@ class Forwarder:
                     refusal = self._local_refusal(topic, len(bodies))
                     if refusal is None:  # this node leads now: append here
                         self.local_appends += 1
-                        # done records the pub trace events already (the first publish)
-                        topic.publish(bodies, defer_ms, done, headers=headers, trace=False)
+                        self._append_here(topic, bodies, defer_ms, headers, done)
                         return
                     reason = f"this node leads but refuses: {refusal}"
                 elif node is None:
@@ -141,6 +141,21 @@ class Forwarder:
         except asyncio.CancelledError:  # the node stops
             done(-1, PublishRefused(f"TOPIC({topic.name}): node stopping while forwarding"))
             raise
+
+    @staticmethod
+    def _append_here(topic: Any, bodies: list[bytes], defer_ms: int,
+                     headers: list[dict[str, bytes] | None] | None, done: Callable) -> None:
+        """Append a publish this node was forwarding, now that it leads. A marked one
+        (idempotent) passes the check a leader makes: an earlier attempt may have reached
+        the old leader and been replicated here before it died."""
+        if headers is not None and has_mark(headers):
+            try:
+                deduper_for(topic).publish(bodies, defer_ms, headers, done)
+            except IdempotenceError as exc:
+                done(-1, NSQError(exc.code, exc.text))
+            return
+        # done records the pub trace events already (the first publish)
+        topic.publish(bodies, defer_ms, done, headers=headers, trace=False)
 
     @staticmethod
     def _local_refusal(topic: Any, count: int) -> str | None:

@@ -91,11 +91,16 @@ def leads(part: Topic) -> bool:
     return gate is None or not gate.forwards
 
 
-def _readable_end(part: Topic) -> int:
-    plog = part.log
-    if part.hold_reads:  # cluster: only what every in-sync replica has
-        return min(int(part.readable_end), plog.flushed_offset)
-    return plog.flushed_offset
+def _committed(part: Any, end: int, base: int, done: Done) -> None:
+    """Answer a repeat stored at [base, end) once it is acknowledged: at once standalone or
+    below the high watermark; else when the leader's gate acks ``end`` (a failover's new
+    leader holds its predecessor's unacknowledged tail; a repeat of a batch still waiting
+    for the ISR is answered with it), or refused if leadership is lost first."""
+    gate = part.gate
+    if gate is None or not part.hold_reads or end <= part.readable_end:
+        done(base, None)
+        return
+    gate.wrap(part, end, done)(base, None)
 
 
 class _Pending:
@@ -127,7 +132,9 @@ class Deduper:
         Raises :class:`IdempotenceError` (nothing appended, ``done`` not called) for a
         malformed mark, a key reused for another request, a sequence gap, a fenced epoch."""
         h0 = headers[0] or {}
-        self.keys.catch_up(_readable_end(self.part))
+        # the whole local log: a new leader's tail above the high watermark came from its
+        # predecessor and may hold the first copy of a retry (a hit there waits for its ack)
+        self.keys.catch_up(self.part.log.flushed_offset)
         raw = h0.get(PRODUCER_HEADER)
         if raw is not None:
             return self._sequenced(raw, bodies, defer_ms, headers, done, producer)
@@ -147,7 +154,7 @@ class Deduper:
         if hit is not None:
             _same_request(fp, hit[2], count, hit[1])
             self.replayed += 1
-            done(hit[0], None)
+            _committed(self.part, hit[0] + hit[1], hit[0], done)
             return True
         pending = self._keys_pending.get(key)
         if pending is not None:
@@ -195,7 +202,7 @@ class Deduper:
             if stored is not None and (epoch, seq) <= stored:
                 assert st is not None
                 self.replayed += 1
-                done(st.base if seq == st.seq else -1, None)
+                _committed(self.part, st.base + st.count, st.base if seq == st.seq else -1, done)
                 return True
             pending = self._seq_pending.get((pid, epoch, seq))
             if pending is not None:
@@ -266,6 +273,11 @@ class Deduper:
             log.error("TOPIC(%s) PARTITION(%d): idempotence checkpoint failed: %s",
                       self.part.name, self.part.partition, exc)
 
+    def truncated(self, offset: int) -> None:
+        """The log was cut at ``offset`` (a follower's diverged tail): forget its marks."""
+        self.keys.forget_from(offset)
+        self._accepted.clear()  # only a leader takes sequences; the index is the truth again
+
     def close(self) -> None:
         if self._checkpoint is not None:
             self._checkpoint.cancel()
@@ -298,3 +310,4 @@ def deduper_for(part: Topic) -> Deduper:
     d = Deduper(part, keys)
     part.dedupe = d
     return d
+

@@ -14,11 +14,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nsqx.nsqd.channel import Channel, now_ms
-from nsqx.nsqd.datapath import channels_dir, cursor_path, partition_dir, topic_dir
+from nsqx.nsqd.datapath import (
+    channels_dir,
+    cursor_path,
+    partition_dir,
+    publish_keys_path,
+    topic_dir,
+)
 from nsqx.protocol.names import is_ephemeral
 from nsqx.storage.commit import GroupCommitter
 from nsqx.storage.cursor import ChannelCursor
 from nsqx.storage.log import LogConfig, MemoryLog, PartitionLog
+from nsqx.storage.publish_keys import forget_marks_from
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import NodeContext, TopicRouting, Tracer, WriteGate
@@ -280,6 +287,12 @@ class Topic:
         channels could read of it."""
         self.log.truncate_to(offset)
         self.readable_end = min(self.readable_end, offset)
+        # the idempotence marks of the records cut must not answer a retry as stored; a
+        # follower opens no index but may keep one from a term it led
+        if self.dedupe is not None:
+            self.dedupe.truncated(offset)
+        elif not self.ephemeral:
+            forget_marks_from(publish_keys_path(self.dir, self.partition), offset)
 
     # -- channels --------------------------------------------------------------------------
     def get_channel(self, name: str, create: bool = True) -> Channel | None:

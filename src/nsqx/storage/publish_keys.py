@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["PRODUCER_HEADER", "PUB_KEY_HEADER", "ProducerState", "PublishKeys",
-           "format_producer", "parse_producer"]
+           "forget_marks_from", "format_producer", "parse_producer"]
 
 log = logging.getLogger("nsqx.storage.publish_keys")
 
@@ -256,6 +256,19 @@ class PublishKeys:
             self.producers.move_to_end(pid)
         self.dirty = True
 
+    def forget_from(self, offset: int) -> None:
+        """The log was cut at ``offset``: drop what was indexed of the records cut (a
+        producer whose newest batch was cut is forgotten: it starts again at sequence 0)."""
+        for k in [k for k, v in self.mem.items() if v[0] >= offset]:
+            del self.mem[k]
+        for pid in [p for p, st in self.producers.items() if st.base >= offset]:
+            del self.producers[pid]
+        self.covered = min(self.covered, offset)
+        if self.db is not None:
+            with self.db:
+                self.db.execute("DELETE FROM keys WHERE base >= ?", (offset,))
+        self.checkpoint()
+
     # -- persistence ---------------------------------------------------------------------
     def checkpoint(self) -> None:
         """Write the producers and the watermark (``covered``): what recovery skips."""
@@ -276,3 +289,19 @@ class PublishKeys:
             finally:
                 self.db.close()
                 self.db = None
+
+
+def forget_marks_from(path: Path, offset: int) -> None:
+    """:meth:`PublishKeys.forget_from` on an index that is not open (no log scan)."""
+    if not path.exists():
+        return
+    db = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        with db:
+            db.execute("DELETE FROM keys WHERE base >= ?", (offset,))
+            db.execute("DELETE FROM producers WHERE base >= ?", (offset,))
+            db.execute("UPDATE meta SET value = min(value, ?) WHERE name='watermark'", (offset,))
+    except sqlite3.OperationalError as exc:  # an index never written: nothing to forget
+        log.warning("%s: could not cut the idempotence index at %d: %s", path, offset, exc)
+    finally:
+        db.close()
