@@ -35,6 +35,7 @@ from nsqx.nsqd.topic import BadPartition, SealedPartition
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from nsqx.protocol.errors import ProtocolError
+from nsqx.protocol.forward import forward_command
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.protocol.v2 import (
     FIN_BATCH,
@@ -47,6 +48,7 @@ from nsqx.protocol.v2 import (
     IdentifySettings,
     cannot_in_state,
     identify_response,
+    mpub_body,
     parse_fin,
     parse_identify,
     parse_lone_marked_pub,
@@ -149,6 +151,7 @@ class ClientV2(asyncio.Protocol):
         self._reading_paused = False
         self._last_read = time.monotonic()
         self._hb_handle: asyncio.TimerHandle | None = None
+        self._handed_to: int | None = None  # --workers: the worker this connection went to
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -179,6 +182,9 @@ class ClientV2(asyncio.Protocol):
         for ch in self.subs:
             ch.remove_client(self)
         self.nsqd.client_disconnected(self)
+        if self._handed_to is not None:
+            log.info("[%s] handed over to worker %d", self, self._handed_to)
+            return
         log.info("[%s] closed connection%s", self, f" ({exc})" if exc else "")
 
     def pause_writing(self) -> None:
@@ -710,6 +716,10 @@ class ClientV2(asyncio.Protocol):
 
     def _cmd_sub(self, cmd: Command) -> Any:
         topic, channel, partition = self._sub_args(cmd, "SUB", 2)
+        handover = self._elsewhere(topic, "SUB")
+        if handover is not None:
+            self._backlog.appendleft(cmd)
+            return handover
         pending = self._check_auth(topic, channel, "subscribe", "SUB")
         if pending is not None:
             return self._after(pending, lambda: self._subscribe(topic, channel, partition))
@@ -720,6 +730,10 @@ class ClientV2(asyncio.Protocol):
         """Youzan's ``SUB_ORDERED <topic> <channel> <partition>``: one partition in log
         order, one message in flight at a time (RDY caps it at 1), the next after FIN."""
         topic, channel, partition = self._sub_args(cmd, "SUB_ORDERED", 3)
+        handover = self._elsewhere(topic, "SUB_ORDERED")
+        if handover is not None:
+            self._backlog.appendleft(cmd)
+            return handover
         pending = self._check_auth(topic, channel, "subscribe", "SUB_ORDERED")
         if pending is not None:
             return self._after(pending, lambda: self._subscribe(topic, channel, partition,
@@ -736,6 +750,10 @@ class ClientV2(asyncio.Protocol):
         if self.heartbeat_interval <= 0:
             raise Fatal("E_INVALID", "cannot SUB_ADVANCED with heartbeats disabled")
         topic, channel, partition, start = parse_sub_advanced(cmd.params)
+        handover = self._elsewhere(topic, "SUB_ADVANCED")
+        if handover is not None:
+            self._backlog.appendleft(cmd)
+            return handover
         pending = self._check_auth(topic, channel, "subscribe", "SUB_ADVANCED")
         part = None
         if start is not None:  # a position in the archive: its row group read in a thread
@@ -979,6 +997,11 @@ class ClientV2(asyncio.Protocol):
         nsqd = self.nsqd
         if nsqd.exiting:
             raise Fatal(code, f"{what} failed exiting")
+        workers = nsqd.workers
+        if workers is not None and not workers.owned(topic_name):
+            self._forward(workers, topic_name, bodies, defer_ms, code, what, partition,
+                          headers, route_version)
+            return
         if headers is not None:
             existing = nsqd.get_topic(topic_name, create=False)
             if existing is not None and not existing.ext and any(
@@ -1009,6 +1032,79 @@ class ClientV2(asyncio.Protocol):
             done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"), ok_from)
             part.publish(bodies, defer_ms, done, headers=headers, producer=self.remote_address)
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+
+    def _forward(self, workers: Any, topic_name: str, bodies: list[bytes], defer_ms: int,
+                 code: str, what: str, partition: int | None,
+                 headers: list[dict[str, bytes] | None] | None,
+                 route_version: int | None) -> None:
+        """``--workers``: the topic is another worker's; the publish goes to its owner (one
+        write per owner per loop turn) and its answer, the owner's, takes this command's
+        slot, so the client's answers stay in command order."""
+        answer: list[bytes] = []
+        done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"),
+                                       lambda _base: answer[0])
+
+        def answered(data: bytes | None, exc: Exception | None) -> None:
+            if exc is not None or data is None:
+                done(-1, exc or ProtocolError(code, f"{what} failed", False))
+            else:
+                answer.append(data)
+                done(0, None)
+        workers.forward(topic_name, forward_command(topic_name, partition, bodies, defer_ms,
+                                                    headers, route_version), answered)
+        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+
+    # -- handover (--workers) -------------------------------------------------------------
+    def _elsewhere(self, topic: str, what: str) -> Any:
+        """None when this worker serves ``topic``'s subscribers (always with one process);
+        else the coroutine that hands the connection over to the topic's owner."""
+        workers = self.nsqd.workers
+        if workers is None or workers.owned(topic):
+            return None
+        if self.tls or self._decoder is not None or self.auth is not None:
+            raise Fatal("E_SUB_FAILED", f"{what} topic {topic} is served by another worker "
+                        "of this nsqd (--workers): a connection with TLS, compression or AUTH "
+                        "cannot be handed over to it yet (connect without them, or run "
+                        "nsqd --workers=1)")
+        if self.transport is not None:
+            self.transport.pause_reading()  # what comes next is the owner's to read
+        return self._hand_over(workers, topic, what)
+
+    async def _hand_over(self, workers: Any, topic: str, what: str) -> None:
+        """Pass the socket (SCM_RIGHTS) to the owner with this connection's IDENTIFY state
+        and every byte read but not executed (the SUB first): the owner goes on from there
+        as if the client had connected to it."""
+        await self._wait_responses()
+        if self._closing or self.transport is None:
+            return
+        raw = b"".join(_encode_command(c) for c in self._backlog)
+        self._backlog.clear()
+        raw += self.parser.take_buffered() + b"".join(self._raw_backlog)
+        self._raw_backlog = []
+        sock = self.transport.get_extra_info("socket")
+        try:
+            self._handed_to = workers.hand_over(topic, sock.fileno(), self.handover_state(),
+                                                raw)
+        except (OSError, ValueError) as exc:
+            raise Fatal("E_SUB_FAILED", f"{what} failed to subscribe to {topic}: its worker "
+                        f"is not reachable now ({exc}); reconnect") from None
+        self._closing = True
+        self.transport.abort()  # our descriptor only: the owner's copy keeps the connection
+
+    def handover_state(self) -> dict[str, Any]:
+        """What IDENTIFY set on this connection (``adopt`` applies it in the owner)."""
+        return {k: getattr(self, k) for k in _HANDOVER_FIELDS}
+
+    def adopt(self, state: dict[str, Any], raw: bytes) -> None:
+        """A connection handed over by another worker: its IDENTIFY state, then the bytes
+        it had read but not executed."""
+        self.magic = MAGIC_V2
+        for k in _HANDOVER_FIELDS:
+            if k in state:
+                setattr(self, k, state[k])
+        self._schedule_heartbeat()
+        if raw:
+            self.data_received(raw)
 
     def _publish_once(self, part: TopicView, bodies: list[bytes], defer_ms: int,
                       headers: list[dict[str, bytes] | None], code: str, what: str,
@@ -1173,6 +1269,25 @@ class ClientV2(asyncio.Protocol):
         if self.pub_counts:
             d["pub_counts"] = [{"topic": t, "count": c} for t, c in self.pub_counts.items()]
         return d
+
+
+_HANDOVER_FIELDS = ("client_id", "hostname", "user_agent", "heartbeat_interval",
+                    "output_buffer_size", "output_buffer_timeout", "sample_rate",
+                    "msg_timeout_ms", "extend_support", "desired_tag", "identified",
+                    "connect_ts")
+
+
+def _encode_command(cmd: Command) -> bytes:
+    """A parsed command back to its bytes (a handover re-sends what was not executed)."""
+    if cmd.name == FIN_BATCH:
+        return b"".join(b"FIN " + mid + b"\n" for mid in cmd.params)
+    line = b" ".join([cmd.name, *cmd.params]) + b"\n"
+    if cmd.body is not None:
+        return line + struct.pack(">I", len(cmd.body)) + cmd.body
+    if cmd.bodies is not None:
+        inner = mpub_body(cmd.bodies)
+        return line + struct.pack(">I", len(inner)) + inner
+    return line
 
 
 def _partition_param(params: list[bytes], index: int, what: str) -> int | None:

@@ -263,6 +263,9 @@ class NodeAPI(NodeContext, Protocol):
     tls_required_http: bool
     # cluster mode: /topic/delete is the cluster's operation (set by the member that runs it)
     topic_delete_hook: Callable[[str], Awaitable[bool]] | None
+    # --workers > 1: this worker's link to the others (nsqx.nsqd.workers.runtime): owned(),
+    # forward(), hand_over(); None in a one-process node
+    workers: Any
 
     def health(self) -> str: ...
 
