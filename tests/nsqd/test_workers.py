@@ -1,0 +1,262 @@
+"""``nsqd --workers=2`` (issue 32, first step): real processes, one node to the outside.
+
+Every test starts a node of two workers on free loopback ports (tests/support); topics are
+picked so that each worker owns some, and every connection publishes to topics of both,
+so whichever worker the kernel gives a connection to, publishes are forwarded and SUBs
+handed over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from nsqx.client import Consumer, Message, Producer
+from nsqx.nsqd.workers.ownership import owner_of
+from tests.support import http_api
+from tests.support.clients import pynsq_runner
+from tests.support.compat_suite import assert_ok
+from tests.support.nsqd_process import NsqdFactory, NsqdProcess
+from tests.support.rawclient import RawClient
+
+WORKERS = ["--workers=2"]
+
+
+def topics_of_both(n: int = 4, prefix: str = "wt") -> list[str]:
+    """``n`` topic names, half owned by each of two workers."""
+    names: dict[int, list[str]] = {0: [], 1: []}
+    i = 0
+    while min(len(v) for v in names.values()) < n // 2:
+        name = f"{prefix}{i}"
+        names[owner_of(name, 2)].append(name)
+        i += 1
+    return names[0][: n // 2] + names[1][: n // 2]
+
+
+def wait_for(cond, timeout: float = 20.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def workers_up(node: NsqdProcess, n: int = 2) -> None:
+    wait_for(lambda: node.log_bytes().count(b"workers: worker ") >= n
+             and node.log_bytes().count(b" ready (internal sockets") >= n, what="workers ready")
+
+
+async def consume(tcp: str, topic: str, expect: int, channel: str = "c",
+                  idle: float = 0.5, limit: float = 20.0) -> list[bytes]:
+    got: list[bytes] = []
+
+    async def handle(m: Message) -> None:
+        got.append(m.body)
+
+    c = Consumer(topic, channel, handle, nsqd_tcp_addresses=[tcp], max_in_flight=100)
+    await c.start()
+    try:
+        deadline = time.monotonic() + limit
+        while len(got) < expect and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(idle)  # nothing more may come
+    finally:
+        await c.close()
+    return got
+
+
+def worker_pid(node: NsqdProcess, k: int) -> int | None:
+    """The pid of worker ``k`` (its environment says which it is)."""
+    for pid in node.children():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for var in env:
+            if var.startswith(b"NSQX_WORKER=") and json.loads(var[12:])["index"] == k:
+                return pid
+    return None
+
+
+def stats_topics(node: NsqdProcess) -> Counter[str]:
+    return Counter(t["topic_name"] for t in http_api.stats(node.http_address)["topics"])
+
+
+@pytest.mark.timeout(120)
+def test_publish_over_tcp_and_http_read_back_with_sub_and_nsqx_client(
+        nsqd_factory: NsqdFactory) -> None:
+    node = nsqd_factory.start(WORKERS)
+    workers_up(node)
+    assert len(node.children()) == 2
+    topics = topics_of_both(4)
+    expected: dict[str, list[bytes]] = {t: [] for t in topics}
+
+    async def publish() -> None:
+        for i in range(6):  # six connections: the kernel gives them to either worker
+            async with Producer([node.tcp_address]) as p:
+                for t in topics:
+                    body = f"tcp-{i}-{t}".encode()
+                    await p.publish(t, body)
+                    bodies = [f"mpub-{i}-{t}-{j}".encode() for j in range(3)]
+                    await p.mpublish(t, bodies)
+                    expected[t] += [body, *bodies]
+    asyncio.run(publish())
+    for i in range(6):  # a connection each (urllib): both workers' fast path and proxy
+        for t in topics:
+            body = f"http-{i}-{t}".encode()
+            assert http_api.pub(node.http_address, t, body).status == 200
+            expected[t].append(body)
+            bodies = [f"hm-{i}-{t}-{j}".encode() for j in range(2)]
+            assert http_api.mpub(node.http_address, t, bodies).status == 200
+            expected[t] += bodies
+    # one node: every topic once in /stats, whichever worker answers
+    for _ in range(4):
+        assert stats_topics(node) == Counter(topics)
+    depth = {t["topic_name"]: t["depth"] for t in http_api.stats(node.http_address)["topics"]}
+    assert depth == {t: len(expected[t]) for t in topics}
+    # raw SUB (handed over when the connection lands on the other worker), then the
+    # nsqx.client Consumer, each reading one topic of each worker
+    for t0 in (topics[0], topics[2]):
+        with RawClient(node.tcp_address) as c:
+            c.identify({"client_id": "raw"})
+            c.subscribe(t0, "c", rdy=100)
+            msgs = c.read_messages(len(expected[t0]), timeout=10)
+            assert Counter(m.body for m in msgs) == Counter(expected[t0])
+            for m in msgs:
+                c.send(b"FIN " + m.id + b"\n")
+            c.send(b"NOP\n")
+            c.expect_nothing(0.3)
+    for t in (topics[1], topics[3]):
+        got = asyncio.run(consume(node.tcp_address, t, len(expected[t])))
+        assert Counter(got) == Counter(expected[t]), t
+    for t in topics:
+        ch = http_api.channel_stats(node.http_address, t, "c")
+        assert ch is not None and (ch["depth"], ch["in_flight_count"]) == (0, 0), ch
+    assert not node.died_unexpectedly()
+
+
+@pytest.mark.compat
+@pytest.mark.timeout(120)
+def test_pynsq_publishes_and_consumes_through_both_workers(nsqd_factory: NsqdFactory) -> None:
+    node = nsqd_factory.start(WORKERS)
+    workers_up(node)
+    runner = pynsq_runner()
+    for t in topics_of_both(2, prefix="py"):
+        bodies = [f"{t}-{i}".encode() for i in range(5)]
+        ops = [{"op": "pub", "topic": t, "body": bodies[0].hex()},
+               {"op": "mpub", "topic": t, "bodies": [b.hex() for b in bodies[1:]]}]
+        pub = runner.run("publish", {"nsqd": node.tcp_address, "ops": ops, "conn": {}})
+        assert_ok(pub, 2)
+        sub = runner.run("consume", {"nsqd": node.tcp_address, "conn": {}, "topic": t,
+                                     "channel": "py", "idle_s": 1.0, "expect": len(bodies)})
+        assert Counter(sub.bodies()) == Counter(bodies), sub.describe()
+
+
+@pytest.mark.timeout(120)
+def test_kill9_of_a_worker_restarts_it_and_loses_nothing_acknowledged(
+        nsqd_factory: NsqdFactory) -> None:
+    node = nsqd_factory.start(WORKERS)
+    workers_up(node)
+    topics = topics_of_both(2, prefix="k")
+    acked: dict[str, list[bytes]] = {t: [] for t in topics}
+    for t in topics:
+        for i in range(20):
+            body = f"before-{t}-{i}".encode()
+            assert http_api.pub(node.http_address, t, body).status == 200
+            acked[t].append(body)
+    victim = worker_pid(node, 1)
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: len(node.children()) == 2 and victim not in node.children(),
+             what="the worker restarted")
+    assert b"killed by SIGKILL): restarting it" in node.log_bytes()
+    workers_up(node, 3)  # the new one is ready too
+    for t in topics:  # the restarted worker's topics take publishes again
+        for i in range(5):
+            body = f"after-{t}-{i}".encode()
+            assert http_api.pub(node.http_address, t, body).status == 200
+            acked[t].append(body)
+    for t in topics:
+        got = asyncio.run(consume(node.tcp_address, t, len(acked[t])))
+        assert Counter(got) == Counter(acked[t]), t
+    assert node.is_running()
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_stops_every_worker_and_one_process_finds_everything(
+        nsqd_factory: NsqdFactory, tmp_path: Path) -> None:
+    node = nsqd_factory.start(WORKERS)
+    workers_up(node)
+    topics = topics_of_both(4, prefix="s")
+    for t in topics:
+        assert http_api.mpub(node.http_address, t, [b"a", b"b", b"c"]).status == 200
+    assert http_api.post(node.http_address, "/channel/create", topic=topics[0],
+                         channel="kept").status == 200
+    assert http_api.post(node.http_address, "/topic/pause", topic=topics[1]).status == 200
+    workers = node.children()
+    assert node.stop() == 0
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or b"zombie" in _status(pid)
+    log = node.log_bytes()
+    assert log.count(b"NSQ: bye") == 3  # two workers and the supervisor
+    data = node.data_path
+    assert (data / "nsqd.dat").exists() and not list(data.glob("nsqd.w*.dat"))
+    # --workers=1 (the default) on the same data: one process, every topic as it was
+    node.args = []
+    node.start()
+    assert node.children() == []
+    st = {t["topic_name"]: t for t in http_api.stats(node.http_address)["topics"]}
+    assert set(st) == set(topics)
+    assert [c["channel_name"] for c in st[topics[0]]["channels"]] == ["kept"]
+    assert st[topics[0]]["channels"][0]["depth"] == 3
+    assert st[topics[1]]["paused"] is True
+    assert all(st[t]["depth"] == 3 for t in topics[1:])
+    # and back to three workers: each finds the topics it owns now
+    node.stop()
+    node.args = ["--workers=3"]
+    node.start()
+    workers_up(node, 3)
+    st = {t["topic_name"]: t for t in http_api.stats(node.http_address)["topics"]}
+    assert set(st) == set(topics) and st[topics[1]]["paused"] is True
+
+
+def _status(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/status").read_bytes().lower()
+    except OSError:
+        return b"zombie"
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_keeps_dying_stops_the_node_with_the_reason(
+        nsqd_factory: NsqdFactory) -> None:
+    node = nsqd_factory.start(WORKERS)
+    workers_up(node)
+    for _ in range(5):  # worker 1, five times (it is started again each time)
+        wait_for(lambda: not node.is_running() or worker_pid(node, 1) is not None,
+                 what="worker 1")
+        pid = worker_pid(node, 1)
+        if pid is None:
+            break
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda p=pid: not node.is_running() or worker_pid(node, 1) != p,
+                 what="a new worker 1")
+    assert node.proc is not None
+    assert node.proc.wait(30) == 1
+    node._expected_exit = True
+    assert b"worker 1 exited 5 times within 60 s" in node.log_bytes()
+    assert b"stopping the node" in node.log_bytes()
+
+
+def test_workers_1_is_one_process(nsqd_factory: NsqdFactory) -> None:
+    node = nsqd_factory.start(["--workers=1"])
+    assert node.children() == []
+    assert http_api.pub(node.http_address, "one", b"x").status == 200
+    assert b"workers:" not in node.log_bytes() and b"[nsqd w0]" not in node.log_bytes()
