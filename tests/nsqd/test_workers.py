@@ -260,3 +260,43 @@ def test_workers_1_is_one_process(nsqd_factory: NsqdFactory) -> None:
     assert node.children() == []
     assert http_api.pub(node.http_address, "one", b"x").status == 200
     assert b"workers:" not in node.log_bytes() and b"[nsqd w0]" not in node.log_bytes()
+
+
+@pytest.mark.timeout(120)
+def test_lookupd_sees_one_node_with_every_workers_topics(
+        nsqd_factory: NsqdFactory, lookupd_factory) -> None:  # type: ignore[no-untyped-def]
+    ld = lookupd_factory.start()
+    node = nsqd_factory.start([*WORKERS, f"--lookupd-tcp-address={ld.tcp_address}",
+                               "--broadcast-address=127.0.0.1"])
+    workers_up(node)
+    topics = topics_of_both(4, prefix="l")
+    for t in topics:
+        assert http_api.pub(node.http_address, t, b"x").status == 200
+        assert http_api.post(node.http_address, "/channel/create", topic=t,
+                             channel="ch").status == 200
+
+    def producers() -> list[dict]:  # type: ignore[type-arg]
+        r = http_api.get(ld.http_address, "/nodes")
+        return r.json()["producers"] if r.status == 200 else []
+
+    def registered() -> bool:
+        ps = producers()
+        return len(ps) == 1 and sorted(ps[0]["topics"]) == sorted(topics)
+    wait_for(registered, what=f"one producer with {topics} in lookupd")
+    (p,) = producers()
+    assert p["tcp_port"] == node.tcp_port and p["http_port"] == node.http_port
+    for t in topics:
+        r = http_api.get(ld.http_address, "/lookup", topic=t)
+        assert r.status == 200 and r.json()["channels"] == ["ch"], (t, r.body)
+    # a restarted worker 1 registers its topics again (through worker 0)
+    victim = worker_pid(node, 1)
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: worker_pid(node, 1) not in (None, victim), what="worker 1 again")
+    workers_up(node, 3)
+    wait_for(registered, what="registered after the restart")
+    # a topic deleted on its owner leaves lookupd
+    gone = topics[-1]
+    assert http_api.post(node.http_address, "/topic/delete", topic=gone).status == 200
+    wait_for(lambda: gone not in (producers() or [{"topics": [gone]}])[0]["topics"],
+             what="the deleted topic unregistered")
