@@ -152,6 +152,7 @@ class ClientV2(asyncio.Protocol):
         self._last_read = time.monotonic()
         self._hb_handle: asyncio.TimerHandle | None = None
         self._handed_to: int | None = None  # --workers: the worker this connection went to
+        self._follow_tried = False  # --workers: its first publish tried to move it once
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -254,6 +255,8 @@ class ClientV2(asyncio.Protocol):
         if len(self.magic) < 4 or nsqd.exiting or nsqd.auth_enabled or (
                 nsqd.tls_required_tcp and not self.tls):
             return False
+        if nsqd.workers is not None and not self.pub_counts:
+            return False  # a first publish may move the connection (_follow_topic)
         max_msg = self.parser.max_msg_size
         pub = parse_lone_marked_pub(data, max_msg) if marked else parse_lone_pub(data, max_msg)
         if pub is None:
@@ -350,6 +353,9 @@ class ClientV2(asyncio.Protocol):
         handlers = self._handlers
         while self._backlog and not self._blocked and not self._closing:
             cmd = self._backlog.popleft()
+            if (not self.pub_counts and cmd.name in _PUBLISHES and self.nsqd.workers is not None
+                    and self._follow_topic(cmd)):
+                return
             handler = handlers.get(cmd.name)
             try:
                 if handler is None:
@@ -1070,10 +1076,34 @@ class ClientV2(asyncio.Protocol):
             self.transport.pause_reading()  # what comes next is the owner's to read
         return self._hand_over(workers, topic, what)
 
-    async def _hand_over(self, workers: Any, topic: str, what: str) -> None:
+    def _follow_topic(self, cmd: Command) -> bool:
+        """``--workers``: a connection's first publish, for another worker's topic, moves
+        the connection to that worker (as a SUB does) when it can, instead of forwarding
+        every publish of a producer that writes one topic; True when it goes. Its later
+        publishes to other workers' topics are forwarded from there."""
+        if (self._follow_tried or not cmd.params or self.state != STATE_INIT or self.tls
+                or self._decoder is not None or self.auth is not None
+                or self.transport is None):
+            return False
+        self._follow_tried = True
+        topic = cmd.params[0].decode("utf-8", "replace")
+        workers = self.nsqd.workers
+        if not valid_topic_name(topic) or workers.owned(topic):
+            return False
+        self._backlog.appendleft(cmd)
+        self.transport.pause_reading()
+        self._blocked = True
+        task = self.nsqd.loop.create_task(self._hand_over(workers, topic, "PUB",
+                                                          optional=True))
+        task.add_done_callback(self._async_done)
+        return True
+
+    async def _hand_over(self, workers: Any, topic: str, what: str, *,
+                         optional: bool = False) -> None:
         """Pass the socket (SCM_RIGHTS) to the owner with this connection's IDENTIFY state
         and every byte read but not executed (the SUB first): the owner goes on from there
-        as if the client had connected to it."""
+        as if the client had connected to it. ``optional`` (a publish): when the owner
+        cannot take it now, the connection stays and its publishes are forwarded."""
         await self._wait_responses()
         if self._closing or self.transport is None:
             return
@@ -1086,10 +1116,23 @@ class ClientV2(asyncio.Protocol):
             self._handed_to = workers.hand_over(topic, sock.fileno(), self.handover_state(),
                                                 raw)
         except (OSError, ValueError) as exc:
+            if optional:  # stays here: what was taken out goes back, forwarded from here
+                self._restore(raw)
+                return
             raise Fatal("E_SUB_FAILED", f"{what} failed to subscribe to {topic}: its worker "
                         f"is not reachable now ({exc}); reconnect") from None
         self._closing = True
         self.transport.abort()  # our descriptor only: the owner's copy keeps the connection
+
+    def _restore(self, raw: bytes) -> None:
+        """A publish's handover did not happen: the bytes taken for it are parsed again."""
+        self.parser = CommandParser(
+            max_body_size=self.nsqd.opts.max_body_size, max_msg_size=self.nsqd.opts.max_msg_size,
+            batch_fin=True, max_req_timeout_ms=self.nsqd.opts.max_delay_ms,
+            precheck=self._precheck)
+        self._raw_backlog = [raw] if raw else []
+        if self.transport is not None:
+            self.transport.resume_reading()
 
     def handover_state(self) -> dict[str, Any]:
         """What IDENTIFY set on this connection (``adopt`` applies it in the owner)."""
@@ -1271,6 +1314,8 @@ class ClientV2(asyncio.Protocol):
         return d
 
 
+_PUBLISHES = frozenset({b"PUB", b"MPUB", b"DPUB", b"PUB_EXT", b"PUB_TRACE", b"MPUB_EXT",
+                        b"MPUB_TRACE"})
 _HANDOVER_FIELDS = ("client_id", "hostname", "user_agent", "heartbeat_interval",
                     "output_buffer_size", "output_buffer_timeout", "sample_rate",
                     "msg_timeout_ms", "extend_support", "desired_tag", "identified",
