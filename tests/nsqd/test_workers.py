@@ -300,3 +300,30 @@ def test_lookupd_sees_one_node_with_every_workers_topics(
     assert http_api.post(node.http_address, "/topic/delete", topic=gone).status == 200
     wait_for(lambda: gone not in (producers() or [{"topics": [gone]}])[0]["topics"],
              what="the deleted topic unregistered")
+
+
+@pytest.mark.timeout(120)
+def test_pipelined_publishes_survive_the_connection_moving_to_the_owner(
+        nsqd_factory: NsqdFactory) -> None:
+    """A producer that writes many commands at once: those read before its connection
+    moves to the topic's owner go with it, those still in the socket are read there; every
+    one is answered OK, in order, once."""
+    from nsqx.protocol import v2
+
+    node = nsqd_factory.start(WORKERS)
+    workers_up(node)
+    topics = topics_of_both(2, prefix="pp")
+    sent: dict[str, list[bytes]] = {t: [] for t in topics}
+    for i in range(6):
+        for t in topics:
+            with RawClient(node.tcp_address) as c:
+                bodies = [f"{t}-{i}-{j}".encode() for j in range(200)]
+                c.send(b"".join(v2.pub(t, b) for b in bodies[:100])
+                       + b"".join(v2.mpub(t, bodies[k:k + 10]) for k in range(100, 200, 10)))
+                for _ in range(110):
+                    c.expect_ok(timeout=10)
+                c.expect_nothing(0.1)
+                sent[t] += bodies
+    for t in topics:
+        got = asyncio.run(consume(node.tcp_address, t, len(sent[t])))
+        assert Counter(got) == Counter(sent[t]), t

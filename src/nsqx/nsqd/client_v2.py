@@ -153,6 +153,7 @@ class ClientV2(asyncio.Protocol):
         self._hb_handle: asyncio.TimerHandle | None = None
         self._handed_to: int | None = None  # --workers: the worker this connection went to
         self._follow_tried = False  # --workers: its first publish tried to move it once
+        self._adopted: tuple[dict[str, Any], bytes] | None = None  # see handed_over()
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -173,6 +174,8 @@ class ClientV2(asyncio.Protocol):
         self.nsqd.client_connected(self)
         self._schedule_heartbeat()
         log.debug("TCP: new client(%s)", self.remote_address)
+        if self._adopted is not None:
+            self._adopt()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
@@ -1138,9 +1141,19 @@ class ClientV2(asyncio.Protocol):
         """What IDENTIFY set on this connection (``adopt`` applies it in the owner)."""
         return {k: getattr(self, k) for k in _HANDOVER_FIELDS}
 
-    def adopt(self, state: dict[str, Any], raw: bytes) -> None:
-        """A connection handed over by another worker: its IDENTIFY state, then the bytes
-        it had read but not executed."""
+    @classmethod
+    def handed_over(cls, nsqd: NodeAPI, state: dict[str, Any], raw: bytes) -> ClientV2:
+        """The session of a connection another worker handed over: its IDENTIFY state,
+        then the bytes it had read but not executed, taken in connection_made (before
+        anything the socket holds, which the loop reads from then on)."""
+        client = cls(nsqd)
+        client._adopted = (state, raw)
+        return client
+
+    def _adopt(self) -> None:
+        assert self._adopted is not None
+        state, raw = self._adopted
+        self._adopted = None
         self.magic = MAGIC_V2
         for k in _HANDOVER_FIELDS:
             if k in state:

@@ -245,12 +245,11 @@ class WorkerRuntime:
         sock.setblocking(False)
         node = self.node
         try:
-            _tr, client = await self.loop.connect_accepted_socket(lambda: ClientV2(node), sock)
+            await self.loop.connect_accepted_socket(
+                lambda: ClientV2.handed_over(node, state, raw), sock)
         except OSError as exc:
             log.warning("workers: a handed-over connection was lost: %s", exc)
             sock.close()
-            return
-        client.adopt(state, raw)
 
     # -- lookupd ---------------------------------------------------------------------------
     def lookup_changed(self) -> None:
