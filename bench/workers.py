@@ -3,11 +3,13 @@
     .venv/bin/python bench/workers.py [--messages 200000] [--publishers 4] [--runs 3]
 
 Each run starts a fresh nsqd per worker count (1 then 2, alternating, ``--runs`` times),
-creates the topics, then ``--publishers`` processes (one topic each, ``bench-<k>``) publish
+creates the topics, then ``--publishers`` processes (one topic each, ``bench-<k>``, or with
+``--spread`` every topic in turn, which makes a worker forward) publish
 ``--messages`` bodies of ``--size`` bytes each at the same moment, in MPUBs of ``--batch``
 with ``--depth`` batches in flight (``nsqx.client.Producer.mpublish``, Go's
 ``bench_writer`` shape). A publisher's connection lands on whichever worker the kernel
-gives it, so with two workers about half the batches are forwarded to the topic's owner.
+gives it; its first publish moves it to the owner of that topic (handover), so with one
+topic each nothing is forwarded, and with ``--spread`` about half the batches are.
 
 Printed per run and as medians: msgs/s (all publishers' messages over the wall time from
 the start signal to the last answer), the server's CPU per message (utime + stime of the
@@ -84,22 +86,22 @@ def start_nsqd(data: Path, workers: int) -> tuple[subprocess.Popen, str, str]:
     raise RuntimeError(f"nsqd --workers={workers} did not start:\n{logpath.read_text()[-3000:]}")
 
 
-async def publish(addr: str, topic: str, messages: int, size: int, batch: int,
+async def publish(addr: str, topics: list[str], messages: int, size: int, batch: int,
                   depth: int) -> None:
     body = b"x" * size
     n_batches = messages // batch
     async with Producer(addr, max_pending=depth * 2) as p:
         async def lane(k: int) -> None:
-            for _ in range(k, n_batches, depth):
-                await p.mpublish(topic, [body] * batch)
+            for i in range(k, n_batches, depth):
+                await p.mpublish(topics[i % len(topics)], [body] * batch)
         await asyncio.gather(*(lane(k) for k in range(depth)))
 
 
-def publisher(addr: str, topic: str, args: argparse.Namespace, go: mp.Event,
+def publisher(addr: str, topics: list[str], args: argparse.Namespace, go: mp.Event,
               out: mp.Queue) -> None:
     go.wait()
     cpu0 = time.process_time()
-    asyncio.run(publish(addr, topic, args.messages, args.size, args.batch, args.depth))
+    asyncio.run(publish(addr, topics, args.messages, args.size, args.batch, args.depth))
     out.put((time.monotonic(), time.process_time() - cpu0))
 
 
@@ -114,7 +116,11 @@ def one_run(tmp: Path, workers: int, args: argparse.Namespace) -> dict[str, floa
             urllib.request.urlopen(urllib.request.Request(
                 f"http://{http}/pub?topic={t}", data=b"warm"), timeout=10).read()
         go, out = mp.Event(), mp.Queue()
-        procs = [mp.Process(target=publisher, args=(tcp, t, args, go, out)) for t in topics]
+        # --spread: every publisher writes every topic, in turn (from the second worker's
+        # view, about half the batches are another worker's: forwarded)
+        mine = [topics[k:] + topics[:k] if args.spread else [topics[k]]
+                for k in range(len(topics))]
+        procs = [mp.Process(target=publisher, args=(tcp, m, args, go, out)) for m in mine]
         for p in procs:
             p.start()
         time.sleep(0.5)  # every publisher imported and waiting
@@ -146,12 +152,16 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--spread", action="store_true", help="every publisher writes every "
+                    "topic in turn (measures forwarding), instead of one topic each")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="nsqx-bench-workers-"))
     res: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     try:
         print(f"{args.publishers} publishers x {args.messages} msgs of {args.size} B, MPUB "
-              f"{args.batch}, {args.depth} in flight; {os.cpu_count()} cores")
+              f"{args.batch}, {args.depth} in flight, "
+              f"{'every topic each' if args.spread else 'one topic each'}; "
+              f"{os.cpu_count()} cores")
         for run in range(args.runs):
             for w in (1, 2):
                 r = one_run(tmp, w, args)
