@@ -327,3 +327,29 @@ def test_pipelined_publishes_survive_the_connection_moving_to_the_owner(
     for t in topics:
         got = asyncio.run(consume(node.tcp_address, t, len(sent[t])))
         assert Counter(got) == Counter(sent[t]), t
+
+
+@pytest.mark.timeout(120)
+def test_a_compressed_connection_subscribing_elsewhere_is_refused_with_the_reason(
+        nsqd_factory: NsqdFactory) -> None:
+    """Not handed over yet: a snappy connection's SUB to another worker's topic gets
+    E_SUB_FAILED saying why; its SUB to its own worker's topic works."""
+    from nsqx.protocol import v2
+
+    node = nsqd_factory.start(WORKERS)
+    workers_up(node)
+    a, b = topics_of_both(2, prefix="z")
+    refused = accepted = 0
+    for i in range(16):  # alternating topics: some SUBs land on the other worker
+        with RawClient(node.tcp_address) as c:
+            c.identify({"feature_negotiation": True, "snappy": True})
+            c.send(v2.sub(a if i % 2 else b, "ch"))
+            ftype, data = c.read_frame(10)
+            if ftype == 0:
+                assert data == b"OK"
+                accepted += 1
+            else:
+                assert data.startswith(b"E_SUB_FAILED SUB topic "), data
+                assert b"cannot be handed over" in data, data
+                refused += 1
+    assert refused and accepted

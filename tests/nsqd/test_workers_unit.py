@@ -66,7 +66,8 @@ def test_split_and_merge_move_every_topic_to_its_owner(tmp_path: Path) -> None:
 
 def test_merged_stats_list_each_topic_once_in_name_order() -> None:
     local = {"version": "1.3.0", "topics": [{"topic_name": "b"}], "producers": [{"id": 1}]}
-    other = {"topics": [{"topic_name": "a"}, {"topic_name": "c"}], "producers": [{"id": 2}]}
+    other = {"topics": [{"topic_name": "a"}, {"topic_name": "c"}],
+             "producers": [{"id": 2}, {"id": 3, "user_agent": "nsqx-worker"}]}
     out = merge_stats(local, [other])
     assert [t["topic_name"] for t in out["topics"]] == ["a", "b", "c"]
     assert out["producers"] == [{"id": 1}, {"id": 2}]

@@ -114,12 +114,14 @@ async def _stats_of(rt: Any, k: int, params: dict[str, str]) -> dict[str, Any] |
 
 def merge_stats(local: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, Any]:
     """One node's stats from every worker's: topics (each in one worker) in name order,
-    producers (connections, each in one worker) together."""
+    producers (connections, each in one worker) together, without the workers' own
+    forwarding connections (user agent ``nsqx-worker``)."""
     topics = list(local.get("topics") or [])
     producers = list(local.get("producers") or [])
     for o in others:
         topics.extend(o.get("topics") or [])
         producers.extend(o.get("producers") or [])
+    producers = [p for p in producers if p.get("user_agent") != "nsqx-worker"]
     topics.sort(key=lambda t: t.get("topic_name", ""))
     return {**local, "topics": topics, "producers": producers}
 
