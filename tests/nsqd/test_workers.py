@@ -353,3 +353,40 @@ def test_a_compressed_connection_subscribing_elsewhere_is_refused_with_the_reaso
                 assert b"cannot be handed over" in data, data
                 refused += 1
     assert refused and accepted
+
+
+@pytest.mark.timeout(120)
+def test_a_connection_that_cannot_move_has_its_publishes_forwarded_in_order(
+        nsqd_factory: NsqdFactory) -> None:
+    """A snappy connection stays on its worker: its publishes to the other worker's topic
+    are forwarded (PUB, MPUB, DPUB, PUB_EXT, PUB_TRACE), each answered in command order,
+    the traced one with the owner's message id, and every message is stored once."""
+    from nsqx.protocol import v2
+
+    node = nsqd_factory.start(WORKERS)
+    workers_up(node)
+    a, b = topics_of_both(2, prefix="f")
+    stored: dict[str, list[bytes]] = {a: [], b: []}
+    for i in range(4):
+        with RawClient(node.tcp_address) as c:
+            c.identify({"feature_negotiation": True, "snappy": True})
+            cmds = []
+            for t in (a, b):
+                cmds += [v2.pub(t, f"p-{i}-{t}".encode()),
+                         v2.mpub(t, [f"m-{i}-{t}-{j}".encode() for j in range(5)]),
+                         v2.dpub(t, 10, f"d-{i}-{t}".encode()),
+                         v2.pub_ext(t, f"e-{i}-{t}".encode(), {"k": "v"}),
+                         v2.pub_trace(t, 7, f"t-{i}-{t}".encode())]
+                stored[t] += [f"p-{i}-{t}".encode(),
+                              *[f"m-{i}-{t}-{j}".encode() for j in range(5)],
+                              f"d-{i}-{t}".encode(), f"e-{i}-{t}".encode(),
+                              f"t-{i}-{t}".encode()]
+            c.send(b"".join(cmds))  # pipelined: the answers come back in this order
+            for _ in (a, b):
+                for _ in range(4):
+                    c.expect_ok(timeout=10)
+                ftype, traced = c.read_frame(10)
+                assert ftype == 0 and len(traced) == 30, traced  # Youzan's traced answer
+    for t in (a, b):
+        got = asyncio.run(consume(node.tcp_address, t, len(stored[t])))
+        assert Counter(got) == Counter(stored[t]), t
