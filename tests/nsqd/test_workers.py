@@ -390,3 +390,27 @@ def test_a_connection_that_cannot_move_has_its_publishes_forwarded_in_order(
     for t in (a, b):
         got = asyncio.run(consume(node.tcp_address, t, len(stored[t])))
         assert Counter(got) == Counter(stored[t]), t
+
+
+@pytest.mark.timeout(120)
+def test_http_answers_are_the_owners_whichever_worker_gets_the_request(
+        nsqd_factory: NsqdFactory) -> None:
+    """Topic create, an ordered topic's refusal, pause and delete over HTTP: the same
+    answers for both workers' topics, whichever worker the request lands on."""
+    node = nsqd_factory.start(WORKERS)
+    workers_up(node)
+    for t in topics_of_both(2, prefix="o"):
+        r = http_api.post(node.http_address, "/topic/create", topic=t, partition_num=2,
+                          orderedmulti="true")
+        assert r.status == 200, r
+        for _ in range(4):  # fast path and forwarded: the same refusal
+            r = http_api.pub(node.http_address, t, b"x")
+            assert r.status == 400, r
+            assert r.json()["message"].startswith(f"E_BAD_PARTITION topic {t} is ordered"), r
+            assert http_api.pub(node.http_address, t, b"x", partition=1).status == 200
+        assert http_api.post(node.http_address, "/topic/pause", topic=t).status == 200
+        (entry,) = http_api.stats(node.http_address, t)["topics"]
+        assert entry["paused"] is True and entry["depth"] == 4
+        assert http_api.post(node.http_address, "/topic/delete", topic=t).status == 200
+        assert http_api.stats(node.http_address, t)["topics"] == []
+        assert http_api.post(node.http_address, "/topic/delete", topic=t).status == 404
