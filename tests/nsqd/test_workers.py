@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 from nsqx.client import Consumer, Message, Producer
 from nsqx.nsqd.workers.ownership import owner_of
 from tests.support import http_api
+from tests.support.certs import TLSFiles
 from tests.support.clients import pynsq_runner
 from tests.support.compat_suite import assert_ok
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess
@@ -414,3 +416,37 @@ def test_http_answers_are_the_owners_whichever_worker_gets_the_request(
         assert http_api.post(node.http_address, "/topic/delete", topic=t).status == 200
         assert http_api.stats(node.http_address, t)["topics"] == []
         assert http_api.post(node.http_address, "/topic/delete", topic=t).status == 404
+
+
+@pytest.mark.timeout(120)
+def test_https_and_tls_connections(nsqd_factory: NsqdFactory, tls_files: TLSFiles) -> None:
+    """HTTPS is bound once too and served by every worker (publishes to both workers'
+    topics); a TCP connection upgraded to TLS publishes to both (forwarded: it cannot
+    move) and reads back a topic, refused with the reason when it is the other worker's."""
+    from nsqx.protocol import v2
+
+    node = nsqd_factory.start([*WORKERS, f"--tls-cert={tls_files.server_cert}",
+                               f"--tls-key={tls_files.server_key}"])
+    workers_up(node)
+    ctx = ssl.create_default_context(cafile=str(tls_files.ca_cert))
+    a, b = topics_of_both(2, prefix="s")
+    for t in (a, b):
+        for i in range(3):
+            r = http_api.request("POST", f"https://{node.https_address}/pub?topic={t}",
+                                 f"https-{i}".encode(), ssl_context=ctx)
+            assert r.status == 200, r
+    (ea, eb) = sorted(http_api.request("GET", f"https://{node.https_address}/stats?format=json",
+                                       ssl_context=ctx).json()["topics"],
+                      key=lambda e: [a, b].index(e["topic_name"]))
+    assert (ea["topic_name"], ea["depth"], eb["topic_name"], eb["depth"]) == (a, 3, b, 3)
+    outcomes = set()
+    for i in range(8):
+        with RawClient(node.tcp_address) as c:
+            c.identify({"feature_negotiation": True, "tls_v1": True}, ssl_context=ctx)
+            c.send(v2.pub(a, b"tls") + v2.pub(b, b"tls"))
+            c.expect_ok(timeout=10)
+            c.expect_ok(timeout=10)
+            c.send(v2.sub(a if i % 2 else b, f"tls{i}"))
+            ftype, data = c.read_frame(10)
+            outcomes.add(data == b"OK" or data.split(b" ")[0])
+    assert outcomes == {True, b"E_SUB_FAILED"}, outcomes
