@@ -254,13 +254,13 @@ async def publish_once(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defe
         raise HTTPError(400, f"E_BAD_PARTITION {exc}") from None
     except BadPartition:
         raise HTTPError(400, "E_BAD_PARTITION") from None
-    except PublishRefused as exc:
-        log.error("TOPIC(%s): HTTP publish refused - %s", topic_name, exc)
-        raise HTTPError(503, "E_PUB_FAILED") from None
     except Exception as exc:
         if "E_IDEMPOTENCY_KEY_REUSED" in str(exc):  # the leader's answer to a forward
             raise HTTPError(422, "IDEMPOTENCY_KEY_REUSED: key already used for a different "
                                  "request") from None
+        if isinstance(exc, PublishRefused):
+            log.error("TOPIC(%s): HTTP publish refused - %s", topic_name, exc)
+            raise HTTPError(503, "E_PUB_FAILED") from None
         log.error("TOPIC(%s): HTTP publish failed - %s", topic_name, exc)
         raise HTTPError(503, "EXITING") from None
     kt[key] = topic_name
