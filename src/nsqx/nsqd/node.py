@@ -287,7 +287,7 @@ class NSQD:
                 part.set_sync_every(topic.sync_every)
             topic.partitions.append(part)
             for cname, ch in topic.channels.items():
-                sib = part._get_channel_here(cname)
+                sib = part.get_channel_here(cname)
                 if sib is not None and ch.paused:
                     sib.paused = True
             for hook in self.topic_hooks:

@@ -220,6 +220,12 @@ class Segment:
     def count(self) -> int:
         return self.next_offset - self.base
 
+    @property
+    def next_idx_pos(self) -> int:
+        """The log position at or after which the next offset-index entry is due (the log's
+        batched writer plans a commit's index entries from it)."""
+        return self._next_idx_pos
+
     def commit_end(self, c: int) -> int:
         return self.poss[c + 1] if c + 1 < len(self.poss) else self.log_end
 
