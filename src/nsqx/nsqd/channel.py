@@ -93,7 +93,7 @@ async def load_archived(log_: Any, offset: int) -> None:
     its row group in a thread, so that the read finds it decoded and the loop never waits
     for a slow store (an S3 round trip). Its errors (LogError: E_ARCHIVE_CORRUPT <file>, the
     store unreachable) are raised here, as the read would."""
-    lower = getattr(log_, "lower", None)
+    lower = log_.lower
     if lower is not None and log_.earliest_offset <= offset < log_.start_offset:
         await asyncio.to_thread(lower.chunk, offset)
 
@@ -101,7 +101,7 @@ async def load_archived(log_: Any, offset: int) -> None:
 async def load_time(log_: Any, ts_ns: int) -> int | None:
     """The archive's answer to a time seek, looked up in a thread (the tier keeps it, so
     ``offset_for_time`` on the loop then reads nothing); None: not in the archive."""
-    lower = getattr(log_, "lower", None)
+    lower = log_.lower
     if lower is None or log_.earliest_offset >= log_.start_offset:
         return None
     return await asyncio.to_thread(lower.offset_for_time, ts_ns)
@@ -111,7 +111,7 @@ async def load_position(topic: TopicView, pos: StartPosition) -> None:
     """``load_archived`` for the offset a position names (a time: its archive lookup too,
     whose answer the tier keeps), before ``resolve_position`` runs on the loop."""
     log_ = topic.log
-    lower = getattr(log_, "lower", None)
+    lower = log_.lower
     if lower is None or log_.earliest_offset >= log_.start_offset:
         return
     if pos.kind == StartKind.TIMESTAMP:
@@ -486,7 +486,7 @@ class Channel:
                 return
         log_ = self.topic.log
         limited = False
-        if getattr(log_, "lower", None) is not None:  # tiered storage: never wait for it here
+        if log_.lower is not None:  # tiered storage: never wait for it here
             lim = self._archive_limit(log_)
             if lim < 0:
                 return  # _archive_ready wakes us
@@ -555,7 +555,7 @@ class Channel:
         """Write ``deliveries`` (taken for ``client``) as message frames: fresh runs as byte
         ranges of the log, redeliveries patched; screened, sampled and traced first."""
         log_ = self.topic.log
-        if getattr(log_, "lower", None) is not None:
+        if log_.lower is not None:
             deliveries = self._archive_pending(log_, deliveries)
             if not deliveries:
                 return
@@ -635,7 +635,7 @@ class Channel:
         if self.e2e is None:
             return
         log_ = self.topic.log
-        if (getattr(log_, "lower", None) is not None
+        if (log_.lower is not None
                 and log_.ready_end(offset, self._archive_ready) <= offset):
             return  # archived and not decoded now: no sample rather than a wait
         try:
