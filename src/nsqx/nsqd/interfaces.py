@@ -30,6 +30,7 @@ class Session(Protocol):
     extend_support: bool
     desired_tag: str
     pub_counts: Any
+    sub_all: bool  # a plain SUB in cluster mode: it reads every partition the node leads
 
     def ready_room(self) -> int:
         """How many more messages it may take now (RDY minus in flight)."""
@@ -263,6 +264,8 @@ class NodeAPI(NodeContext, Protocol):
     tls_required_http: bool
     # cluster mode: /topic/delete is the cluster's operation (set by the member that runs it)
     topic_delete_hook: Callable[[str], Awaitable[bool]] | None
+    # extensions that add routes to the HTTP app (cluster mode's replication API)
+    http_route_hooks: list[Callable[[Any], None]]
 
     def health(self) -> str: ...
 
