@@ -22,7 +22,7 @@ from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.headers import ext_frames
 from nsqx.nsqd.tags import TagDispatch, retag
 from nsqx.protocol.v2 import StartKind, StartPosition
-from nsqx.storage.cursor import ChannelCursor, Delivery
+from nsqx.storage.cursor import ChannelCursor, Delivery, NotInFlight, NotOwner
 from nsqx.storage.message_id import parse_id
 from nsqx.storage.records import LogError
 
@@ -341,8 +341,16 @@ class Channel:
             self.cursor.persist()
 
     def snapshot(self) -> tuple[int, bytes] | None:
-        """The cursor's state to write off the loop (``write_snapshot``); None: nothing to write."""
-        return self.cursor.snapshot()
+        """The cursor's state to write off the loop (``write_snapshot``); None: nothing to
+        write. The channel is clean from now on (a change marks it dirty again); an OSError
+        leaves it dirty."""
+        snap = self.cursor.snapshot()
+        self.dirty = False
+        return snap
+
+    def snapshot_failed(self) -> None:
+        """Writing the ``snapshot`` failed: dirty again, for the next persist pass."""
+        self.dirty = True
 
     def write_snapshot(self, gen: int, data: bytes) -> None:
         """Worker thread: write a ``snapshot`` (tmp + fsync + rename)."""
@@ -425,6 +433,31 @@ class Channel:
         """TOUCH: restart the message's timeout (the client's, capped by the node's)."""
         self.cursor.touch(client.id, offset, now_ms(), client.msg_timeout_ms,
                           max_msg_timeout_ms=max_msg_timeout_ms)
+
+    # -- what the channel's services do (dead letters, tag dispatch) ----------------------
+    def finish_held(self, holder: int, offsets: Iterable[int]) -> None:
+        """Finish ``offsets`` that ``holder`` has in flight (dead-lettered, expired, or
+        skipped unseen), skipping any it no longer holds (reset or emptied meanwhile)."""
+        cursor = self.cursor
+        for off in offsets:
+            try:
+                cursor.finish(holder, off)
+            except (NotInFlight, NotOwner):
+                pass
+        self.dirty = True
+
+    def take_held(self, holder: int, want: int, end: int, now: int, hold_ms: int) -> list[Delivery]:
+        """Up to ``want`` messages below ``end`` taken in flight for ``holder`` (not a
+        client: tag dispatch's queue) for ``hold_ms``, until handed over (``hand_over``)."""
+        deliveries = self.cursor.take(holder, want, end, now, hold_ms)
+        if deliveries:
+            self.dirty = True
+        return deliveries
+
+    def hand_over(self, offset: int, holder: int, client: Session, now: int) -> None:
+        """Give ``client`` the message ``holder`` has in flight, with the client's timeout;
+        NotInFlight / NotOwner when ``holder`` no longer has it."""
+        self.cursor.reassign(offset, holder, client.id, now + client.msg_timeout_ms, now)
 
     # -- delivery ------------------------------------------------------------------------
     def end_offset(self) -> int:
