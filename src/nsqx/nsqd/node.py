@@ -287,7 +287,7 @@ class NSQD:
                 part.set_sync_every(topic.sync_every)
             topic.partitions.append(part)
             for cname, ch in topic.channels.items():
-                sib = part._get_channel_here(cname)
+                sib = part.get_channel_here(cname)
                 if sib is not None and ch.paused:
                     sib.paused = True
             for hook in self.topic_hooks:
@@ -677,17 +677,16 @@ class NSQD:
         for ch in dirty:
             if ch.dirty and not ch.ephemeral and not ch.exiting:
                 try:
-                    snap = ch.snapshot()
+                    snap = ch.snapshot()  # (clean from now: a change marks it again)
                 except OSError as exc:
                     failed[ch] = exc
                     continue
-                ch.dirty = False  # a change from now on marks it again
                 if snap is not None:
                     snaps.append((ch, *snap))
         if snaps:
             failed.update(await self.loop.run_in_executor(None, _write_snapshots, snaps))
         for ch in failed:
-            ch.dirty = True
+            ch.snapshot_failed()
             self.dirty_channels.add(ch)
         if failed:
             raise next(iter(failed.values()))
