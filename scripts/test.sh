@@ -26,4 +26,5 @@ if [ -f scripts/install-test-deps.sh ]; then
 fi
 .venv/bin/ruff check src tests bench
 .venv/bin/lint-imports  # the layers of docs/architecture.md (contracts in pyproject.toml)
-exec .venv/bin/python -m pytest "$@"
+# the 30 slowest tests are listed at the end: where the suite's time goes (CI budget: 45 min)
+exec .venv/bin/python -m pytest --durations=30 "$@"

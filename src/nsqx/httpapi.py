@@ -14,6 +14,7 @@ nothing get the same V1 answer.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -361,16 +362,38 @@ class _QuietHandler(RequestHandler):
 
 
 class _QuietServer(Server):
+    """aiohttp's low-level server whose connections are ``_QuietHandler``s. It keeps the loop
+    and the connection options it was made with itself (``Server`` keeps them private)."""
+
+    def __init__(self, handler: Any, *, loop: asyncio.AbstractEventLoop,
+                 handler_options: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(handler, loop=loop, **kwargs, **handler_options)
+        self.handler_loop = loop
+        self.handler_options = handler_options
+
     def __call__(self) -> RequestHandler:
-        return _QuietHandler(self, loop=self._loop, **self._kwargs)
+        return _QuietHandler(self, loop=self.handler_loop, **self.handler_options)
 
 
 class _Runner(web.AppRunner):
+    """``AppRunner`` serving with ``_QuietServer``. ``handler_options`` are the connection
+    options (``RequestHandler``'s keywords); aiohttp's own server gets them too."""
+
+    def __init__(self, app: web.Application, *, handler_options: dict[str, Any],
+                 **kwargs: Any) -> None:
+        super().__init__(app, **kwargs, **handler_options)
+        self.handler_options = handler_options
+
     async def _make_server(self) -> Server:
-        base = await super()._make_server()
+        base = await super()._make_server()  # runs the app's startup, freezes it
+        loop = asyncio.get_running_loop()
+        # what aiohttp's Application gives its server besides ours (nsqx's apps set neither
+        # debug nor handler_args: debug is then the loop's)
+        options = {"debug": loop.get_debug(), "access_log_class": web.AccessLogger,
+                   **self.handler_options}
         return _QuietServer(base.request_handler, request_factory=base.request_factory,
                             handler_cancellation=base.handler_cancellation,
-                            loop=base._loop, **base._kwargs)
+                            loop=loop, handler_options=options)
 
 
 def make_runner(app: web.Application, logger: logging.Logger, **kwargs: Any) -> web.AppRunner:
@@ -378,5 +401,6 @@ def make_runner(app: web.Application, logger: logging.Logger, **kwargs: Any) -> 
     no ``Server`` header, and a client's malformed request logged by ``logger`` as one
     WARNING line (see ``_QuietHandler``)."""
     app.on_response_prepare.append(_drop_server_header)
-    return _Runner(app, access_log=None, handle_signals=False, logger=logger, **kwargs)
+    return _Runner(app, handler_options={"access_log": None, "logger": logger},
+                   handle_signals=False, **kwargs)
 

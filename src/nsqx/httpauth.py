@@ -16,7 +16,7 @@ import random
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from nsqx.httpbase import HTTPError
 
@@ -84,10 +84,19 @@ def parse_auth_response(secret: str, data: Any) -> AuthState:
                      time.monotonic() + float(ttl), auths)
 
 
-async def query_auth(opts: Any, secret: str, remote_ip: str, tls: bool,
+class AuthOptions(Protocol):
+    """What a server's options say about its auth server (nsqd's and nsqlookupd's)."""
+
+    auth_http_addresses: list[str]
+    auth_http_request_method: str
+    http_client_connect_timeout: float
+    http_client_request_timeout: float
+
+
+async def query_auth(opts: AuthOptions, secret: str, remote_ip: str, tls: bool,
                      common_name: str) -> AuthState:
     """Ask the auth servers of ``opts`` (``auth_http_addresses``, ``auth_http_request_method``,
-    ``http_client_*_timeout`` when it has them) in random order, first answer wins, as
+    ``http_client_*_timeout``) in random order, first answer wins, as
     upstream does."""
     params = {"remote_ip": remote_ip, "tls": "true" if tls else "false", "secret": secret,
               "common_name": common_name}
@@ -95,8 +104,8 @@ async def query_auth(opts: Any, secret: str, remote_ip: str, tls: bool,
     random.shuffle(addrs)
     import aiohttp  # the HTTP client loads when auth is first asked, not at start
 
-    timeout = aiohttp.ClientTimeout(total=getattr(opts, "http_client_request_timeout", 5.0),
-                                    connect=getattr(opts, "http_client_connect_timeout", 2.0))
+    timeout = aiohttp.ClientTimeout(total=opts.http_client_request_timeout,
+                                    connect=opts.http_client_connect_timeout)
     last: Exception | None = None
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for addr in addrs:
@@ -162,7 +171,7 @@ class HTTPAuthorizer:
 
     MAX_CACHED = 1024
 
-    def __init__(self, opts: Any) -> None:
+    def __init__(self, opts: AuthOptions) -> None:
         self.opts = opts  # the server's options (read when asked: tests change them)
         self._cache: dict[tuple[str, str, bool], AuthState] = {}
 

@@ -40,7 +40,7 @@ def check_listen_address(address: str) -> str:
                            flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as e:
         raise ValueError(f"cannot resolve host {host!r}: "
-                         f"{getattr(e, 'strerror', None) or e}") from None
+                         f"{(e.strerror if isinstance(e, OSError) else None) or e}") from None
     return address
 
 

@@ -56,6 +56,15 @@ def test_a_node_leading_no_partition_forwards_every_kind_of_publish(cluster: Clu
     assert cluster.state(outsider)["forwarded"] == 26  # messages, not commands
     sent += [b"tcp-%d" % i for i in range(10)]
     sent += [b"to-p1", b"mpub-a", b"mpub-b", b"ext", b"traced", b"deferred"]
+    # an Idempotency-Key travels with the forward: the leader stores it once, and refuses
+    # the key reused for another body with 422 (not a 503), as a standalone nsqd does
+    url = f"http://{outsider.http_address}/pub?topic=multi"
+    key = {"Idempotency-Key": "forwarded-key"}
+    assert http("POST", url, b"keyed", headers=key) == (200, "OK")
+    assert http("POST", url, b"keyed", headers=key) == (200, "OK")
+    code, resp = http("POST", url, b"another body", headers=key)
+    assert code == 422 and "IDEMPOTENCY_KEY_REUSED" in str(resp), (code, resp)
+    sent.append(b"keyed")
 
     def on_leaders(p: int) -> list[bytes]:
         return fetch_bodies(cluster.node_by_id(parts[p]["leader"]), "multi", p)

@@ -17,6 +17,7 @@ class FakeChannel:
     def __init__(self, topic: FakeTopic, name: str) -> None:
         self.topic = topic
         self.name = name
+        self.routes = None  # not route-managed
         self.ephemeral = name.endswith("#ephemeral")
         self.paused = False
         self.clients: dict[int, Any] = {}
@@ -44,6 +45,7 @@ class FakeChannel:
 class FakeTopic:
     def __init__(self, name: str) -> None:
         self.name = name
+        self.routes = None  # not route-managed
         self.ephemeral = name.endswith("#ephemeral")
         self.paused = False
         self.channels: dict[str, FakeChannel] = {}
@@ -105,6 +107,7 @@ class FakeNSQD:
         self.publish_error: Exception | None = None
         self.persisted = 0
         self.topic_delete_hook = None  # standalone: /topic/delete deletes here
+        self.http_route_hooks: list[Any] = []
         self.lookupd: list[list[str]] = []
         self.producers: list[FakeClient] = []
         self.stats_error: Exception | None = None

@@ -6,6 +6,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from nsqx.nsqd.channel import Channel
 from nsqx.nsqd.dead_letters import screen
 from nsqx.storage.cursor import REQ, TIMEOUT, ChannelCursor, Delivery
 from nsqx.storage.memlog import MemoryLog
@@ -42,6 +43,7 @@ def setup(bodies: list[bytes], *, ts_ns: int | None = None, max_attempts: int = 
                          max_attempts=max_attempts, dlq_count=0, expired_count=0, dirty=False,
                          wakes=0)
     ch.wake = lambda: setattr(ch, "wakes", ch.wakes + 1)
+    ch.finish_held = lambda holder, offsets: Channel.finish_held(ch, holder, offsets)  # the real one
     return ch, dlq, SimpleNamespace(id=1)
 
 

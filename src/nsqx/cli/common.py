@@ -34,15 +34,22 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"} if secret else {}
 
 
-def default_to_local(args: Any) -> None:
+def option(args: argparse.Namespace, name: str, default: Any = None) -> Any:
+    """An option that some subcommands define and others do not (argparse sets only the
+    ones the chosen subcommand has): its value, or ``default`` when it has none."""
+    return vars(args).get(name, default)
+
+
+def default_to_local(args: argparse.Namespace) -> None:
     """A command given neither an nsqd nor an nsqlookupd address talks to the local nsqd
     (``--nsqd-http-address``, or the Spark jobs' ``--nsqd``: 127.0.0.1:4151), as
     ``nsqx cluster status`` talks to the local nsqlookupd."""
-    if getattr(args, "lookupd_http_address", None) or getattr(args, "lookupd", None):
+    given = vars(args)
+    if option(args, "lookupd_http_address") or option(args, "lookupd"):
         return
-    if hasattr(args, "nsqd_http_address") and args.nsqd_http_address is None:
+    if "nsqd_http_address" in given and args.nsqd_http_address is None:
         args.nsqd_http_address = LOCAL_NSQD_HTTP
-    if hasattr(args, "lookupd") and getattr(args, "nsqd", "") is None:
+    if "lookupd" in given and option(args, "nsqd", "") is None:
         args.nsqd = LOCAL_NSQD_HTTP
 
 

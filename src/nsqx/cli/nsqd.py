@@ -39,23 +39,19 @@ def main(argv: list[str] | None = None) -> None:
     spec = json.loads(os.environ.pop(WORKER_ENV, "") or "null")
     if spec is None and opts.workers > 1:
         # the supervisor: binds the listeners, runs the workers (nsqx.nsqd.workers)
-        from nsqx.nsqd.workers.supervisor import Supervisor
-
         setup_logging(opts.log_level, opts.log_prefix)
         logging.getLogger("nsqx.nsqd").info(
             "%s; %d worker processes (--workers, experimental)",
             Banner("nsqd", cluster_mode(opts), opts.data_path or ".", _addresses).opening(),
             opts.workers)
-        raise SystemExit(Supervisor(opts, raw_argv).run())
+        raise SystemExit(lazy.workers_supervisor()(opts, raw_argv).run())
     if spec is not None:
         opts.log_prefix = _worker_prefix(opts.log_prefix, int(spec["index"]))
 
     def make():  # type: ignore[no-untyped-def]
         node = NSQD(opts)
         if spec is not None:
-            from nsqx.nsqd.workers.runtime import attach
-
-            attach(node, spec)
+            lazy.worker_attach()(node, spec)
         if opts.cluster_leadership_addresses:
             try:  # a bad secret file or etcd endpoint option: a clear error, no start
                 endpoints, secret, tls = cluster_settings(opts)

@@ -40,6 +40,7 @@ from nsqx.cli.common import (
     help_when_bare,
     http_call,
     http_failed,
+    option,
 )
 from nsqx.cli.import_cmd import add_import_commands
 from nsqx.cli.topic_cmd import add_topic_commands
@@ -465,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     default_to_local(args)
-    func = getattr(args, "func", None)
+    func = option(args, "func")
     if func is None:
         parser.print_help()
         return 2

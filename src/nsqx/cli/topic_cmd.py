@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from nsqx.cli.common import answer_failed, help_when_bare, nsqd_http
+from nsqx.cli.common import answer_failed, help_when_bare, nsqd_http, option
 
 __all__ = ["add_topic_commands"]
 
@@ -165,7 +165,7 @@ def _route_call(prog: str, args: argparse.Namespace, path: str, params: dict[str
     """A route request (a change, or GET the history) to one nsqd or, in a cluster, to
     nsqlookupd (same paths and parameters; its coordinator runs the change); prints the
     history."""
-    lookupd = getattr(args, "lookupd_http_address", None)
+    lookupd = option(args, "lookupd_http_address")
     who, addr = ("nsqlookupd", lookupd) if lookupd else ("nsqd", args.nsqd_http_address)
     if not addr:
         args.parser.error("give --nsqd-http-address (one node) or --lookupd-http-address "

@@ -37,7 +37,7 @@ from nsqx.protocol.routes import key_partition
 from .conn import ConnConfig, Connection, make_config
 from .errors import ClosedError, ConnectionClosedError, NoConnectionsError, NSQError
 from .idempotent import RETRY_CODES, Sequences, ext_headers, mark_command
-from .routing import HttpRouteSource, RouteCache, refused_version
+from .routing import HttpRouteSource, RouteCache, RouteSource, refused_version
 
 __all__ = ["Producer", "key_partition"]
 
@@ -84,7 +84,7 @@ class Producer:
         reconnect_interval: float = 15.0,
         config: ConnConfig | None = None,
         nsqd_http_addresses: str | Sequence[str] | None = None,
-        route_source: Any = None,
+        route_source: RouteSource | None = None,
         idempotent: bool = True,
         publish_timeout: float = 30.0,
         **options: Any,
@@ -174,9 +174,8 @@ class Producer:
             await c.wait_closed()
         if self._changed is not None:
             self._changed.set()  # wake waiters: they see _closed
-        close = getattr(self.route_source, "close", None)
-        if close is not None:
-            await close()
+        if self.route_source is not None:
+            await self.route_source.close()
 
     async def _supervise(self, addr: str) -> None:
         delay = min(0.25, self.reconnect_interval)
@@ -330,8 +329,8 @@ class Producer:
     def _leader(self, topic: str, partition: int) -> str | None:
         """Where a routed publish goes: the partition's leader when the route source knows
         it (nsqlookupd in cluster mode), else any connection."""
-        leader = getattr(self.route_source, "leader", None)
-        return leader(topic, partition) if leader is not None else None
+        source = self.route_source
+        return source.leader(topic, partition) if source is not None else None
 
     async def mpublish(self, topic: str, bodies: Iterable[bytes], *,
                        partition: int | None = None, key: bytes | str | None = None,

@@ -34,8 +34,17 @@ def refused_version(text: str) -> int | None:
 
 
 class RouteSource(Protocol):
+    """Where a producer learns a route-managed topic's routes (``Producer(route_source=)``)."""
+
     async def fetch(self, topic: str) -> RouteHistory | None:
         """The topic's route history, None if the topic is not route-managed (or unknown)."""
+
+    def leader(self, topic: str, partition: int) -> str | None:
+        """The TCP address of the partition's leader when known (cluster mode), else None:
+        the publish then goes to any connection."""
+
+    async def close(self) -> None:
+        """Release what the source holds (sessions); called by ``Producer.close``."""
 
 
 class HttpRouteSource:

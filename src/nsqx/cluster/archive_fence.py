@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import orjson
 
 from nsqx.cluster.etcd import Compare, EtcdError, KeyValue, Op
+from nsqx.cluster.gates import LeaderGate
 from nsqx.cluster.metadata import ClusterMetadata
 from nsqx.cluster.model import PartitionMeta
 from nsqx.storage.archive import ArchivedFile, ArchiveError, ArchiveTier
@@ -275,8 +276,7 @@ def fence_for(member: Any) -> EtcdArchiveFence:
 
     def epoch(topic: str, p: int) -> int | None:
         gate = member.gates.get((topic, p))
-        meta = getattr(gate, "meta", None)
-        return meta.epoch if meta is not None and getattr(gate, "active", False) else None
+        return gate.meta.epoch if isinstance(gate, LeaderGate) and gate.active else None
 
     def incarnation(topic: str) -> int:
         tm = member.topic_meta.get(topic)

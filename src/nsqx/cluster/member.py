@@ -105,7 +105,7 @@ class NodeMember:
         self.tls_server, self.tls_client = tls if tls is not None else (None, None)
         self._internal_runner: web.AppRunner | None = None
         # fetches go over one stream per leader (--cluster-replication=stream) or HTTP
-        self.replication = getattr(nsqd.opts, "cluster_replication", "stream") or "stream"
+        self.replication = nsqd.opts.cluster_replication or "stream"
         self.internal_address = ""
         self.etcd = EtcdClient(endpoints)
         self.meta = ClusterMetadata(self.etcd, cluster_id)
@@ -140,7 +140,7 @@ class NodeMember:
         self.watch_outage = Outage("CLUSTER: metadata watch", log)  # backoff, one line a state
         nsqd.http_route_hooks.append(self.add_routes)
         nsqd.topic_hooks.append(self.roles.on_new_topic)
-        if getattr(nsqd, "archiver", None) is not None:  # --archive-url: files count once
+        if nsqd.archiver is not None:  # --archive-url: files count once
             nsqd.archiver.use_fence(fence_for(self))  # recorded in etcd by the leader
 
     def __repr__(self) -> str:
@@ -188,7 +188,7 @@ class NodeMember:
         host, port = sock.getsockname()[:2]
         if host in ("0.0.0.0", "::", ""):
             host = self.nsqd.opts.broadcast_address or "127.0.0.1"
-        port = getattr(self.nsqd.opts, "broadcast_cluster_port", 0) or port
+        port = self.nsqd.opts.broadcast_cluster_port or port
         self.internal_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if self.verifier is not None:  # requests signed for another member are refused
             self.verifier.receivers = {receiver_name(self.internal_address)}

@@ -17,7 +17,7 @@ from nsqx.cluster.gates import FollowerGate, LeaderGate, UnknownTopicGate
 from nsqx.cluster.model import PartitionMeta, TopicMeta
 from nsqx.cluster.replica_follower import ReplicaFollower
 from nsqx.cluster.topic_delete import LocalCopies, local_names
-from nsqx.nsqd.interfaces import ReplicaPartition
+from nsqx.nsqd.interfaces import NodeContext, ReplicaPartition
 
 log = logging.getLogger("nsqx.cluster.member")
 
@@ -28,7 +28,7 @@ class RoleHost(Protocol):
     """What the roles read of their member: the watched metadata, its identity and nsqd;
     it is also what the gates are handed (``lag_timeout``, ``forward``)."""
 
-    nsqd: Any
+    nsqd: NodeContext
     node_id: str
     lag_timeout: float
     partitions: Mapping[tuple[str, int], PartitionMeta]
@@ -114,14 +114,13 @@ class Roles:
         if topic is None:
             return None
         parts = topic.partitions
-        ensure = getattr(self.host.nsqd, "ensure_partitions", None)
         tm = self.host.topic_meta.get(name)
         if p < len(parts) and not (tm is not None and tm.ordered and not topic.ordered):
             return parts[p]
-        if ensure is not None and tm is not None:
+        if tm is not None:
             # more partitions than this node has, or an ordered topic it holds as plain (a
             # one-partition ordered topic was created here as a plain one)
-            ensure(name, tm.partitions, ordered=tm.ordered)
+            self.host.nsqd.ensure_partitions(name, tm.partitions, ordered=tm.ordered)
             parts = topic.partitions
             if p < len(parts):
                 return parts[p]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from nsqx.flags import (
     LOG_LEVELS,
@@ -48,6 +49,9 @@ class Options:
     # nsqx: the operators' endpoints ask nsqd's auth server (nsqx.httpauth.OPERATOR_RULES)
     auth_http_addresses: list[str] = field(default_factory=list)
     auth_http_request_method: str = "get"
+    # its requests to the auth server: nsqd's default timeouts (no flags here, not fields)
+    http_client_connect_timeout: ClassVar[float] = 2.0
+    http_client_request_timeout: ClassVar[float] = 5.0
 
     def validate(self) -> None:
         if self.log_level not in LOG_LEVELS:

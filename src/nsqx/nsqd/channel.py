@@ -22,7 +22,7 @@ from nsqx.nsqd.e2e import LatencyWindow
 from nsqx.nsqd.headers import ext_frames
 from nsqx.nsqd.tags import TagDispatch, retag
 from nsqx.protocol.v2 import StartKind, StartPosition
-from nsqx.storage.cursor import ChannelCursor, Delivery
+from nsqx.storage.cursor import ChannelCursor, Delivery, NotInFlight, NotOwner
 from nsqx.storage.message_id import parse_id
 from nsqx.storage.records import LogError
 
@@ -93,7 +93,7 @@ async def load_archived(log_: Any, offset: int) -> None:
     its row group in a thread, so that the read finds it decoded and the loop never waits
     for a slow store (an S3 round trip). Its errors (LogError: E_ARCHIVE_CORRUPT <file>, the
     store unreachable) are raised here, as the read would."""
-    lower = getattr(log_, "lower", None)
+    lower = log_.lower
     if lower is not None and log_.earliest_offset <= offset < log_.start_offset:
         await asyncio.to_thread(lower.chunk, offset)
 
@@ -101,7 +101,7 @@ async def load_archived(log_: Any, offset: int) -> None:
 async def load_time(log_: Any, ts_ns: int) -> int | None:
     """The archive's answer to a time seek, looked up in a thread (the tier keeps it, so
     ``offset_for_time`` on the loop then reads nothing); None: not in the archive."""
-    lower = getattr(log_, "lower", None)
+    lower = log_.lower
     if lower is None or log_.earliest_offset >= log_.start_offset:
         return None
     return await asyncio.to_thread(lower.offset_for_time, ts_ns)
@@ -111,7 +111,7 @@ async def load_position(topic: TopicView, pos: StartPosition) -> None:
     """``load_archived`` for the offset a position names (a time: its archive lookup too,
     whose answer the tier keeps), before ``resolve_position`` runs on the loop."""
     log_ = topic.log
-    lower = getattr(log_, "lower", None)
+    lower = log_.lower
     if lower is None or log_.earliest_offset >= log_.start_offset:
         return
     if pos.kind == StartKind.TIMESTAMP:
@@ -341,8 +341,16 @@ class Channel:
             self.cursor.persist()
 
     def snapshot(self) -> tuple[int, bytes] | None:
-        """The cursor's state to write off the loop (``write_snapshot``); None: nothing to write."""
-        return self.cursor.snapshot()
+        """The cursor's state to write off the loop (``write_snapshot``); None: nothing to
+        write. The channel is clean from now on (a change marks it dirty again); an OSError
+        leaves it dirty."""
+        snap = self.cursor.snapshot()
+        self.dirty = False
+        return snap
+
+    def snapshot_failed(self) -> None:
+        """Writing the ``snapshot`` failed: dirty again, for the next persist pass."""
+        self.dirty = True
 
     def write_snapshot(self, gen: int, data: bytes) -> None:
         """Worker thread: write a ``snapshot`` (tmp + fsync + rename)."""
@@ -426,6 +434,31 @@ class Channel:
         self.cursor.touch(client.id, offset, now_ms(), client.msg_timeout_ms,
                           max_msg_timeout_ms=max_msg_timeout_ms)
 
+    # -- what the channel's services do (dead letters, tag dispatch) ----------------------
+    def finish_held(self, holder: int, offsets: Iterable[int]) -> None:
+        """Finish ``offsets`` that ``holder`` has in flight (dead-lettered, expired, or
+        skipped unseen), skipping any it no longer holds (reset or emptied meanwhile)."""
+        cursor = self.cursor
+        for off in offsets:
+            try:
+                cursor.finish(holder, off)
+            except (NotInFlight, NotOwner):
+                pass
+        self.dirty = True
+
+    def take_held(self, holder: int, want: int, end: int, now: int, hold_ms: int) -> list[Delivery]:
+        """Up to ``want`` messages below ``end`` taken in flight for ``holder`` (not a
+        client: tag dispatch's queue) for ``hold_ms``, until handed over (``hand_over``)."""
+        deliveries = self.cursor.take(holder, want, end, now, hold_ms)
+        if deliveries:
+            self.dirty = True
+        return deliveries
+
+    def hand_over(self, offset: int, holder: int, client: Session, now: int) -> None:
+        """Give ``client`` the message ``holder`` has in flight, with the client's timeout;
+        NotInFlight / NotOwner when ``holder`` no longer has it."""
+        self.cursor.reassign(offset, holder, client.id, now + client.msg_timeout_ms, now)
+
     # -- delivery ------------------------------------------------------------------------
     def end_offset(self) -> int:
         """Fresh messages are delivered up to what is written (in cluster mode: what the
@@ -486,7 +519,7 @@ class Channel:
                 return
         log_ = self.topic.log
         limited = False
-        if getattr(log_, "lower", None) is not None:  # tiered storage: never wait for it here
+        if log_.lower is not None:  # tiered storage: never wait for it here
             lim = self._archive_limit(log_)
             if lim < 0:
                 return  # _archive_ready wakes us
@@ -555,7 +588,7 @@ class Channel:
         """Write ``deliveries`` (taken for ``client``) as message frames: fresh runs as byte
         ranges of the log, redeliveries patched; screened, sampled and traced first."""
         log_ = self.topic.log
-        if getattr(log_, "lower", None) is not None:
+        if log_.lower is not None:
             deliveries = self._archive_pending(log_, deliveries)
             if not deliveries:
                 return
@@ -635,7 +668,7 @@ class Channel:
         if self.e2e is None:
             return
         log_ = self.topic.log
-        if (getattr(log_, "lower", None) is not None
+        if (log_.lower is not None
                 and log_.ready_end(offset, self._archive_ready) <= offset):
             return  # archived and not decoded now: no sample rather than a wait
         try:

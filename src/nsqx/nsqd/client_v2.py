@@ -342,7 +342,7 @@ class ClientV2(asyncio.Protocol):
             cmds = self.parser.feed(data)
         except ProtocolError as exc:
             # Commands parsed before the bad one still run first, in order.
-            cmds = list(getattr(exc, "commands", []) or [])
+            cmds = list(exc.commands)
             self._backlog.extend(cmds)
             self._run()
             self._fatal(Fatal(exc.code, exc.text))
@@ -769,7 +769,7 @@ class ClientV2(asyncio.Protocol):
             existing = self.nsqd.get_topic(topic, create=False)
             if existing is not None and (partition or 0) < len(existing.partitions):
                 part = existing.partitions[partition or 0]
-                if getattr(part.log, "lower", None) is None:
+                if part.log.lower is None:
                     part = None
         if pending is not None or part is not None:
             return self._after(self._load_start(pending, part, start),
@@ -789,7 +789,7 @@ class ClientV2(asyncio.Protocol):
             try:
                 await load_position(part, start)
             except LogError as exc:  # E_ARCHIVE_CORRUPT <file>, the store unreachable
-                raise Fatal(getattr(exc, "code", "E_SUB_FAILED"),
+                raise Fatal(exc.code or "E_SUB_FAILED",
                             f"SUB_ADVANCED {exc}") from None
 
     async def _after(self, coro: Awaitable[Any], then: Callable[[], None]) -> None:
@@ -865,7 +865,7 @@ class ClientV2(asyncio.Protocol):
         except SeekError as exc:
             raise Fatal("E_SUB_FAILED", f"{what} failed to set the start position: {exc}") from None
         except LogError as exc:  # the archive: a file unreadable (E_ARCHIVE_CORRUPT <file>)
-            raise Fatal(getattr(exc, "code", "E_SUB_FAILED"), f"{what} {exc}") from None
+            raise Fatal(exc.code or "E_SUB_FAILED", f"{what} {exc}") from None
 
     def _cmd_rdy(self, cmd: Command) -> None:
         if self.state == STATE_CLOSING:

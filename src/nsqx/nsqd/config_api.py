@@ -81,7 +81,7 @@ def apply_settings(part: Any, settings: Any) -> bool:
             changed = True
         trace = settings.get("trace") is True
         if (part.tracer is not None) != trace and part.name != TRACE_TOPIC:
-            tracer = getattr(nsqd, "tracer", None)  # (the node makes its recorder when asked)
+            tracer = nsqd.tracer  # (the node makes its recorder when asked)
             if tracer is not None:
                 part.tracer = tracer if trace else None
                 changed = True

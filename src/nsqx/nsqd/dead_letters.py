@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from nsqx.protocol.names import EPHEMERAL_SUFFIX, valid_topic_name
-from nsqx.storage.cursor import Delivery, NotInFlight, NotOwner
+from nsqx.storage.cursor import Delivery
 
 if TYPE_CHECKING:
     from nsqx.nsqd.interfaces import ChannelView
@@ -82,23 +82,13 @@ def screen(channel: ChannelView, client: Any, deliveries: list[Delivery]) -> lis
         if lo < d.offset + d.count:
             keep.append(Delivery(lo, d.offset + d.count - lo, 1))
     if expired:
-        _finish(channel, client.id, expired)
+        channel.finish_held(client.id, expired)
         channel.expired_count += len(expired)
-        channel.dirty = True
         log.info("TOPIC(%s) CHANNEL(%s): %d messages older than the TTL skipped (client %s)",
                  topic.name, channel.name, len(expired), client)
     if dead:
         _dead_letter(channel, client.id, dead)
     return keep
-
-
-def _finish(channel: ChannelView, client_id: int, offsets: list[int]) -> None:
-    cursor = channel.cursor
-    for off in offsets:
-        try:
-            cursor.finish(client_id, off)
-        except (NotInFlight, NotOwner):
-            pass  # reset or emptied meanwhile
 
 
 def _dead_letter(channel: ChannelView, client_id: int,
@@ -130,11 +120,10 @@ def _dead_letter(channel: ChannelView, client_id: int,
                       "they time out and are tried again", topic.name, channel.name,
                       len(offsets), name, exc)
             return
-        _finish(channel, client_id, offsets)
+        channel.finish_held(client_id, offsets)
         if topic.tracer is not None:
             topic.tracer.dead_lettered(channel, client_id, [(off, att) for off, att, *_ in dead])
         channel.dlq_count += len(offsets)
-        channel.dirty = True
         channel.wake()
         log.warning("TOPIC(%s) CHANNEL(%s): %d messages over %d attempts moved to %s",
                     topic.name, channel.name, len(offsets), channel.max_attempts, name)

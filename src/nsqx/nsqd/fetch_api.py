@@ -223,7 +223,7 @@ class FetchAPI:
             raise HTTPError(416, "OFFSET_OUT_OF_RANGE")
         start = max(offset, earliest)
         limit = max(0, min(end, latest) - start)
-        if limit and getattr(plog, "lower", None) is not None and start < plog.start_offset:
+        if limit and plog.lower is not None and start < plog.start_offset:
             # archived: decoded in a thread, and the read stops where the next group is not
             await load_archived(plog, start)
             limit = min(limit, max(1, plog.ready_end(start, _no_wait) - start))

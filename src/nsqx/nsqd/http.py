@@ -350,7 +350,7 @@ class _Handlers:
     async def metrics(self, request: web.Request) -> web.Response:
         stats = self.nsqd.stats_dict(include_clients=False, include_mem=False)
         text = prometheus_text(stats, healthy=self.nsqd.is_healthy(),
-                               node_id=getattr(self.opts, "node_id", None),
+                               node_id=self.opts.node_id,
                                start_time=float(self.nsqd.start_time))
         return web.Response(body=text.encode(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
@@ -380,12 +380,8 @@ class _Handlers:
                     raise HTTPError(400, "INVALID_VALUE") from None
                 if level not in LOG_LEVELS:
                     raise HTTPError(400, "INVALID_VALUE")
-                setter = getattr(self.nsqd, "set_log_level", None)
-                if setter is not None:
-                    setter(level)
-                else:
-                    self.opts.log_level = level
-                    logging.getLogger("nsqx").setLevel(_PY_LOG_LEVELS[level])
+                self.opts.log_level = level
+                logging.getLogger("nsqx").setLevel(_PY_LOG_LEVELS[level])
             else:
                 raise HTTPError(400, "INVALID_OPTION")
         try:
@@ -447,7 +443,7 @@ async def _v1_errors(request: web.Request,
 def _tls_required_middleware(nsqd: NodeAPI) -> Any:
     @web.middleware
     async def tls_required(request: web.Request, handler: Any) -> web.StreamResponse:
-        port = getattr(nsqd, "https_port", None) or 0
+        port = nsqd.https_port or 0
         body = f'{{"message": "TLS_REQUIRED", "https_port": {int(port)}}}'
         return web.Response(status=403, text=body, content_type=JSON_TYPE, charset="utf-8")
 
@@ -503,7 +499,7 @@ def make_app(nsqd: NodeAPI, *, tls_listener: bool = False,
     ``nsqd.get_topic(name, create=True)``, ``await nsqd.delete_topic(name)``,
     ``await nsqd.publish(topic, bodies, defer_ms, partition, headers=, producer=)`` ->
     ``(partition, base offset)``, ``nsqd.persist_metadata()``,
-    ``nsqd.set_lookupd_tcp_addresses(list)``, optional ``nsqd.set_log_level(str)``,
+    ``nsqd.set_lookupd_tcp_addresses(list)``, ``nsqd.http_route_hooks``,
     ``nsqd.stats_dict(topic=, channel=, include_clients=, include_mem=)``;
     Topic: ``get_channel(name, create=True)``, ``delete_channel(name)`` (KeyError if
     absent), ``pause()``, ``unpause()``, ``empty()``; Channel: ``pause()``,
@@ -553,6 +549,6 @@ def make_app(nsqd: NodeAPI, *, tls_listener: bool = False,
     routes_api.add_routes(app, nsqd)
     trace_api.add_routes(app, nsqd)
     replay_api.add_routes(app, nsqd)
-    for hook in getattr(nsqd, "http_route_hooks", ()):
+    for hook in nsqd.http_route_hooks:
         hook(app)  # extensions (cluster mode's replication API)
     return app

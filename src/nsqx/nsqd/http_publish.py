@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -156,7 +157,7 @@ async def publish(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defer_ms:
     if not bodies:
         return 0, -1
     try:
-        routes = getattr(topic, "routes", None)
+        routes = topic.routes
         if routes is not None and partition is not None and route_version is not None:
             routes.check_publish(partition, route_version)
         return await nsqd.publish(topic_name, bodies, defer_ms, partition,
@@ -196,14 +197,15 @@ def mark_replayed(response: Any, replayed: bool) -> Any:
     return response
 
 
+# one key -> topic map per node, shared by every HTTP handler that publishes with a key
+# (/pub, /mpub, /pubtrace...); kept here, where it is used, and gone with its node
+_KEY_TOPICS: weakref.WeakKeyDictionary[NodeAPI, OrderedDict[str, str]] = weakref.WeakKeyDictionary()
+
+
 def _key_topics(nsqd: NodeAPI) -> OrderedDict[str, str]:
-    kt: OrderedDict[str, str] | None = getattr(nsqd, "_idempotency_topics", None)
+    kt = _KEY_TOPICS.get(nsqd)
     if kt is None:
-        kt = OrderedDict()
-        try:
-            nsqd._idempotency_topics = kt  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
+        kt = _KEY_TOPICS[nsqd] = OrderedDict()
     return kt
 
 
@@ -236,7 +238,7 @@ async def publish_once(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defe
     marked[0] = {**(marked[0] or {}), PUB_KEY_HEADER: mark}
     try:
         part = topic.route(partition)
-        routes = getattr(topic, "routes", None)
+        routes = topic.routes
         if routes is not None and route_version is not None:
             routes.check_publish(part.partition, route_version)
         if leads(part):
@@ -254,13 +256,13 @@ async def publish_once(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defe
         raise HTTPError(400, f"E_BAD_PARTITION {exc}") from None
     except BadPartition:
         raise HTTPError(400, "E_BAD_PARTITION") from None
-    except PublishRefused as exc:
-        log.error("TOPIC(%s): HTTP publish refused - %s", topic_name, exc)
-        raise HTTPError(503, "E_PUB_FAILED") from None
     except Exception as exc:
         if "E_IDEMPOTENCY_KEY_REUSED" in str(exc):  # the leader's answer to a forward
             raise HTTPError(422, "IDEMPOTENCY_KEY_REUSED: key already used for a different "
                                  "request") from None
+        if isinstance(exc, PublishRefused):
+            log.error("TOPIC(%s): HTTP publish refused - %s", topic_name, exc)
+            raise HTTPError(503, "E_PUB_FAILED") from None
         log.error("TOPIC(%s): HTTP publish failed - %s", topic_name, exc)
         raise HTTPError(503, "EXITING") from None
     kt[key] = topic_name

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from nsqx.storage.cursor import ChannelCursor, Delivery
+from nsqx.storage.cursor import Delivery
 
 
 class Session(Protocol):
@@ -30,6 +30,7 @@ class Session(Protocol):
     extend_support: bool
     desired_tag: str
     pub_counts: Any
+    sub_all: bool  # a plain SUB in cluster mode: it reads every partition the node leads
 
     def ready_room(self) -> int:
         """How many more messages it may take now (RDY minus in flight)."""
@@ -137,7 +138,6 @@ class ChannelView(Protocol):
 
     name: str
     topic: TopicView
-    cursor: ChannelCursor
     clients: dict[int, Session]
     ordered: bool
     dirty: bool
@@ -163,6 +163,16 @@ class ChannelView(Protocol):
 
     def send(self, client: Session, deliveries: list[Delivery]) -> None:
         """Write ``deliveries`` (taken from the cursor for ``client``) to its socket."""
+
+    def finish_held(self, holder: int, offsets: Iterable[int]) -> None:
+        """Finish the ``offsets`` ``holder`` still has in flight (dead-lettered, expired)."""
+
+    def take_held(self, holder: int, want: int, end: int, now: int, hold_ms: int
+                  ) -> list[Delivery]:
+        """Take up to ``want`` messages below ``end`` in flight for ``holder`` (tag dispatch)."""
+
+    def hand_over(self, offset: int, holder: int, client: Session, now: int) -> None:
+        """Give ``client`` a message ``holder`` has in flight (NotInFlight / NotOwner if not)."""
 
 
 class ReplicaChannel(Protocol):
@@ -263,6 +273,8 @@ class NodeAPI(NodeContext, Protocol):
     tls_required_http: bool
     # cluster mode: /topic/delete is the cluster's operation (set by the member that runs it)
     topic_delete_hook: Callable[[str], Awaitable[bool]] | None
+    # extensions that add routes to the HTTP app (cluster mode's replication API)
+    http_route_hooks: list[Callable[[Any], None]]
     # --workers > 1: this worker's link to the others (nsqx.nsqd.workers.runtime): owned(),
     # forward(), hand_over(); None in a one-process node
     workers: Any

@@ -27,7 +27,7 @@ from nsqx import NSQ_VERSION, __version__
 
 __all__ = ["GC_PAUSES", "memory_stats", "process_stats", "prometheus_text"]
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_PAGE = resource.getpagesize()  # (/proc/self/statm counts pages)
 _PROCESS_START = time.time()
 
 

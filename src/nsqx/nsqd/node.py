@@ -301,7 +301,7 @@ class NSQD:
                 part.set_sync_every(topic.sync_every)
             topic.partitions.append(part)
             for cname, ch in topic.channels.items():
-                sib = part._get_channel_here(cname)
+                sib = part.get_channel_here(cname)
                 if sib is not None and ch.paused:
                     sib.paused = True
             for hook in self.topic_hooks:
@@ -521,18 +521,18 @@ class NSQD:
         # refused. A listener whose handler is not loaded yet (aiohttp: HTTPS, or plain HTTP
         # under --tls-required) queues connections in its backlog until it is.
         inherited = self.inherited_sockets  # --workers: bound once by the supervisor
-        tcp_sock = inherited.get("tcp") or _listening_socket(o.tcp_address)
+        tcp_sock = inherited.get("tcp") or listening_socket(o.tcp_address)
         self.tcp_port = tcp_sock.getsockname()[1]
-        log.info("TCP: listening on %s", _fmt_addr(tcp_sock))
+        log.info("TCP: listening on %s", fmt_addr(tcp_sock))
         http_sock = https_sock = None
         if o.http_address:
-            http_sock = inherited.get("http") or _listening_socket(o.http_address)
+            http_sock = inherited.get("http") or listening_socket(o.http_address)
             self.http_port = http_sock.getsockname()[1]
-            log.info("HTTP: listening on %s", _fmt_addr(http_sock))
+            log.info("HTTP: listening on %s", fmt_addr(http_sock))
         if self.tls_context is not None and o.https_address:
-            https_sock = inherited.get("https") or _listening_socket(o.https_address)
+            https_sock = inherited.get("https") or listening_socket(o.https_address)
             self.https_port = https_sock.getsockname()[1]
-            log.info("HTTPS: listening on %s", _fmt_addr(https_sock))
+            log.info("HTTPS: listening on %s", fmt_addr(https_sock))
         self._idle_socks = [s for s in (tcp_sock, http_sock, https_sock) if s is not None]
         await self._serve(lambda: ClientV2(self), tcp_sock)
         plain_aiohttp = http_sock is not None and o.tls_required == TLS_REQUIRED
@@ -721,17 +721,16 @@ class NSQD:
         for ch in dirty:
             if ch.dirty and not ch.ephemeral and not ch.exiting:
                 try:
-                    snap = ch.snapshot()
+                    snap = ch.snapshot()  # (clean from now: a change marks it again)
                 except OSError as exc:
                     failed[ch] = exc
                     continue
-                ch.dirty = False  # a change from now on marks it again
                 if snap is not None:
                     snaps.append((ch, *snap))
         if snaps:
             failed.update(await self.loop.run_in_executor(None, _write_snapshots, snaps))
         for ch in failed:
-            ch.dirty = True
+            ch.snapshot_failed()
             self.dirty_channels.add(ch)
         if failed:
             raise next(iter(failed.values()))
@@ -870,7 +869,7 @@ class NSQD:
 _NO_E2E = {"count": 0, "percentiles": None}
 
 
-def _listening_socket(addr: str) -> socket.socket:
+def listening_socket(addr: str) -> socket.socket:
     """A socket bound to ``addr`` (host:port, port 0 for any) and listening: connections
     are accepted into its backlog from now on, answered once a server serves it."""
     host, port = split_hostport(addr)
@@ -881,7 +880,7 @@ def _listening_socket(addr: str) -> socket.socket:
     return sock
 
 
-def _fmt_addr(sock: socket.socket) -> str:
+def fmt_addr(sock: socket.socket) -> str:
     name = sock.getsockname()
     if sock.family == socket.AF_INET6:
         return f"[{name[0]}]:{name[1]}"

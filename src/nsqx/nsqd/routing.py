@@ -286,7 +286,7 @@ class TopicRoutes:
         (the member closes the clients of a partition this node stops leading)."""
         for name, ch0 in list(self.topic.channels.items()):
             clients = {c.id: c for sib in ch0.siblings() for c in sib.clients.values()
-                       if getattr(c, "sub_all", False)}
+                       if c.sub_all}
             if not clients:
                 continue
             for p, part in enumerate(self.topic.partitions):
@@ -552,7 +552,7 @@ class TopicRoutes:
             clients = {}
             for sib in ch0.siblings():
                 for c in sib.clients.values():
-                    if getattr(c, "sub_all", False):
+                    if c.sub_all:
                         clients[c.id] = c
             for p in created:
                 ch = self.topic.partitions[p].channels.get(name)

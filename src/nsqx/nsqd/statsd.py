@@ -109,7 +109,7 @@ class StatsdEmitter:
     @property
     def prefix(self) -> str:
         o = self.nsqd.opts
-        port = o.broadcast_http_port or getattr(self.nsqd, "http_port", 0)
+        port = o.broadcast_http_port or self.nsqd.http_port
         return expand_prefix(o.statsd_prefix, o.broadcast_address, port)
 
     def collect(self) -> list[bytes]:

@@ -63,10 +63,9 @@ class TagDispatch:
         want = min(sum(room.values()), max_batch, HOLD_MAX - len(held))
         took = 0
         if want > 0:
-            deliveries = ch.cursor.take(DISPATCH, want, ch.end_offset() if end is None
-                                        else end, now, HOLD_MS)
+            deliveries = ch.take_held(DISPATCH, want, ch.end_offset() if end is None else end,
+                                      now, HOLD_MS)
             if deliveries:
-                ch.dirty = True
                 hdrs = headers_of(ch.topic.log, deliveries)
                 for d in deliveries:
                     for off in range(d.offset, d.offset + d.count):
@@ -76,7 +75,6 @@ class TagDispatch:
                         took += 1
         out: dict[int, list[Delivery]] = {}
         keep: deque[tuple[int, int, str, str]] = deque()
-        cursor = ch.cursor
         self._rr += 1
         for item in held:
             off, attempts, why, tag = item
@@ -95,7 +93,7 @@ class TagDispatch:
                 keep.append(item)
                 continue
             try:
-                cursor.reassign(off, DISPATCH, target.id, now + target.msg_timeout_ms, now)
+                ch.hand_over(off, DISPATCH, target, now)
             except (NotInFlight, NotOwner):
                 continue  # timed out, reset or emptied meanwhile
             room[target.id] -= 1

@@ -303,13 +303,15 @@ class Topic:
         first = not any(p.channels for p in self.partitions)
         for part in self.partitions:
             if part is not self:
-                part._get_channel_here(name)
-        ch = self._get_channel_here(name)
+                part.get_channel_here(name)
+        ch = self.get_channel_here(name)
         if self.routes is not None and ch is not None:
             self.routes.channel_created(name, first=first)
         return ch
 
-    def _get_channel_here(self, name: str) -> Channel | None:
+    def get_channel_here(self, name: str) -> Channel | None:
+        """This partition's channel, made here only (``get_channel`` makes it in every
+        partition; a partition added later makes the channels its siblings have)."""
         ch = self.channels.get(name)
         if ch is not None:
             return ch

@@ -40,9 +40,9 @@ def _use_driver_python(spark: Any) -> None:
     import subprocess
     import sys
 
-    sc = getattr(spark, "sparkContext", None)
     try:
-        current = sc.pythonExec if sc is not None else None
+        sc = spark.sparkContext
+        current = sc.pythonExec
     except Exception:  # Spark Connect: no local SparkContext
         return
     if current is None:

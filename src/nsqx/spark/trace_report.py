@@ -29,6 +29,7 @@ import html
 import json
 import os
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from nsqx.spark.jobs import source_options
@@ -172,7 +173,8 @@ def write_text(spark: Any, path: str, text: str) -> None:
 
 
 def _plain(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: (float(v) if hasattr(v, "as_tuple") else v) for k, v in d.items()}
+    """A row as JSON takes it: Spark's decimals (``percentile_approx`` of a decimal) as floats."""
+    return {k: (float(v) if isinstance(v, Decimal) else v) for k, v in d.items()}
 
 
 def _ms(v: Any) -> str:

@@ -374,9 +374,8 @@ class _SharedTimer:
 
 def _load_syncfs() -> Any:
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.syncfs if hasattr(libc, "syncfs") else None
-    except OSError:
+        return ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):  # (AttributeError: a libc without syncfs)
         return None
 
 

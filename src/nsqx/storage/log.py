@@ -580,7 +580,7 @@ class PartitionLog:
             for batch in commits:
                 pos = s.log_end
                 first = batch[0]
-                target = s._next_idx_pos
+                target = s.next_idx_pos
                 idx: list[tuple[int, int]] = []
                 crc = 0
                 p = pos

@@ -33,6 +33,7 @@ class MemoryLog:
 
     imported = None  # PartitionLog's imported range (nsqx import): never in memory
     durable = False  # nothing reaches a file: no fsync policy, no syncfs tickets
+    lower: None = None  # PartitionLog's archive tier (its ``LowerTier``): never under memory
 
     def __init__(self, partition: int = 0, mem_queue_size: int = 10000,
                  config: LogConfig | None = None) -> None:

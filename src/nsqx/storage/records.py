@@ -74,6 +74,8 @@ class LogConfig:
 class LogError(Exception):
     """A log operation failed (disk full, unwritable path, I/O error); the message says which."""
 
+    code: str | None = None  # the error code a client is told (a corrupt file's); None: the caller's
+
 
 class SegmentCorrupt(LogError):
     """A record batch on disk fails its CRC (bit rot, a bad sector): refused, never served."""

@@ -110,6 +110,7 @@ class Segment:
         # thousands of idle topics hold none (an idle topic would otherwise pin six).
         self.fds: list[int] = []
         self.closed = False
+        self.sizes: list[int] = []  # each file's size; empty until the first open has them
         self.sizes = [os.fstat(fd).st_size for fd in self.files()]
         self._reset_memory()
 
@@ -138,7 +139,7 @@ class Segment:
         try:
             for p in self.paths:
                 fds.append(_open(p))
-            if hasattr(self, "sizes"):  # reopened: writes continue where they ended
+            if self.sizes:  # reopened: writes continue where they ended
                 for fd, size in zip(fds, self.sizes, strict=True):
                     os.lseek(fd, size, os.SEEK_SET)
         except OSError:
@@ -219,6 +220,12 @@ class Segment:
     @property
     def count(self) -> int:
         return self.next_offset - self.base
+
+    @property
+    def next_idx_pos(self) -> int:
+        """The log position at or after which the next offset-index entry is due (the log's
+        batched writer plans a commit's index entries from it)."""
+        return self._next_idx_pos
 
     def commit_end(self, c: int) -> int:
         return self.poss[c + 1] if c + 1 < len(self.poss) else self.log_end

@@ -154,7 +154,7 @@ async def _merged(rt: Any, request: web.Request, path: str) -> web.StreamRespons
         health = unhealthy[0]
     if metrics:
         text = prometheus_text(stats, healthy=health == "OK",
-                               node_id=getattr(node.opts, "node_id", None),
+                               node_id=node.opts.node_id,
                                start_time=float(node.start_time))
         return web.Response(body=text.encode(), headers={
             "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

@@ -161,6 +161,8 @@ class WorkerRuntime:
     def http_hook(self, app: Any) -> None:
         """Added to the node's HTTP app: requests for another worker's topic go to it,
         /stats and /metrics answer for every worker (``http_routing``)."""
+        # loaded with the HTTP API (aiohttp), in its thread: not at the worker's start;
+        # here, not in nsqd.lazy, which sits below this package
         from nsqx.nsqd.workers import http_routing
 
         http_routing.install(app, self)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from nsqx.nsqd import datapath
-from nsqx.nsqd.node import _fmt_addr, _listening_socket
+from nsqx.nsqd.node import fmt_addr, listening_socket
 from nsqx.nsqd.workers.ownership import merge_metadata, split_metadata
 
 __all__ = ["CRASH_LIMIT", "CRASH_WINDOW", "WORKER_ENV", "Supervisor"]
@@ -74,14 +74,14 @@ class Supervisor:
     def _bind(self) -> None:
         """The node's public listeners, bound and listening before any worker starts."""
         o = self.opts
-        tcp = self.sockets["tcp"] = _listening_socket(o.tcp_address)
-        log.info("TCP: listening on %s", _fmt_addr(tcp))
+        tcp = self.sockets["tcp"] = listening_socket(o.tcp_address)
+        log.info("TCP: listening on %s", fmt_addr(tcp))
         if o.http_address:
-            http = self.sockets["http"] = _listening_socket(o.http_address)
-            log.info("HTTP: listening on %s", _fmt_addr(http))
+            http = self.sockets["http"] = listening_socket(o.http_address)
+            log.info("HTTP: listening on %s", fmt_addr(http))
         if o.tls_cert and o.tls_key and o.https_address:
-            https = self.sockets["https"] = _listening_socket(o.https_address)
-            log.info("HTTPS: listening on %s", _fmt_addr(https))
+            https = self.sockets["https"] = listening_socket(o.https_address)
+            log.info("HTTPS: listening on %s", fmt_addr(https))
 
     def _check_socket_paths(self) -> None:
         longest = datapath.worker_socket_path(self.data_path, self.count - 1, "http")
