@@ -297,6 +297,13 @@ def test_lookupd_sees_one_node_with_every_workers_topics(
     wait_for(lambda: worker_pid(node, 1) not in (None, victim), what="worker 1 again")
     workers_up(node, 3)
     wait_for(registered, what="registered after the restart")
+    # a restarted worker 0 (the one connected to lookupd) registers everything again
+    victim = worker_pid(node, 0)
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: worker_pid(node, 0) not in (None, victim), what="worker 0 again")
+    workers_up(node, 4)
+    wait_for(registered, what="registered after worker 0's restart")
     # a topic deleted on its owner leaves lookupd
     gone = topics[-1]
     assert http_api.post(node.http_address, "/topic/delete", topic=gone).status == 200

@@ -133,6 +133,12 @@ class WorkerRuntime:
         self.loop.add_reader(ctl.fileno(), self._ctl_accept)
         if self.index != 0:
             self.lookup_changed()
+        else:  # a restarted worker 0 has lost what the others relayed: they send it again
+            for k in range(1, self.count):
+                try:
+                    self._ctl_send(k, {"op": "resync"})
+                except OSError:
+                    pass  # not up: it sends its registrations once it is
         log.info("workers: worker %d of %d ready (internal sockets in %s)", self.index,
                  self.count, datapath.workers_dir(self.data_path))
 
@@ -236,6 +242,8 @@ class WorkerRuntime:
             self.loop.create_task(self._adopt(fd, msg.get("state") or {}, raw))
         elif op == "lookup":
             self._relayed(int(msg["from"]), {(t, c) for t, c in msg.get("regs", [])})
+        elif op == "resync" and self.index != 0:
+            self.lookup_changed()
         elif fd is not None:
             os.close(fd)
 
