@@ -231,6 +231,17 @@ class NsqdProcess:
             self.kill()
         return self.start(timeout)
 
+    def children(self) -> list[int]:
+        """The pids of the processes nsqd started (its workers with ``--workers`` > 1)."""
+        if not self.is_running():
+            return []
+        assert self.proc is not None
+        try:
+            text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(x) for x in text.split()]
+
     def died_unexpectedly(self) -> bool:
         return self.proc is not None and not self._expected_exit and self.proc.poll() is not None
 

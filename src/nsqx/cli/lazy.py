@@ -12,8 +12,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
     from nsqx.cluster.lookupd_api import ClusterLookupd
     from nsqx.cluster.member import NodeMember
+    from nsqx.nsqd.workers.supervisor import Supervisor
 
 
 def cluster_trust() -> ModuleType:
@@ -35,3 +39,17 @@ def cluster_lookupd() -> type[ClusterLookupd]:
     from nsqx.cluster.lookupd_api import ClusterLookupd
 
     return ClusterLookupd
+
+
+def workers_supervisor() -> type[Supervisor]:
+    """The process behind ``nsqd --workers=N`` (N > 1): a one-process nsqd never loads it."""
+    from nsqx.nsqd.workers.supervisor import Supervisor
+
+    return Supervisor
+
+
+def worker_attach() -> Callable[[Any, dict[str, Any]], Any]:
+    """What makes an nsqd one worker of ``--workers=N`` (the process the supervisor runs)."""
+    from nsqx.nsqd.workers.runtime import attach
+
+    return attach

@@ -35,6 +35,7 @@ from nsqx.nsqd.topic import BadPartition, SealedPartition
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from nsqx.protocol.errors import ProtocolError
+from nsqx.protocol.forward import forward_command
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.protocol.v2 import (
     FIN_BATCH,
@@ -47,6 +48,7 @@ from nsqx.protocol.v2 import (
     IdentifySettings,
     cannot_in_state,
     identify_response,
+    mpub_body,
     parse_fin,
     parse_identify,
     parse_lone_marked_pub,
@@ -149,6 +151,9 @@ class ClientV2(asyncio.Protocol):
         self._reading_paused = False
         self._last_read = time.monotonic()
         self._hb_handle: asyncio.TimerHandle | None = None
+        self._handed_to: int | None = None  # --workers: the worker this connection went to
+        self._follow_tried = False  # --workers: its first publish tried to move it once
+        self._adopted: tuple[dict[str, Any], bytes] | None = None  # see handed_over()
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -169,6 +174,8 @@ class ClientV2(asyncio.Protocol):
         self.nsqd.client_connected(self)
         self._schedule_heartbeat()
         log.debug("TCP: new client(%s)", self.remote_address)
+        if self._adopted is not None:
+            self._adopt()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
@@ -179,6 +186,9 @@ class ClientV2(asyncio.Protocol):
         for ch in self.subs:
             ch.remove_client(self)
         self.nsqd.client_disconnected(self)
+        if self._handed_to is not None:
+            log.info("[%s] handed over to worker %d", self, self._handed_to)
+            return
         log.info("[%s] closed connection%s", self, f" ({exc})" if exc else "")
 
     def pause_writing(self) -> None:
@@ -248,6 +258,8 @@ class ClientV2(asyncio.Protocol):
         if len(self.magic) < 4 or nsqd.exiting or nsqd.auth_enabled or (
                 nsqd.tls_required_tcp and not self.tls):
             return False
+        if nsqd.workers is not None and not self.pub_counts:
+            return False  # a first publish may move the connection (_follow_topic)
         max_msg = self.parser.max_msg_size
         pub = parse_lone_marked_pub(data, max_msg) if marked else parse_lone_pub(data, max_msg)
         if pub is None:
@@ -344,6 +356,9 @@ class ClientV2(asyncio.Protocol):
         handlers = self._handlers
         while self._backlog and not self._blocked and not self._closing:
             cmd = self._backlog.popleft()
+            if (not self.pub_counts and cmd.name in _PUBLISHES and self.nsqd.workers is not None
+                    and self._follow_topic(cmd)):
+                return
             handler = handlers.get(cmd.name)
             try:
                 if handler is None:
@@ -710,6 +725,10 @@ class ClientV2(asyncio.Protocol):
 
     def _cmd_sub(self, cmd: Command) -> Any:
         topic, channel, partition = self._sub_args(cmd, "SUB", 2)
+        handover = self._elsewhere(topic, "SUB")
+        if handover is not None:
+            self._backlog.appendleft(cmd)
+            return handover
         pending = self._check_auth(topic, channel, "subscribe", "SUB")
         if pending is not None:
             return self._after(pending, lambda: self._subscribe(topic, channel, partition))
@@ -720,6 +739,10 @@ class ClientV2(asyncio.Protocol):
         """Youzan's ``SUB_ORDERED <topic> <channel> <partition>``: one partition in log
         order, one message in flight at a time (RDY caps it at 1), the next after FIN."""
         topic, channel, partition = self._sub_args(cmd, "SUB_ORDERED", 3)
+        handover = self._elsewhere(topic, "SUB_ORDERED")
+        if handover is not None:
+            self._backlog.appendleft(cmd)
+            return handover
         pending = self._check_auth(topic, channel, "subscribe", "SUB_ORDERED")
         if pending is not None:
             return self._after(pending, lambda: self._subscribe(topic, channel, partition,
@@ -736,6 +759,10 @@ class ClientV2(asyncio.Protocol):
         if self.heartbeat_interval <= 0:
             raise Fatal("E_INVALID", "cannot SUB_ADVANCED with heartbeats disabled")
         topic, channel, partition, start = parse_sub_advanced(cmd.params)
+        handover = self._elsewhere(topic, "SUB_ADVANCED")
+        if handover is not None:
+            self._backlog.appendleft(cmd)
+            return handover
         pending = self._check_auth(topic, channel, "subscribe", "SUB_ADVANCED")
         part = None
         if start is not None:  # a position in the archive: its row group read in a thread
@@ -979,6 +1006,11 @@ class ClientV2(asyncio.Protocol):
         nsqd = self.nsqd
         if nsqd.exiting:
             raise Fatal(code, f"{what} failed exiting")
+        workers = nsqd.workers
+        if workers is not None and not workers.owned(topic_name):
+            self._forward(workers, topic_name, bodies, defer_ms, code, what, partition,
+                          headers, route_version)
+            return
         if headers is not None:
             existing = nsqd.get_topic(topic_name, create=False)
             if existing is not None and not existing.ext and any(
@@ -1009,6 +1041,126 @@ class ClientV2(asyncio.Protocol):
             done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"), ok_from)
             part.publish(bodies, defer_ms, done, headers=headers, producer=self.remote_address)
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+
+    def _forward(self, workers: Any, topic_name: str, bodies: list[bytes], defer_ms: int,
+                 code: str, what: str, partition: int | None,
+                 headers: list[dict[str, bytes] | None] | None,
+                 route_version: int | None) -> None:
+        """``--workers``: the topic is another worker's; the publish goes to its owner (one
+        write per owner per loop turn) and its answer, the owner's, takes this command's
+        slot, so the client's answers stay in command order."""
+        answer: list[bytes] = []
+        done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"),
+                                       lambda _base: answer[0])
+
+        def answered(data: bytes | None, exc: Exception | None) -> None:
+            if exc is not None or data is None:
+                done(-1, exc or ProtocolError(code, f"{what} failed", False))
+            else:
+                answer.append(data)
+                done(0, None)
+        workers.forward(topic_name, forward_command(topic_name, partition, bodies, defer_ms,
+                                                    headers, route_version), answered)
+        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+
+    # -- handover (--workers) -------------------------------------------------------------
+    def _elsewhere(self, topic: str, what: str) -> Any:
+        """None when this worker serves ``topic``'s subscribers (always with one process);
+        else the coroutine that hands the connection over to the topic's owner."""
+        workers = self.nsqd.workers
+        if workers is None or workers.owned(topic):
+            return None
+        if self.tls or self._decoder is not None or self.auth is not None:
+            raise Fatal("E_SUB_FAILED", f"{what} topic {topic} is served by another worker "
+                        "of this nsqd (--workers): a connection with TLS, compression or AUTH "
+                        "cannot be handed over to it yet (connect without them, or run "
+                        "nsqd --workers=1)")
+        if self.transport is not None:
+            self.transport.pause_reading()  # what comes next is the owner's to read
+        return self._hand_over(workers, topic, what)
+
+    def _follow_topic(self, cmd: Command) -> bool:
+        """``--workers``: a connection's first publish, for another worker's topic, moves
+        the connection to that worker (as a SUB does) when it can, instead of forwarding
+        every publish of a producer that writes one topic; True when it goes. Its later
+        publishes to other workers' topics are forwarded from there."""
+        if (self._follow_tried or not cmd.params or self.state != STATE_INIT or self.tls
+                or self._decoder is not None or self.auth is not None
+                or self.transport is None):
+            return False
+        self._follow_tried = True
+        topic = cmd.params[0].decode("utf-8", "replace")
+        workers = self.nsqd.workers
+        if not valid_topic_name(topic) or workers.owned(topic):
+            return False
+        self._backlog.appendleft(cmd)
+        self.transport.pause_reading()
+        self._blocked = True
+        task = self.nsqd.loop.create_task(self._hand_over(workers, topic, "PUB",
+                                                          optional=True))
+        task.add_done_callback(self._async_done)
+        return True
+
+    async def _hand_over(self, workers: Any, topic: str, what: str, *,
+                         optional: bool = False) -> None:
+        """Pass the socket (SCM_RIGHTS) to the owner with this connection's IDENTIFY state
+        and every byte read but not executed (the SUB first): the owner goes on from there
+        as if the client had connected to it. ``optional`` (a publish): when the owner
+        cannot take it now, the connection stays and its publishes are forwarded."""
+        await self._wait_responses()
+        if self._closing or self.transport is None:
+            return
+        raw = b"".join(_encode_command(c) for c in self._backlog)
+        self._backlog.clear()
+        raw += self.parser.take_buffered() + b"".join(self._raw_backlog)
+        self._raw_backlog = []
+        sock = self.transport.get_extra_info("socket")
+        try:
+            self._handed_to = workers.hand_over(topic, sock.fileno(), self.handover_state(),
+                                                raw)
+        except (OSError, ValueError) as exc:
+            if optional:  # stays here: what was taken out goes back, forwarded from here
+                self._restore(raw)
+                return
+            raise Fatal("E_SUB_FAILED", f"{what} failed to subscribe to {topic}: its worker "
+                        f"is not reachable now ({exc}); reconnect") from None
+        self._closing = True
+        self.transport.abort()  # our descriptor only: the owner's copy keeps the connection
+
+    def _restore(self, raw: bytes) -> None:
+        """A publish's handover did not happen: the bytes taken for it are parsed again."""
+        self.parser = CommandParser(
+            max_body_size=self.nsqd.opts.max_body_size, max_msg_size=self.nsqd.opts.max_msg_size,
+            batch_fin=True, max_req_timeout_ms=self.nsqd.opts.max_delay_ms,
+            precheck=self._precheck)
+        self._raw_backlog = [raw] if raw else []
+        if self.transport is not None:
+            self.transport.resume_reading()
+
+    def handover_state(self) -> dict[str, Any]:
+        """What IDENTIFY set on this connection (``adopt`` applies it in the owner)."""
+        return {k: getattr(self, k) for k in _HANDOVER_FIELDS}
+
+    @classmethod
+    def handed_over(cls, nsqd: NodeAPI, state: dict[str, Any], raw: bytes) -> ClientV2:
+        """The session of a connection another worker handed over: its IDENTIFY state,
+        then the bytes it had read but not executed, taken in connection_made (before
+        anything the socket holds, which the loop reads from then on)."""
+        client = cls(nsqd)
+        client._adopted = (state, raw)
+        return client
+
+    def _adopt(self) -> None:
+        assert self._adopted is not None
+        state, raw = self._adopted
+        self._adopted = None
+        self.magic = MAGIC_V2
+        for k in _HANDOVER_FIELDS:
+            if k in state:
+                setattr(self, k, state[k])
+        self._schedule_heartbeat()
+        if raw:
+            self.data_received(raw)
 
     def _publish_once(self, part: TopicView, bodies: list[bytes], defer_ms: int,
                       headers: list[dict[str, bytes] | None], code: str, what: str,
@@ -1173,6 +1325,27 @@ class ClientV2(asyncio.Protocol):
         if self.pub_counts:
             d["pub_counts"] = [{"topic": t, "count": c} for t, c in self.pub_counts.items()]
         return d
+
+
+_PUBLISHES = frozenset({b"PUB", b"MPUB", b"DPUB", b"PUB_EXT", b"PUB_TRACE", b"MPUB_EXT",
+                        b"MPUB_TRACE"})
+_HANDOVER_FIELDS = ("client_id", "hostname", "user_agent", "heartbeat_interval",
+                    "output_buffer_size", "output_buffer_timeout", "sample_rate",
+                    "msg_timeout_ms", "extend_support", "desired_tag", "identified",
+                    "connect_ts")
+
+
+def _encode_command(cmd: Command) -> bytes:
+    """A parsed command back to its bytes (a handover re-sends what was not executed)."""
+    if cmd.name == FIN_BATCH:
+        return b"".join(b"FIN " + mid + b"\n" for mid in cmd.params)
+    line = b" ".join([cmd.name, *cmd.params]) + b"\n"
+    if cmd.body is not None:
+        return line + struct.pack(">I", len(cmd.body)) + cmd.body
+    if cmd.bodies is not None:
+        inner = mpub_body(cmd.bodies)
+        return line + struct.pack(">I", len(inner)) + inner
+    return line
 
 
 def _partition_param(params: list[bytes], index: int, what: str) -> int | None:

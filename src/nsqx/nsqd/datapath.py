@@ -6,6 +6,8 @@ file name written in two places could drift and lose data on restart.
 
     <data-path>/nsqd.dat                           node metadata (topics, channels, pauses)
     <data-path>/.nsqx.lock                         flock()ed by the running node or importer
+    <data-path>/nsqd.w<K>.dat, .nsqx.w<K>.lock     worker K's metadata and lock (--workers > 1)
+    <data-path>/.workers/w<K>.{tcp,http,ctl}       worker K's internal unix sockets
     <data-path>/topics/t-<topic>/p<N>/             partition N's log (storage.log)
     <data-path>/topics/t-<topic>/routes.json       a route-managed topic's history
     <data-path>/topics/t-<topic>/pubkeys-p<N>.sqlite   idempotent publishes' keys
@@ -32,6 +34,37 @@ def metadata_path(data_path: Path) -> Path:
 
 def lock_path(data_path: Path) -> Path:
     return data_path / LOCK_FILE
+
+
+def worker_metadata_path(data_path: Path, index: int) -> Path:
+    """Worker ``index``'s nsqd.dat (``--workers`` > 1): the topics it owns."""
+    return data_path / f"nsqd.w{index}.dat"
+
+
+def worker_metadata_paths(data_path: Path) -> list[Path]:
+    """Every worker metadata file there is, whatever the worker count that wrote it."""
+    return sorted(p for p in data_path.glob("nsqd.w*.dat")
+                  if worker_of_metadata(p) is not None)
+
+
+def worker_of_metadata(path: Path) -> int | None:
+    """K of a ``nsqd.w<K>.dat`` path, None for any other name."""
+    k = path.name[len("nsqd.w"):-len(".dat")]
+    return int(k) if path.name.startswith("nsqd.w") and k.isdigit() else None
+
+
+def worker_lock_path(data_path: Path, index: int) -> Path:
+    return data_path / f".nsqx.w{index}.lock"
+
+
+def workers_dir(data_path: Path) -> Path:
+    """The workers' internal unix sockets (``--workers`` > 1)."""
+    return data_path / ".workers"
+
+
+def worker_socket_path(data_path: Path, index: int, kind: str) -> Path:
+    """Worker ``index``'s internal socket: ``tcp`` (NSQ protocol), ``http`` or ``ctl``."""
+    return workers_dir(data_path) / f"w{index}.{kind}"
 
 
 def topics_root(data_path: Path) -> Path:

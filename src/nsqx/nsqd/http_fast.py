@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING
 from nsqx.httpbase import V1_HEADER, V1_VALUE, HTTPError
 from nsqx.nsqd.http_publish import parse_mpub_binary, split_text_mpub
 from nsqx.nsqd.topic import BadPartition, PublishRefused
+from nsqx.protocol import v2
+from nsqx.protocol.errors import ProtocolError
 from nsqx.protocol.names import valid_topic_name
 
 if TYPE_CHECKING:
@@ -323,6 +326,16 @@ class FastPubProtocol(asyncio.Protocol):
                 return False
             if not bodies:
                 return False
+        workers = nsqd.workers
+        if workers is not None and not workers.owned(name.decode("ascii")):
+            # --workers: another worker's topic, forwarded as TCP's publishes are
+            self._busy = True
+            if end < len(data):
+                self._held.append(data[end:])
+            workers.forward(name.decode("ascii"),
+                            v2.pub(name, bodies[0]) if kind == "pub" else v2.mpub(name, bodies),
+                            self._forwarded)
+            return True
         topic = nsqd.get_topic(name.decode("ascii"))  # creates it, as /pub does
         if topic is None:
             return False
@@ -340,12 +353,26 @@ class FastPubProtocol(asyncio.Protocol):
         part.publish(bodies, 0, self._committed, producer=producer)
         return True
 
-    def _committed(self, _base: int, exc: Exception | None) -> None:
+    def _forwarded(self, _answer: bytes | None, exc: Exception | None) -> None:
+        """The owner's answer to a forwarded publish, as this node's /pub gives it."""
+        if isinstance(exc, ProtocolError) and exc.code == "E_BAD_PARTITION":
+            # TCP's text names the command ("PUB topic t is ordered: ..."), HTTP's not
+            text = exc.text.partition(" ")[2] if exc.text.startswith(("PUB ", "MPUB ")) \
+                else exc.text
+            self._committed(0, None, (b"400 Bad Request", f"E_BAD_PARTITION {text}"))
+            return
+        self._committed(0, None if exc is None else PublishRefused(str(exc)))
+
+    def _committed(self, _base: int, exc: Exception | None,
+                   refusal: tuple[bytes, str] | None = None) -> None:
         self._busy = False
         t = self.transport
         if t is None or t.is_closing():
             return
-        if exc is None:
+        if refusal is not None:
+            t.write(_response(refusal[0], b"application/json; charset=utf-8",
+                              json.dumps({"message": refusal[1]}, separators=(",", ":")).encode()))
+        elif exc is None:
             t.write(_response(b"200 OK", b"text/plain; charset=utf-8", b"OK"))
             if log.isEnabledFor(logging.DEBUG):  # the line nsqd.http's middleware logs
                 log.debug("200 POST /pub|/mpub (%s) fast path", t.get_extra_info("peername"))

@@ -275,6 +275,9 @@ class NodeAPI(NodeContext, Protocol):
     topic_delete_hook: Callable[[str], Awaitable[bool]] | None
     # extensions that add routes to the HTTP app (cluster mode's replication API)
     http_route_hooks: list[Callable[[Any], None]]
+    # --workers > 1: this worker's link to the others (nsqx.nsqd.workers.runtime): owned(),
+    # forward(), hand_over(); None in a one-process node
+    workers: Any
 
     def health(self) -> str: ...
 

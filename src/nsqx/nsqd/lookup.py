@@ -12,6 +12,7 @@ import contextlib
 import logging
 import socket
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -31,9 +32,11 @@ IO_TIMEOUT = 1.0  # upstream's dial/read/write deadline
 class LookupPeer:
     """One lookupd: a task that keeps a registered connection alive."""
 
-    def __init__(self, nsqd: NodeContext, addr: str) -> None:
+    def __init__(self, nsqd: NodeContext, addr: str,
+                 relayed: Callable[[], set[tuple[str, str | None]]] | None = None) -> None:
         self.nsqd = nsqd
         self.addr = addr
+        self.relayed = relayed  # --workers: the other workers' registrations
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.http_address: str | None = None
         self.task: asyncio.Task[None] | None = None
@@ -103,6 +106,9 @@ class LookupPeer:
                     lines += [f"REGISTER {topic.name} {c}\n".encode() for c in topic.channels]
                 else:
                     lines.append(f"REGISTER {topic.name}\n".encode())
+            for t, c in sorted(self.relayed() if self.relayed else (),
+                               key=lambda r: (r[0], r[1] or "")):
+                lines.append(f"REGISTER {t}{' ' + c if c else ''}\n".encode())
             for line in lines:
                 writer.write(line)
                 await self._response(reader)
@@ -144,6 +150,9 @@ class LookupPeers:
         self.nsqd = nsqd
         self.peers: dict[str, LookupPeer] = {}
         self._started = False
+        # --workers > 1, worker 0: what the other workers registered through it
+        # (nsqx.nsqd.workers.runtime), registered again with everything after a reconnect
+        self.relayed: set[tuple[str, str | None]] = set()
 
     def start(self) -> None:
         self._started = True
@@ -158,7 +167,7 @@ class LookupPeers:
                 self.nsqd.loop.create_task(peer.close())
         for addr in addrs:
             if addr not in self.peers:
-                peer = LookupPeer(self.nsqd, addr)
+                peer = LookupPeer(self.nsqd, addr, lambda: self.relayed)
                 self.peers[addr] = peer
                 peer.start()
 

@@ -132,6 +132,18 @@ class NSQD:
         self._http_app: DeferredApp | None = None  # of the plain listener, see start()
         self._http_services: Any = None  # nsqd.http.HTTPServices, built with the first app
         self._idle_socks: list[socket.socket] = []  # listening, not served yet: see start()
+        self._leftover_meta: list[Path] = []  # workers' metadata files merged at start
+        # --workers > 1 (nsqx.nsqd.workers): this process is one worker of the node. The
+        # entry point sets ``owns`` (topic name -> whether this worker owns it: the others'
+        # topics are never opened here), the listening sockets the supervisor bound
+        # (``inherited_sockets``: "tcp", "http", "https"), this worker's metadata file and
+        # lock, and ``workers`` (what ClientV2 asks to forward a publish or hand a SUB over).
+        # Unset, the node is one process, as always.
+        self.owns: Callable[[str], bool] | None = None
+        self.workers: Any = None
+        self.inherited_sockets: dict[str, socket.socket] = {}
+        self.metadata_file = datapath.metadata_path(self.data_path)
+        self.lock_file = datapath.lock_path(self.data_path)
         self.archiver: Any = None  # tiered storage (--archive-url): nsqx.nsqd.archiving
         if opts.archive_url:
             self.archiver = lazy.node_archiver()(self.loop, opts.archive_url, opts.archive_s3_endpoint,
@@ -177,6 +189,8 @@ class NSQD:
         topic = self.topics.get(name)
         if topic is not None or not create or self.exiting:
             return topic
+        if self.owns is not None and not self.owns(name):
+            return None  # another worker's (--workers): its owner alone opens it
         topic = Topic(self, name)
         self.topics[name] = topic
         log.info("TOPIC(%s): created", name)
@@ -339,28 +353,50 @@ class NSQD:
             "topics": [t.metadata() for t in self.topics.values() if not t.ephemeral],
             "version": NSQ_VERSION,
         }
-        path = datapath.metadata_path(self.data_path)
-        tmp = path.with_name(f"nsqd.dat.{os.getpid()}.tmp")
+        path = self.metadata_file
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
             write_durably(path, orjson.dumps(data), tmp)
             self._meta_write_s = time.monotonic() - t0
+            if self._leftover_meta:  # merged into nsqd.dat, which is durable now
+                for p in self._leftover_meta:
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+                self._leftover_meta = []
         except OSError as exc:
             self.set_health(f"failed to persist metadata - {exc}")
             log.error("failed to persist metadata to %s: %s", path, exc)
 
     def _load_metadata(self) -> None:
-        path = datapath.metadata_path(self.data_path)
-        if not path.exists():
+        path = self.metadata_file
+        entries: dict[str, dict[str, Any]] = {}
+        files = [path]
+        if self.owns is None and path == datapath.metadata_path(self.data_path):
+            # a node run with --workers > 1 last, stopped without merging its workers'
+            # files into nsqd.dat (killed): their topics are read too, and the files go
+            # once nsqd.dat has them
+            self._leftover_meta = datapath.worker_metadata_paths(self.data_path)
+            files += self._leftover_meta
+        for f in files:
+            if not f.exists():
+                continue
+            try:
+                data = orjson.loads(f.read_bytes())
+            except (OSError, ValueError) as exc:
+                raise SystemExit(f"FATAL: failed to load metadata {f}: {exc}") from exc
+            for t in data.get("topics", []):
+                entries[t.get("name", "")] = t
+        if not any(f.exists() for f in files):
             return
-        try:
-            data = orjson.loads(path.read_bytes())
-        except (OSError, ValueError) as exc:
-            raise SystemExit(f"FATAL: failed to load metadata {path}: {exc}") from exc
-        for t in data.get("topics", []):
+        if self._leftover_meta:
+            self.metadata_changed()
+        for t in entries.values():
             name = t.get("name", "")
             if not valid_topic_name(name):
                 log.warning("skipping creation of invalid topic %s", name)
                 continue
+            if self.owns is not None and not self.owns(name):
+                continue  # another worker's
             topic = Topic(self, name, paused=bool(t.get("paused")), pending_from=t.get("pending_from"),
                           pending_deferred=t.get("pending_deferred"))
             self.topics[name] = topic
@@ -416,6 +452,7 @@ class NSQD:
         for d in sorted(root.iterdir()):
             name = datapath.topic_name(d)
             if (name is None or name in self.topics or not d.is_dir()
+                    or (self.owns is not None and not self.owns(name))
                     or not valid_topic_name(name) or name.endswith("#ephemeral")
                     or not datapath.partition_dir(d, 0).is_dir()
                     or datapath.partition_dir(d, 1).exists() or datapath.has_routes(d)):
@@ -456,7 +493,7 @@ class NSQD:
     def _lock_data_path(self) -> None:
         try:  # unusable: one FATAL line, as upstream (before this, stop() had nothing to save)
             self.data_path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(datapath.lock_path(self.data_path), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise SystemExit(f"FATAL: --data-path={self.data_path} cannot be used: "
                              f"{e.strerror or e}") from None
@@ -483,18 +520,19 @@ class NSQD:
         # nsqd.New): a client that waits for /ping and then connects to TCP or HTTPS is never
         # refused. A listener whose handler is not loaded yet (aiohttp: HTTPS, or plain HTTP
         # under --tls-required) queues connections in its backlog until it is.
-        tcp_sock = _listening_socket(o.tcp_address)
+        inherited = self.inherited_sockets  # --workers: bound once by the supervisor
+        tcp_sock = inherited.get("tcp") or listening_socket(o.tcp_address)
         self.tcp_port = tcp_sock.getsockname()[1]
-        log.info("TCP: listening on %s", _fmt_addr(tcp_sock))
+        log.info("TCP: listening on %s", fmt_addr(tcp_sock))
         http_sock = https_sock = None
         if o.http_address:
-            http_sock = _listening_socket(o.http_address)
+            http_sock = inherited.get("http") or listening_socket(o.http_address)
             self.http_port = http_sock.getsockname()[1]
-            log.info("HTTP: listening on %s", _fmt_addr(http_sock))
+            log.info("HTTP: listening on %s", fmt_addr(http_sock))
         if self.tls_context is not None and o.https_address:
-            https_sock = _listening_socket(o.https_address)
+            https_sock = inherited.get("https") or listening_socket(o.https_address)
             self.https_port = https_sock.getsockname()[1]
-            log.info("HTTPS: listening on %s", _fmt_addr(https_sock))
+            log.info("HTTPS: listening on %s", fmt_addr(https_sock))
         self._idle_socks = [s for s in (tcp_sock, http_sock, https_sock) if s is not None]
         await self._serve(lambda: ClientV2(self), tcp_sock)
         plain_aiohttp = http_sock is not None and o.tls_required == TLS_REQUIRED
@@ -532,6 +570,12 @@ class NSQD:
             factory, sock=sock, backlog=1024, ssl=self.tls_context if tls else None)
         self._servers.append(server)
         self._idle_socks.remove(sock)
+
+    def plain_http_protocol(self) -> asyncio.BaseProtocol:
+        """A connection of the plain HTTP listener, as start() serves it (the workers'
+        internal HTTP sockets serve the same)."""
+        assert self._http_app is not None, "no plain HTTP listener"
+        return FastPubProtocol(self, self._http_app)
 
     async def http_loaded(self) -> None:
         """Wait until the whole HTTP API is loaded (start() returns once its listener is
@@ -825,7 +869,7 @@ class NSQD:
 _NO_E2E = {"count": 0, "percentiles": None}
 
 
-def _listening_socket(addr: str) -> socket.socket:
+def listening_socket(addr: str) -> socket.socket:
     """A socket bound to ``addr`` (host:port, port 0 for any) and listening: connections
     are accepted into its backlog from now on, answered once a server serves it."""
     host, port = split_hostport(addr)
@@ -836,7 +880,7 @@ def _listening_socket(addr: str) -> socket.socket:
     return sock
 
 
-def _fmt_addr(sock: socket.socket) -> str:
+def fmt_addr(sock: socket.socket) -> str:
     name = sock.getsockname()
     if sock.family == socket.AF_INET6:
         return f"[{name[0]}]:{name[1]}"

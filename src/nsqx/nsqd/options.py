@@ -82,6 +82,9 @@ class Options:
     node_id: int = field(default_factory=_default_node_id)
     log_level: str = "info"
     log_prefix: str = "[nsqd] "
+    # nsqx: worker processes behind the node's ports (1: one process, as always;
+    # nsqx.nsqd.workers); --workers=auto is the usable cores
+    workers: int = 1
 
     tcp_address: str = "0.0.0.0:4150"
     http_address: str = "0.0.0.0:4151"
@@ -261,6 +264,23 @@ class Options:
             raise OptionsError("--max-attempts must be <= 65535")
         if self.msg_ttl > 366 * 24 * 3600:
             raise OptionsError("--msg-ttl must be <= 8784h0m0s (366 days)")
+        if self.workers < 1:
+            raise OptionsError("--workers must be >= 1 (or auto)")
+        if self.workers > 1:
+            # what the first step of the workers (issue 32) does not cover yet: refused
+            # at start with the reason, never half working
+            if self.cluster_leadership_addresses:
+                raise OptionsError("--workers > 1 is not supported in cluster mode yet "
+                                   "(--cluster-leadership-address): use --workers=1")
+            if self.auth_http_addresses:
+                raise OptionsError("--workers > 1 is not supported with "
+                                   "--auth-http-address yet: use --workers=1")
+            if self.tls_required != TLS_NOT_REQUIRED:
+                raise OptionsError("--workers > 1 is not supported with --tls-required "
+                                   "yet: use --workers=1")
+            if self.archive_url:
+                raise OptionsError("--workers > 1 is not supported with --archive-url "
+                                   "yet: use --workers=1")
         if self.idempotency_window <= 0:
             raise OptionsError("--idempotency-window must be > 0")
         if self.idempotency_max_keys < 1 or self.idempotency_max_producers < 1:
@@ -300,6 +320,27 @@ def _parse_tls_min_version(s: str) -> str:
     return s
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), as Go's GOMAXPROCS."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _parse_workers(s: str) -> int:
+    s = s.strip().lower()
+    if s == "auto":
+        return usable_cores()
+    try:
+        n = int(s)
+    except ValueError:
+        raise FlagError(f"invalid --workers {s!r} (a number >= 1, or auto)") from None
+    if n < 1:
+        raise FlagError(f"invalid --workers {s!r} (a number >= 1, or auto)")
+    return n
+
+
 def _check_data_path(path: str) -> str:
     """Fail at start, in one line, on a data path nsqd cannot use: not a directory, or not
     writable (it, or the nearest existing parent it would be created in)."""
@@ -324,6 +365,11 @@ def _flags() -> list[Flag]:
         Flag("node-id", INT, 0, "unique part for message IDs, (int) in range [0,1024) "
              "(default is hash of hostname)", dest="node_id", cfg="id", default_text=""),
         Flag("worker-id", BOOL, False, "[deprecated] use --node-id", deprecated=True),
+        Flag("workers", "custom", 1, "[nsqx] worker processes behind this node's ports, each "
+             "its own event loop owning a share of the topics (auto = the usable cores); "
+             "EXPERIMENTAL: 1, one process, is the default until every test suite passes "
+             "with auto, which will then become the default (docs/operations.md lists what "
+             "--workers > 1 does not do yet)", parse=_parse_workers, default_text="1"),
         listen_flag("https-address", d.https_address,
                     "<addr>:<port> to listen on for HTTPS clients"),
         listen_flag("http-address", d.http_address, "address to listen on for HTTP clients "
