@@ -12,12 +12,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any
 
     from nsqx.cluster.lookupd_api import ClusterLookupd
     from nsqx.cluster.member import NodeMember
-    from nsqx.nsqd.workers.supervisor import Supervisor
 
 
 def cluster_trust() -> ModuleType:
@@ -41,15 +38,9 @@ def cluster_lookupd() -> type[ClusterLookupd]:
     return ClusterLookupd
 
 
-def workers_supervisor() -> type[Supervisor]:
-    """The process behind ``nsqd --workers=N`` (N > 1): a one-process nsqd never loads it."""
-    from nsqx.nsqd.workers.supervisor import Supervisor
+def workers() -> ModuleType:
+    """``nsqx.nsqd.workers.launch`` (``Supervisor``, ``attach``): ``nsqd --workers=N`` with
+    N > 1 only; a one-process nsqd never loads it."""
+    from nsqx.nsqd.workers import launch
 
-    return Supervisor
-
-
-def worker_attach() -> Callable[[Any, dict[str, Any]], Any]:
-    """What makes an nsqd one worker of ``--workers=N`` (the process the supervisor runs)."""
-    from nsqx.nsqd.workers.runtime import attach
-
-    return attach
+    return launch

@@ -44,14 +44,14 @@ def main(argv: list[str] | None = None) -> None:
             "%s; %d worker processes (--workers, experimental)",
             Banner("nsqd", cluster_mode(opts), opts.data_path or ".", _addresses).opening(),
             opts.workers)
-        raise SystemExit(lazy.workers_supervisor()(opts, raw_argv).run())
+        raise SystemExit(lazy.workers().Supervisor(opts, raw_argv).run())
     if spec is not None:
         opts.log_prefix = _worker_prefix(opts.log_prefix, int(spec["index"]))
 
     def make():  # type: ignore[no-untyped-def]
         node = NSQD(opts)
         if spec is not None:
-            lazy.worker_attach()(node, spec)
+            lazy.workers().attach(node, spec)
         if opts.cluster_leadership_addresses:
             try:  # a bad secret file or etcd endpoint option: a clear error, no start
                 endpoints, secret, tls = cluster_settings(opts)

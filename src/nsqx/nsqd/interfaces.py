@@ -297,6 +297,10 @@ class NodeAPI(NodeContext, Protocol):
 
     def persist_metadata(self) -> None: ...
 
+    async def create_routed_topic(self, name: str, count: int, logical: int,
+                                  label: str) -> Any:
+        """A new route-managed topic (``nsqd.routing.TopicRoutes``, loaded on first use)."""
+
     def set_lookupd_tcp_addresses(self, addrs: list[str]) -> None: ...
 
     def stats_dict(self, topic: str | None = None, channel: str | None = None,

@@ -35,6 +35,7 @@ from nsqx.storage.segment import open_segments
 
 if TYPE_CHECKING:
     from nsqx.nsqd.options import Options
+    from nsqx.nsqd.routing import TopicRoutes
 
 log = logging.getLogger("nsqx.nsqd")
 TAIL_SHARE_MIN = 16 << 10  # a topic's memory tail, whatever the topic count
@@ -280,6 +281,13 @@ class NSQD:
         fut = part.publish(bodies, defer_ms, headers=headers, producer=producer)
         assert fut is not None
         return part.partition, await fut
+
+    async def create_routed_topic(self, name: str, count: int, logical: int,
+                                  label: str) -> TopicRoutes:
+        """A new route-managed topic (``/topic/create?partition_num=``): the routing code
+        loads with the first one."""
+        routes: TopicRoutes = await lazy.topic_routes().create(self, name, count, logical, label)
+        return routes
 
     def ensure_partitions(self, name: str, count: int, *, ordered: bool = False) -> Topic:
         """The topic with at least ``count`` partitions (created as needed, persisted).

@@ -87,12 +87,10 @@ async def create_routed(nsqd: NodeAPI, name: str, params: dict[str, list[str]]) 
                 and len(r.history.newest.routes) != count):
             raise HTTPError(400, "TOPIC_EXISTS")
         return r
-    try:
-        # lazy: the HTTP API loads at every start, the routing code only with a routed topic
-        # (nsqd/lazy.py is above this module's layer, so it cannot be asked)
-        from nsqx.nsqd.routing import TopicRoutes
-
-        return await TopicRoutes.create(nsqd, name, count, logical, node_label(nsqd))
+    try:  # the node loads the routing code on first use (nsqd.lazy)
+        routes: TopicRoutes = await nsqd.create_routed_topic(name, count, logical,
+                                                             node_label(nsqd))
+        return routes
     except RouteError as exc:
         raise HTTPError(400, str(exc)) from None
 

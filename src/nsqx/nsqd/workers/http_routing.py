@@ -4,25 +4,27 @@ A request naming a topic (``?topic=``) another worker owns is proxied to that wo
 internal HTTP socket, whatever its path (publish, topic and channel create, delete,
 pause, empty, config, fetch, routes, trace, replay); ``/stats`` and ``/metrics`` merge
 every worker's topics into one answer. Requests that came in on an internal socket are
-the owner's to answer and are never routed again. Loaded with aiohttp (the node's
-HTTP app calls ``install`` when it builds itself).
+the owner's to answer and are never routed again. aiohttp is imported where it is used:
+the worker imports this module at its start, and the node loads aiohttp with its HTTP
+API, in a thread, after ``/ping`` answers (``install`` runs then).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
-from aiohttp import web
-from yarl import URL
 
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.metrics import memory_stats, prometheus_text
 from nsqx.nsqd.stats_text import format_stats
 from nsqx.nsqd.workers.limits import FORWARD_TIMEOUT, RETRY_CAP, RETRY_FIRST
+
+if TYPE_CHECKING:
+    import aiohttp
+    from aiohttp import web
 
 __all__ = ["install", "merge_stats"]
 
@@ -46,6 +48,8 @@ def _internal(request: web.Request) -> bool:
 
 
 def _middleware(rt: Any) -> Any:
+    from aiohttp import web
+
     @web.middleware
     async def route_to_worker(request: web.Request, handler: Any) -> web.StreamResponse:
         if _internal(request):
@@ -61,6 +65,8 @@ def _middleware(rt: Any) -> Any:
 
 
 def _session(rt: Any, k: int) -> aiohttp.ClientSession:
+    import aiohttp
+
     session = rt.http_sessions.get(k)
     if session is None or session.closed:
         session = rt.http_sessions[k] = aiohttp.ClientSession(
@@ -72,6 +78,10 @@ async def _proxy(rt: Any, k: int, request: web.Request) -> web.StreamResponse:
     """The request, as it came, to worker ``k``; its answer, as it came, back. A worker
     that is down (restarting) is tried again until FORWARD_TIMEOUT; only a connection
     that was never made is retried, so no request runs twice."""
+    import aiohttp
+    from aiohttp import web
+    from yarl import URL
+
     body = await request.read()
     headers = {h: v for h, v in request.headers.items() if h.lower() not in _HOP}
     url = URL("http://nsqd-worker" + request.raw_path, encoded=True)
@@ -127,6 +137,8 @@ def merge_stats(local: dict[str, Any], others: list[dict[str, Any]]) -> dict[str
 
 
 async def _merged(rt: Any, request: web.Request, path: str) -> web.StreamResponse:
+    from aiohttp import web
+
     q = request.query
     node = rt.node
     metrics = path == "/metrics"

@@ -38,6 +38,7 @@ from nsqx.nsqd import datapath
 from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.lookup import LookupPeers
 from nsqx.nsqd.topic import PublishRefused
+from nsqx.nsqd.workers import http_routing
 from nsqx.nsqd.workers.limits import FORWARD_TIMEOUT, RETRY_CAP, RETRY_FIRST
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.protocol import v2
@@ -167,10 +168,6 @@ class WorkerRuntime:
     def http_hook(self, app: Any) -> None:
         """Added to the node's HTTP app: requests for another worker's topic go to it,
         /stats and /metrics answer for every worker (``http_routing``)."""
-        # loaded with the HTTP API (aiohttp), in its thread: not at the worker's start;
-        # here, not in nsqd.lazy, which sits below this package
-        from nsqx.nsqd.workers import http_routing
-
         http_routing.install(app, self)
 
     # -- publishes (ClientV2._forward) ---------------------------------------------------
