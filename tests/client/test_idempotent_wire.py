@@ -30,6 +30,10 @@ def test_marked_mpub_ext_is_what_mpub_ext_builds(bodies, partition, uniform):
     cmd = v2.CommandParser().feed(fast)[0]
     assert cmd.name == b"MPUB_EXT" and len(cmd.bodies) == len(bodies)
     assert v2.split_ext(cmd.bodies[0], "MPUB_EXT") == ({PRODUCER_HEADER: MARK}, bodies[0])
+    # nsqd's parser cuts it once (split_marked): the others' bodies without their JSON length
+    assert cmd.stripped == (len(bodies) > 1)
+    if cmd.stripped:
+        assert cmd.bodies[1:] == bodies[1:]
 
 
 headers_st = st.lists(st.one_of(st.none(), st.just({}), st.dictionaries(

@@ -1084,10 +1084,15 @@ class ClientV2(asyncio.Protocol):
         headers: list[dict[str, bytes] | None] = []
         traced: int | None = None
         if what.endswith("_EXT"):
-            rest = strip_no_ext(raw[1:]) if len(raw) > 1 else None
-            if rest is not None:
+            rest = None if cmd.stripped or len(raw) < 2 else strip_no_ext(raw[1:])
+            if cmd.stripped:
                 # headers on the first message only (an idempotent producer's batch): the
-                # others cut in C (strip_no_ext: batched ingest's hot path)
+                # parser cut the others' bodies in C (split_marked: batched ingest's hot path)
+                bodies = raw.copy()  # (the command stays as parsed)
+                h, bodies[0] = split_ext(raw[0], what)
+                headers = [None] * len(raw)
+                headers[0] = h
+            elif rest is not None:  # the same, cut by the general split (strip_no_ext)
                 h, body = split_ext(raw[0], what)
                 bodies = [body, *rest]
                 headers = [h] + [None] * len(rest)
