@@ -979,13 +979,13 @@ class ClientV2(asyncio.Protocol):
         nsqd = self.nsqd
         if nsqd.exiting:
             raise Fatal(code, f"{what} failed exiting")
+        existing = None
         if headers is not None:
             existing = nsqd.get_topic(topic_name, create=False)
-            if existing is not None and not existing.ext and any(
-                    k[:2] != "##" for h in compress(headers, headers) for k in h):  # type: ignore[union-attr]
+            if existing is not None and not existing.ext and _user_header(headers):
                 raise ProtocolError("E_EXT_NOT_SUPPORT",
                                     f"ext content not supported in topic {topic_name}", False)
-        topic = nsqd.get_topic(topic_name)
+        topic = existing if existing is not None else nsqd.get_topic(topic_name)
         assert topic is not None
         if partition is None and headers is not None:
             partition = sticky_partition(topic, headers)
@@ -1178,6 +1178,16 @@ class ClientV2(asyncio.Protocol):
         if self.pub_counts:
             d["pub_counts"] = [{"topic": t, "count": c} for t, c in self.pub_counts.items()]
         return d
+
+
+def _user_header(headers: list[dict[str, bytes] | None]) -> bool:
+    """Whether a message of the batch has a header that is not reserved (``##``), which a
+    topic without ext support refuses (compress skips the messages without one in C)."""
+    for h in compress(headers, headers):
+        for k in h:  # type: ignore[union-attr]
+            if k[:2] != "##":
+                return True
+    return False
 
 
 def _partition_param(params: list[bytes], index: int, what: str) -> int | None:
