@@ -28,12 +28,15 @@ def test_marked_mpub_ext_is_what_mpub_ext_builds(bodies, partition, uniform):
                           partition)
     assert fast == general
     cmd = v2.CommandParser().feed(fast)[0]
-    assert cmd.name == b"MPUB_EXT" and len(cmd.bodies) == len(bodies)
-    assert v2.split_ext(cmd.bodies[0], "MPUB_EXT") == ({PRODUCER_HEADER: MARK}, bodies[0])
-    # nsqd's parser cuts it once (split_marked): the others' bodies without their JSON length
-    assert cmd.stripped == (len(bodies) > 1)
-    if cmd.stripped:
-        assert cmd.bodies[1:] == bodies[1:]
+    assert cmd.name == b"MPUB_EXT" and len(cmd.bodies) == len(bodies) and not cmd.stripped
+    assert [v2.split_ext(b, "MPUB_EXT") for b in cmd.bodies] == (
+        [({PRODUCER_HEADER: MARK}, bodies[0])] + [(None, b) for b in bodies[1:]])
+    # nsqd's parser (strip_marked) cuts it once: the others' bodies without their JSON length
+    cut = v2.CommandParser(strip_marked=True).feed(fast)[0]
+    assert cut.stripped == (len(bodies) > 1)
+    assert cut.bodies[0] == cmd.bodies[0]
+    if cut.stripped:
+        assert cut.bodies[1:] == bodies[1:]
 
 
 headers_st = st.lists(st.one_of(st.none(), st.just({}), st.dictionaries(

@@ -100,7 +100,7 @@ class ClientV2(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = CommandParser(
             max_body_size=opts.max_body_size, max_msg_size=opts.max_msg_size, batch_fin=True,
-            max_req_timeout_ms=opts.max_delay_ms, precheck=self._precheck)
+            strip_marked=True, max_req_timeout_ms=opts.max_delay_ms, precheck=self._precheck)
         self.state = STATE_INIT
         self.magic = b""
         self.remote_address = ""

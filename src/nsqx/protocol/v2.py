@@ -229,6 +229,10 @@ class CommandParser:
       the same feed are executed, so the server must repeat state checks on execution.
     * ``max_req_timeout_ms``, if given, makes DPUB's range check happen before its body.
     * ``batch_fin=True`` emits runs of FIN lines as one ``Command(FIN_BATCH, ids)``.
+    * ``strip_marked=True`` cuts an ``MPUB_EXT`` whose messages after the first have no
+      header with :func:`split_marked`: ``Command.stripped``, the others' bodies without
+      their JSON length (nsqd's batched idempotent ingest); otherwise ``bodies`` are the
+      messages as sent.
     """
 
     def __init__(
@@ -238,6 +242,7 @@ class CommandParser:
         max_line: int = 16384,
         *,
         batch_fin: bool = False,
+        strip_marked: bool = False,
         max_req_timeout_ms: int | None = None,
         precheck: Precheck | None = None,
     ) -> None:
@@ -246,6 +251,7 @@ class CommandParser:
         self.max_line = max_line
         # the FIN fast path skips the line-length check: only valid when a FIN line fits
         self.batch_fin = batch_fin and max_line > 22
+        self.strip_marked = strip_marked
         self.max_req_timeout_ms = max_req_timeout_ms
         self.precheck = precheck
         # Held bytes as a list of chunks, joined once when a command completes (a 200 KB
@@ -427,7 +433,8 @@ class CommandParser:
                 return self._need_more(start, p, 4 + size)
             # a view: the split copies each body straight out of the read buffer
             body = memoryview(buf)[p + 4 : p + 4 + size]
-            if name == b"MPUB_EXT":  # an idempotent producer's batch: cut once (split_marked)
+            if name == b"MPUB_EXT" and self.strip_marked:  # an idempotent producer's batch:
+                # cut once (split_marked)
                 marked = split_marked(body, self.max_msg_size)
                 if marked is not None:
                     return Command(name, params, None, marked, True), p + 4 + size
