@@ -17,7 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nsqx.protocol.errors import ProtocolError
-from nsqx.protocol.v2 import _split_general, _split_mixed_py, _strip_no_ext_py, split_mpub
+from nsqx.protocol.v2 import (
+    _split_general,
+    _split_marked_py,
+    _split_mixed_py,
+    _strip_no_ext_py,
+    split_mpub,
+)
 from nsqx.speedups import native
 from nsqx.storage.message_id import ids_for_range
 from nsqx.storage.records import build_frames, build_frames_general, build_frames_mixed
@@ -50,6 +56,43 @@ def test_split_mixed_same_as_twin_on_valid_bodies(bodies, max_size):
 def test_strip_no_ext_same_as_twin(items):
     # MPUB_EXT messages: with or without a header, empty or too short for a body
     assert native.strip_no_ext(items) == _strip_no_ext_py(items)
+
+
+ext_items_st = st.lists(st.one_of(st.binary(min_size=1, max_size=6),
+                                  st.binary(max_size=40).map(lambda b: b"\0\0" + b)),
+                        min_size=1, max_size=20)
+
+
+def _general_marked(raw: bytes, max_size: int) -> list[bytes] | None:
+    """What split_mpub + strip_no_ext make of an MPUB_EXT body (None: not a marked one)."""
+    try:
+        items = split_mpub(raw, max_size)
+    except ProtocolError:
+        return None
+    rest = _strip_no_ext_py(items[1:]) if len(items) > 1 else None
+    return None if rest is None else [items[0], *rest]
+
+
+@settings(max_examples=400, deadline=None)
+@given(ext_items_st, st.integers(1, 60), st.data())
+def test_split_marked_same_as_twin_and_as_the_general_split(items, max_size, data):
+    # MPUB_EXT bodies: messages with or without a header, too short, too big; some damaged
+    raw = mpub_body(items)
+    if data.draw(st.booleans()):
+        b = bytearray(raw)
+        i = data.draw(st.integers(0, len(b) - 1))
+        b[i] = data.draw(st.integers(0, 255))
+        raw = bytes(b[: data.draw(st.integers(0, len(b)))])
+    c = native.split_marked(raw, max_size)
+    assert c == _split_marked_py(raw, max_size)
+    assert native.split_marked(memoryview(raw), max_size) == c
+    assert _split_marked_py(memoryview(raw), max_size) == c
+    if c is not None:
+        assert c == _general_marked(raw, max_size)
+    elif len(raw) >= 4 and struct.unpack_from(">i", raw)[0] >= 2 and len(items) >= 2:
+        # refused: the general split refuses it too, or finds a header (or a message too
+        # short for a body) after the first message
+        assert _general_marked(raw, max_size) is None
 
 
 @settings(max_examples=500, deadline=None)
@@ -95,10 +138,11 @@ def test_build_frames_refuses_bad_arguments():
 
 def test_no_speedups_env_selects_the_twins():
     code = ("import nsqx.speedups, nsqx.protocol.v2 as v; "
-            "print(nsqx.speedups.native is None, v._split_mixed is v._split_mixed_py)")
+            "print(nsqx.speedups.native is None, v._split_mixed is v._split_mixed_py, "
+            "v.split_marked is v._split_marked_py)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "NSQX_NO_SPEEDUPS": "1"}, check=True).stdout
-    assert out.split() == ["True", "True"]
+    assert out.split() == ["True", "True", "True"]
 
 
 @settings(max_examples=300, deadline=None)

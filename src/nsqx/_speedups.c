@@ -13,6 +13,9 @@
  *     batch, ids being the 16-byte ids back to back.
  * strip_no_ext(items) -> list[bytes] | None
  *     MPUB_EXT messages without a header ([0x0000][body]) -> their bodies.
+ * split_marked(body, max_msg_size) -> list[bytes] | None
+ *     An MPUB_EXT body whose messages after the first have no header -> [first message,
+ *     body 2, ..., body n]: split_mixed and strip_no_ext in one walk, one copy each.
  * split_frames(data, max_count, max_bytes) -> tuple
  *     The archiver's split of frames into Parquet columns, without the GIL (twin: the
  *     numpy path of nsqx.storage.archive.split_frames).
@@ -358,6 +361,61 @@ static PyObject *strip_no_ext(PyObject *self, PyObject *arg) {
     return out;
 }
 
+/* split_marked(body, max_msg_size) -> list[bytes] | None: an MPUB_EXT body ([4 count]
+ * ([4 size][message])*, count >= 2) whose messages after the first all carry no header
+ * ([0x0000][body], body not empty) -> [the first message as sent, body 2, ..., body n]
+ * (an idempotent producer's batch: its mark on the first message only). None when the
+ * body is not that, or not what split_mixed accepts (the caller then splits it the
+ * general way, with its errors). Twin: nsqx.protocol.v2._split_marked_py. */
+static PyObject *split_marked(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    long long max_size;
+    if (!PyArg_ParseTuple(args, "y*L", &buf, &max_size))
+        return NULL;
+    const unsigned char *p = (const unsigned char *)buf.buf;
+    Py_ssize_t len = buf.len;
+    PyObject *out = NULL;
+    if (len < 4)
+        goto none;
+    Py_ssize_t count = be32(p);
+    if (count < 2 || count > (len - 4) / 5 || count > MAX_CUT)
+        goto none;
+    Py_ssize_t off = 4;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (len - off < 4)
+            goto none;
+        int32_t size = be32(p + off);
+        if (size <= 0 || (long long)size > max_size || len - off - 4 < size)
+            goto none;
+        if (i > 0 && (size <= 2 || p[off + 4] != 0 || p[off + 5] != 0))
+            goto none;
+        off += 4 + size;
+    }
+    if (off != len)
+        goto none;
+    out = PyList_New(count);
+    if (out == NULL)
+        goto done;
+    off = 4;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int32_t size = be32(p + off);
+        Py_ssize_t skip = i > 0 ? 2 : 0;
+        PyObject *b = PyBytes_FromStringAndSize((const char *)p + off + 4 + skip, size - skip);
+        if (b == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, b);
+        off += 4 + size;
+    }
+done:
+    PyBuffer_Release(&buf);
+    return out;
+none:
+    PyBuffer_Release(&buf);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"frames", frames, METH_VARARGS,
      "frames(bodies, partition, base, timestamp_ns) -> (data, flen, rel, sizes)"},
@@ -368,6 +426,9 @@ static PyMethodDef methods[] = {
     {"split_frames", split_frames, METH_VARARGS,
      "split_frames(data, max_count, max_bytes) -> (count, used, bodies, body_offsets, ts, "
      "attempts, ids, min_ts, max_ts): the archiver's column split of message frames"},
+    {"split_marked", split_marked, METH_VARARGS,
+     "split_marked(body, max_msg_size) -> list[bytes] | None: an idempotent producer's "
+     "MPUB_EXT body, cut and its headerless messages stripped in one walk"},
     {"strip_no_ext", strip_no_ext, METH_O,
      "strip_no_ext(items) -> list[bytes] | None: MPUB_EXT bodies without their empty header"},
     {NULL, NULL, 0, NULL},

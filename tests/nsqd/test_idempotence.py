@@ -298,3 +298,71 @@ def test_a_cut_tail_is_forgotten_by_the_index(tmp_path: Path) -> None:
             finally:
                 c.close()
     run(main())
+
+
+class _StubLog:
+    flushed_offset = 0
+    start_offset = 0
+    next_offset = 0
+
+    def headers_range(self, lo: int, hi: int) -> dict:
+        return {}
+
+
+class _StubPart:
+    """A partition whose appends the test finishes (or refuses) by hand."""
+
+    name, partition, gate, hold_reads = "stub", 0, None, False
+
+    def __init__(self) -> None:
+        self.log = _StubLog()
+        self.appends: list[tuple[list[bytes], object]] = []
+        self.refuse: Exception | None = None
+
+    def publish(self, bodies, defer_ms, done, headers=None, producer=""):  # type: ignore[no-untyped-def]
+        if self.refuse is not None:
+            raise self.refuse
+        self.appends.append((bodies, done))
+
+
+def test_a_sequence_in_flight_answers_its_repeats_and_a_failed_one_is_taken_again() -> None:
+    from nsqx.nsqd.idempotence import Deduper, IdempotenceError
+    from nsqx.storage.publish_keys import PRODUCER_HEADER, PublishKeys
+
+    async def main() -> None:
+        part = _StubPart()
+        d = Deduper(part, PublishKeys(None, part.log))
+        got: list[tuple[str, int, object]] = []
+
+        def done(tag: str):  # type: ignore[no-untyped-def]
+            return lambda base, exc: got.append((tag, base, exc))
+
+        def mark(seq: int) -> list:
+            return [{PRODUCER_HEADER: b"p:0:%d" % seq}, None]
+
+        assert d.publish([b"a", b"b"], 0, mark(0), done("first")) is False
+        assert d.publish([b"a", b"b"], 0, mark(0), done("repeat")) is True  # waits for it
+        assert got == [] and len(part.appends) == 1
+        part.log.flushed_offset = 2
+        part.appends[0][1](0, None)
+        assert got == [("first", 0, None), ("repeat", 0, None)]
+        assert d.keys.covered == 2 and d.keys.producer("p").seq == 0
+        assert d.publish([b"a", b"b"], 0, mark(0), done("late")) is True  # from the index
+        assert got[-1] == ("late", 0, None)
+        # a failed append: not stored, so the producer's retry of the sequence is taken
+        boom = RuntimeError("disk")
+        assert d.publish([b"c"], 0, mark(1), done("fails")) is False
+        part.appends[1][1](-1, boom)
+        assert got[-1] == ("fails", -1, boom)
+        part.refuse = RuntimeError("refused")  # refused before anything was written
+        assert d.publish([b"c"], 0, mark(1), done("refused")) is False
+        assert got[-1][0] == "refused" and got[-1][2] is part.refuse
+        part.refuse = None
+        assert d.publish([b"c"], 0, mark(1), done("again")) is False
+        part.log.flushed_offset = 3
+        part.appends[2][1](2, None)
+        assert got[-1] == ("again", 2, None)
+        with pytest.raises(IdempotenceError, match="expected sequence 2"):
+            d.publish([b"d"], 0, mark(3), done("gap"))
+        d.close()
+    run(main())

@@ -333,6 +333,18 @@ def test_pipelined_publishes_survive_the_connection_moving_to_the_owner(
                     c.expect_ok(timeout=10)
                 c.expect_nothing(0.1)
                 sent[t] += bodies
+            with RawClient(node.tcp_address) as c:  # an idempotent producer's batches
+                first = f"{t}-{i}-first".encode()
+                batches = [[f"{t}-{i}-m{s}-{j}".encode() for j in range(3)] for s in range(5)]
+                pid = f"p{i}{t}"
+                c.send(v2.pub(t, first) + b"".join(
+                    v2.mpub_ext(t, [({"##nsqx_producer": f"{pid}:0:{s}"}, b[0]),
+                                    (None, b[1]), (None, b[2])])
+                    for s, b in enumerate(batches)))
+                for _ in range(6):
+                    c.expect_ok(timeout=10)
+                c.expect_nothing(0.1)
+                sent[t] += [first, *(m for b in batches for m in b)]
     for t in topics:
         got = asyncio.run(consume(node.tcp_address, t, len(sent[t])))
         assert Counter(got) == Counter(sent[t]), t

@@ -103,19 +103,29 @@ _SIZE_NOHDR = struct.Struct(">IH")
 def _mpub_ext_marked(topic: str, bodies: list[bytes], partition: int | None,
                      mark_json: bytes) -> bytes:
     """``MPUB_EXT`` whose only header is the first message's (what v2.mpub_ext builds, with
-    one pack per message instead of a header encoding: batched ingest's hot path)."""
-    first = struct.pack(">H", len(mark_json)) + mark_json + bodies[0]
-    parts = [struct.pack(">II", 0, len(bodies)), struct.pack(">I", len(first)), first]
-    rest = bodies[1:]
-    if rest and all(len(b) == len(rest[0]) for b in rest):  # one separator (mpub_body's way)
-        sep = _SIZE_NOHDR.pack(len(rest[0]) + 2, 0)
-        parts += (sep, sep.join(rest))
-    else:
-        pack = _SIZE_NOHDR.pack
-        for b in rest:
-            parts.append(pack(len(b) + 2, 0))
-            parts.append(b)
-    body = b"".join(parts)
+    one pack per message instead of a header encoding: batched ingest's hot path).
+
+    Bodies of one length (the common batch) are written with one separator join whose
+    first element is everything up to the first body's end: one copy of the batch."""
     head = (b"MPUB_EXT %s\n" % topic.encode() if partition is None
             else b"MPUB_EXT %s %d\n" % (topic.encode(), partition))
+    n = len(bodies)
+    first_len = 2 + len(mark_json) + len(bodies[0])
+    rest = bodies[1:]
+    if rest and len(set(map(len, rest))) == 1:  # one separator (mpub_body's way)
+        size = len(rest[0])
+        sep = _SIZE_NOHDR.pack(size + 2, 0)
+        total = 8 + first_len + (n - 1) * (6 + size)
+        return sep.join([head + _HEAD3.pack(total, n, first_len, len(mark_json)) + mark_json
+                         + bodies[0], *rest])
+    first = struct.pack(">H", len(mark_json)) + mark_json + bodies[0]
+    parts = [struct.pack(">II", 0, n), struct.pack(">I", len(first)), first]
+    pack = _SIZE_NOHDR.pack
+    for b in rest:
+        parts.append(pack(len(b) + 2, 0))
+        parts.append(b)
+    body = b"".join(parts)
     return head + struct.pack(">I", len(body) - 4) + body[4:]
+
+
+_HEAD3 = struct.Struct(">IIIH")  # MPUB_EXT's size, count, first message's size, JSON length

@@ -102,7 +102,7 @@ class ClientV2(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = CommandParser(
             max_body_size=opts.max_body_size, max_msg_size=opts.max_msg_size, batch_fin=True,
-            max_req_timeout_ms=opts.max_delay_ms, precheck=self._precheck)
+            strip_marked=True, max_req_timeout_ms=opts.max_delay_ms, precheck=self._precheck)
         self.state = STATE_INIT
         self.magic = b""
         self.remote_address = ""
@@ -1011,13 +1011,13 @@ class ClientV2(asyncio.Protocol):
             self._forward(workers, topic_name, bodies, defer_ms, code, what, partition,
                           headers, route_version)
             return
+        existing = None
         if headers is not None:
             existing = nsqd.get_topic(topic_name, create=False)
-            if existing is not None and not existing.ext and any(
-                    k[:2] != "##" for h in compress(headers, headers) for k in h):  # type: ignore[union-attr]
+            if existing is not None and not existing.ext and _user_header(headers):
                 raise ProtocolError("E_EXT_NOT_SUPPORT",
                                     f"ext content not supported in topic {topic_name}", False)
-        topic = nsqd.get_topic(topic_name)
+        topic = existing if existing is not None else nsqd.get_topic(topic_name)
         assert topic is not None
         if partition is None and headers is not None:
             partition = sticky_partition(topic, headers)
@@ -1236,10 +1236,15 @@ class ClientV2(asyncio.Protocol):
         headers: list[dict[str, bytes] | None] = []
         traced: int | None = None
         if what.endswith("_EXT"):
-            rest = strip_no_ext(raw[1:]) if len(raw) > 1 else None
-            if rest is not None:
+            rest = None if cmd.stripped or len(raw) < 2 else strip_no_ext(raw[1:])
+            if cmd.stripped:
                 # headers on the first message only (an idempotent producer's batch): the
-                # others cut in C (strip_no_ext: batched ingest's hot path)
+                # parser cut the others' bodies in C (split_marked: batched ingest's hot path)
+                bodies = raw.copy()  # (the command stays as parsed)
+                h, bodies[0] = split_ext(raw[0], what)
+                headers = [None] * len(raw)
+                headers[0] = h
+            elif rest is not None:  # the same, cut by the general split (strip_no_ext)
                 h, body = split_ext(raw[0], what)
                 bodies = [body, *rest]
                 headers = [h] + [None] * len(rest)
@@ -1343,9 +1348,22 @@ def _encode_command(cmd: Command) -> bytes:
     if cmd.body is not None:
         return line + struct.pack(">I", len(cmd.body)) + cmd.body
     if cmd.bodies is not None:
-        inner = mpub_body(cmd.bodies)
+        bodies = cmd.bodies
+        if cmd.stripped:  # split_marked took the others' empty 2-byte header: give it back
+            bodies = [bodies[0], *(b"\0\0" + b for b in bodies[1:])]
+        inner = mpub_body(bodies)
         return line + struct.pack(">I", len(inner)) + inner
     return line
+
+
+def _user_header(headers: list[dict[str, bytes] | None]) -> bool:
+    """Whether a message of the batch has a header that is not reserved (``##``), which a
+    topic without ext support refuses (compress skips the messages without one in C)."""
+    for h in compress(headers, headers):
+        for k in h:  # type: ignore[union-attr]
+            if k[:2] != "##":
+                return True
+    return False
 
 
 def _partition_param(params: list[bytes], index: int, what: str) -> int | None:

@@ -22,6 +22,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from nsqx.nsqd.datapath import publish_keys_path
@@ -106,9 +107,10 @@ def _committed(part: Any, end: int, base: int, done: Done) -> None:
 class _Pending:
     __slots__ = ("fp", "waiters")
 
-    def __init__(self, fp: str) -> None:
+    def __init__(self, fp: str, waiters: list[Done] | None = None) -> None:
         self.fp = fp
-        self.waiters: list[Done] = []  # repeats that arrived while it was being written
+        # repeats that arrived while it was being written
+        self.waiters: list[Done] = [] if waiters is None else waiters
 
 
 class Deduper:
@@ -134,7 +136,10 @@ class Deduper:
         h0 = headers[0] or {}
         # the whole local log: a new leader's tail above the high watermark came from its
         # predecessor and may hold the first copy of a retry (a hit there waits for its ack)
-        self.keys.catch_up(self.part.log.flushed_offset)
+        keys = self.keys
+        end = self.part.log.flushed_offset
+        if end > keys.covered:  # (catch_up's own test, without its call when all is indexed)
+            keys.catch_up(end)
         raw = h0.get(PRODUCER_HEADER)
         if raw is not None:
             return self._sequenced(raw, bodies, defer_ms, headers, done, producer)
@@ -183,7 +188,8 @@ class Deduper:
             raise IdempotenceError("E_BAD_PRODUCER",
                                    f"{PRODUCER_HEADER} must be <id>:<epoch>:<sequence>", 400)
         pid, epoch, seq = parsed
-        st = self.keys.producer(pid)
+        keys = self.keys
+        st = keys.producer(pid)
         stored = (st.epoch, st.seq) if st is not None else None
         taken = self._accepted.get(pid)
         newest = stored if taken is None or (stored is not None and stored > taken) else taken
@@ -216,24 +222,35 @@ class Deduper:
                     f"producer {pid} epoch {epoch}: expected sequence {expected}, got {seq} "
                     f"on partition {self.part.partition}", 409)
         key = (pid, epoch, seq)
-        pending = self._seq_pending[key] = _Pending("")
+        waiters: list[Done] = []  # repeats that arrive while it is being written
+        self._seq_pending[key] = _Pending("", waiters)
         self._accepted[pid] = (epoch, seq)
-        keys, count = self.keys, len(bodies)
-
-        def finished(base: int, exc: Exception | None) -> None:
-            self._seq_pending.pop(key, None)
-            if exc is None:
-                keys.put_producer(pid, epoch, seq, base, count)
-                keys.advance(base, count)
-                self._dirty()
-            elif self._accepted.get(pid, (-1, -1)) >= (epoch, seq):
-                # not stored: the producer sends it again, with the same sequence
-                self._accepted[pid] = (epoch, seq - 1)
-            done(base, exc)
-            for w in pending.waiters:
-                w(base, exc)
-        self._append(bodies, defer_ms, headers, finished, producer)
+        # a partial, not a closure: no cells in this (per batch) function
+        finished = partial(self._sequence_done, key, len(bodies), waiters, done)
+        try:  # (_append)
+            self.part.publish(bodies, defer_ms, finished, headers=headers, producer=producer)
+        except Exception as exc:  # refused before anything was written
+            finished(-1, exc)
         return False
+
+    def _sequence_done(self, key: tuple[str, int, int], count: int, waiters: list[Done],
+                       done: Done, base: int, exc: Exception | None) -> None:
+        """The append of the batch ``key`` (producer, epoch, sequence) finished."""
+        self._seq_pending.pop(key, None)
+        pid, epoch, seq = key
+        if exc is None:
+            keys = self.keys
+            keys.put_producer(pid, epoch, seq, base, count)
+            if keys.covered == base:  # (keys.advance)
+                keys.covered = base + count
+            if self._checkpoint is None:
+                self._dirty()
+        elif self._accepted.get(pid, (-1, -1)) >= (epoch, seq):
+            # not stored: the producer sends it again, with the same sequence
+            self._accepted[pid] = (epoch, seq - 1)
+        done(base, exc)
+        for w in waiters:
+            w(base, exc)
 
     def _append(self, bodies: list[bytes], defer_ms: int, headers: list[dict[str, bytes] | None],
                 finished: Callable[[int, Exception | None], None], producer: str) -> None:

@@ -203,7 +203,15 @@ def encode_headers(headers: Sequence[dict[str, bytes] | None] | None, rel_base: 
     if not headers:
         return b""
     parts: list[bytes] = []
-    # compress skips the messages without headers in C: a marked batch has one header
+    h0 = headers[0]
+    if h0 and headers.count(None) == len(headers) - 1:
+        # an idempotent producer's batch: the mark on the first message only (one C count)
+        parts.append(_REL.pack(rel_base, len(h0)))
+        for k, v in h0.items():
+            kb = k.encode()
+            parts += (_KL.pack(len(kb)), kb, _U32.pack(len(v)), bytes(v))
+        return b"".join(parts)
+    # compress skips the messages without headers in C
     for i in compress(range(len(headers)), headers):
         h = headers[i]
         assert h is not None
