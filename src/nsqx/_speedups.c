@@ -74,48 +74,54 @@ static inline unsigned char *put_head(unsigned char *w, Py_ssize_t blen, uint64_
     return w + 18;
 }
 
+/* The messages of an MPUB body ([4 count]([4 size][message])*) whose count is ``count``:
+ * a list of their bytes, or with ``marked`` the first message whole and the others without
+ * their empty 2-byte header (each must have one); Py_None (a new reference) when the body
+ * is not that, NULL with an exception when memory runs out. */
+static PyObject *cut_messages(const unsigned char *p, Py_ssize_t len, Py_ssize_t count,
+                              long long max_size, int marked) {
+    if (len < 4 || count < (marked ? 2 : 1) || count > (len - 4) / 5 || count > MAX_CUT)
+        Py_RETURN_NONE;
+    Py_ssize_t off = 4;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (len - off < 4)
+            Py_RETURN_NONE;
+        int32_t size = be32(p + off);
+        if (size <= 0 || (long long)size > max_size || len - off - 4 < size)
+            Py_RETURN_NONE;
+        if (marked && i > 0 && (size <= 2 || p[off + 4] != 0 || p[off + 5] != 0))
+            Py_RETURN_NONE;
+        off += 4 + size;
+    }
+    if (off != len)
+        Py_RETURN_NONE;
+    PyObject *out = PyList_New(count);
+    if (out == NULL)
+        return NULL;
+    off = 4;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int32_t size = be32(p + off);
+        Py_ssize_t skip = marked && i > 0 ? 2 : 0;
+        PyObject *b = PyBytes_FromStringAndSize((const char *)p + off + 4 + skip, size - skip);
+        if (b == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, b);
+        off += 4 + size;
+    }
+    return out;
+}
+
 static PyObject *split_mixed(PyObject *self, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t count;
     long long max_size;
     if (!PyArg_ParseTuple(args, "y*nL", &buf, &count, &max_size))
         return NULL;
-    const unsigned char *p = (const unsigned char *)buf.buf;
-    Py_ssize_t len = buf.len;
-    PyObject *out = NULL;
-    if (len < 4 || count <= 0 || count > (len - 4) / 5 || count > MAX_CUT)
-        goto none;
-    Py_ssize_t off = 4;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (len - off < 4)
-            goto none;
-        int32_t size = be32(p + off);
-        if (size <= 0 || (long long)size > max_size || len - off - 4 < size)
-            goto none;
-        off += 4 + size;
-    }
-    if (off != len)
-        goto none;
-    out = PyList_New(count);
-    if (out == NULL)
-        goto done;
-    off = 4;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        int32_t size = be32(p + off);
-        PyObject *b = PyBytes_FromStringAndSize((const char *)p + off + 4, size);
-        if (b == NULL) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        PyList_SET_ITEM(out, i, b);
-        off += 4 + size;
-    }
-done:
+    PyObject *out = cut_messages((const unsigned char *)buf.buf, buf.len, count, max_size, 0);
     PyBuffer_Release(&buf);
     return out;
-none:
-    PyBuffer_Release(&buf);
-    Py_RETURN_NONE;
 }
 
 static PyObject *build_frames_mixed(PyObject *self, PyObject *args) {
@@ -373,47 +379,10 @@ static PyObject *split_marked(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*L", &buf, &max_size))
         return NULL;
     const unsigned char *p = (const unsigned char *)buf.buf;
-    Py_ssize_t len = buf.len;
-    PyObject *out = NULL;
-    if (len < 4)
-        goto none;
-    Py_ssize_t count = be32(p);
-    if (count < 2 || count > (len - 4) / 5 || count > MAX_CUT)
-        goto none;
-    Py_ssize_t off = 4;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (len - off < 4)
-            goto none;
-        int32_t size = be32(p + off);
-        if (size <= 0 || (long long)size > max_size || len - off - 4 < size)
-            goto none;
-        if (i > 0 && (size <= 2 || p[off + 4] != 0 || p[off + 5] != 0))
-            goto none;
-        off += 4 + size;
-    }
-    if (off != len)
-        goto none;
-    out = PyList_New(count);
-    if (out == NULL)
-        goto done;
-    off = 4;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        int32_t size = be32(p + off);
-        Py_ssize_t skip = i > 0 ? 2 : 0;
-        PyObject *b = PyBytes_FromStringAndSize((const char *)p + off + 4 + skip, size - skip);
-        if (b == NULL) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        PyList_SET_ITEM(out, i, b);
-        off += 4 + size;
-    }
-done:
+    Py_ssize_t count = buf.len < 4 ? 0 : be32(p);
+    PyObject *out = cut_messages(p, buf.len, count, max_size, 1);
     PyBuffer_Release(&buf);
     return out;
-none:
-    PyBuffer_Release(&buf);
-    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
