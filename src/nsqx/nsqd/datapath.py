@@ -17,6 +17,8 @@ file name written in two places could drift and lose data on restart.
 
 from __future__ import annotations
 
+import fcntl
+import os
 from pathlib import Path
 
 METADATA_FILE = "nsqd.dat"
@@ -34,6 +36,25 @@ def metadata_path(data_path: Path) -> Path:
 
 def lock_path(data_path: Path) -> Path:
     return data_path / LOCK_FILE
+
+
+def lock_data_path(data_path: Path, lock_file: Path) -> int:
+    """Create ``data_path`` and hold ``lock_file`` in it (an flock, released when the
+    returned descriptor is closed): one process per data path, as upstream. Unusable or
+    held: SystemExit with one FATAL line."""
+    try:
+        data_path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise SystemExit(f"FATAL: --data-path={data_path} cannot be used: "
+                         f"{e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SystemExit(f"FATAL: --data-path={data_path} in use (possibly by another "
+                         "instance of nsqd)") from None
+    return fd
 
 
 def worker_metadata_path(data_path: Path, index: int) -> Path:

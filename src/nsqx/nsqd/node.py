@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import resource
@@ -499,18 +498,8 @@ class NSQD:
         return ctx
 
     def _lock_data_path(self) -> None:
-        try:  # unusable: one FATAL line, as upstream (before this, stop() had nothing to save)
-            self.data_path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise SystemExit(f"FATAL: --data-path={self.data_path} cannot be used: "
-                             f"{e.strerror or e}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise SystemExit(f"FATAL: --data-path={self.data_path} in use (possibly by another instance of nsqd)") from None
-        self._lock_fd = fd
+        # unusable: one FATAL line, as upstream (before this, stop() had nothing to save)
+        self._lock_fd = datapath.lock_data_path(self.data_path, self.lock_file)
 
     async def start(self) -> None:
         self._lock_data_path()

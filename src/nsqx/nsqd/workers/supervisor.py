@@ -14,7 +14,6 @@ It runs no event loop and opens no topic: a plain loop over ``waitpid``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -57,19 +56,8 @@ class Supervisor:
 
     # -- set-up --------------------------------------------------------------------------
     def _lock(self) -> None:
-        try:
-            self.data_path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(datapath.lock_path(self.data_path), os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise SystemExit(f"FATAL: --data-path={self.data_path} cannot be used: "
-                             f"{e.strerror or e}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise SystemExit(f"FATAL: --data-path={self.data_path} in use (possibly by "
-                             "another instance of nsqd)") from None
-        self._lock_fd = fd
+        self._lock_fd = datapath.lock_data_path(self.data_path,
+                                                datapath.lock_path(self.data_path))
 
     def _bind(self) -> None:
         """The node's public listeners, bound and listening before any worker starts."""
