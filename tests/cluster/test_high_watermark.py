@@ -100,3 +100,33 @@ def test_a_lone_in_sync_leader_reads_at_once(tmp_path: Path) -> None:
             assert topic.readable_end == 2 and fresh(ch) == 2
 
     asyncio.run(main())
+
+
+def test_a_repeat_waiting_behind_a_later_batch_is_acked_with_its_own_end(tmp_path: Path) -> None:
+    """Idempotence answers a repeat of an earlier, unacked batch through the gate
+    (``wrap``) after later batches already wait: it is acked when its own end is, not
+    when the later batches' is."""
+    async def main() -> None:
+        async with running_node(tmp_path) as nsqd:
+            topic = nsqd.get_topic("t")
+            member = SimpleNamespace(node_id="a", lag_timeout=3.0)
+            pm = PartitionMeta("t", 0, ("a", "b"), "a", 1, ("a", "b"))
+            topic.hold_reads_from_start()
+            gate = LeaderGate(member, topic, pm, min_isr=2)  # type: ignore[arg-type]
+            topic.gate = gate
+            acked: list[str] = []
+            topic.publish([b"1", b"2"], done=lambda b, e: acked.append("first"))
+            topic.publish([b"3", b"4"], done=lambda b, e: acked.append("later"))
+            await asyncio.sleep(0.05)
+            assert topic.log.flushed_offset == 4 and not acked
+            gate.progress.on_fetch("b", 2, 4, asyncio.get_running_loop().time())
+            gate.release()
+            assert acked == ["first"]
+            # the repeat's end (2) is acked already; the later batch (end 4) still waits
+            gate.wrap(topic, 2, lambda b, e: acked.append(f"repeat@{b}"))(0, None)
+            assert acked == ["first", "repeat@0"]
+            gate.progress.on_fetch("b", 4, 4, asyncio.get_running_loop().time())
+            gate.release()
+            assert acked == ["first", "repeat@0", "later"]
+
+    asyncio.run(main())

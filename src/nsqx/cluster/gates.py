@@ -9,7 +9,9 @@ topic the cluster never created refuses them with how to create it.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any, Protocol
 
 from nsqx.cluster.forward import forward_command
@@ -34,6 +36,9 @@ class GateOwner(Protocol):
 
     node_id: str
     lag_timeout: float
+
+
+_END = itemgetter(0)  # a waiter's end offset: LeaderGate.waiters is kept sorted by it
 
 
 def refused(topic: Any, why: str) -> Exception:
@@ -109,7 +114,8 @@ class LeaderGate:
         self.meta = meta
         self.min_isr = min_isr
         self.progress = LeaderProgress(set(meta.isr), lag_timeout=member.lag_timeout)
-        self.waiters: list[tuple[int, int, Callable]] = []  # (end offset, base, done)
+        # (end offset, base, done), sorted by end: release() stops at the first not acked
+        self.waiters: list[tuple[int, int, Callable]] = []
         self.active = True
         self.new_data = asyncio.Event()
         self.last_cursor_sent: dict[str, float] = {}
@@ -135,7 +141,11 @@ class LeaderGate:
             if not self.active:
                 done(base, refused(topic, "leadership lost before replication"))
                 return
-            self.waiters.append((end_offset, base, done))
+            w = self.waiters
+            if w and end_offset < w[-1][0]:  # a repeat of an earlier batch (idempotence)
+                bisect.insort(w, (end_offset, base, done), key=_END)
+            else:  # appends arrive in log order: the list stays sorted by end
+                w.append((end_offset, base, done))
             self.new_data.set()
             self.release()
         return committed
