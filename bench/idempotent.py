@@ -27,52 +27,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+import nsqd_proc  # the scripts' shared process helpers, beside this one
+from nsqd_proc import SRC, cpu_seconds, stop
+
 sys.path.insert(0, SRC)
 
 from nsqx.client import Producer  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
 
 def start_nsqd(data: Path) -> tuple[subprocess.Popen, str]:
-    tcp, http = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "nsqx.cli.nsqd", f"--data-path={data}",
-                             f"--tcp-address=127.0.0.1:{tcp}", f"--http-address=127.0.0.1:{http}",
-                             "--log-level=warn"],
-                            env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{http}/ping", timeout=1).read()
-            return proc, f"127.0.0.1:{tcp}"
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("nsqd did not start")
+    proc, tcp, _http = nsqd_proc.start_nsqd(data, "--log-level=warn")
+    return proc, tcp
 
 
 async def batched(addr: str, idempotent: bool, messages: int, size: int, batch: int,
@@ -117,8 +90,7 @@ def one_run(workload: str, idempotent: bool, args: argparse.Namespace) -> tuple[
                   flush=True)
         return (s1 - s0 + c1 - c0) / n * 1e6, n / (w1 - w0)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

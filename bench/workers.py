@@ -24,7 +24,6 @@ import asyncio
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,26 +32,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+import nsqd_proc  # the scripts' shared process helpers, beside this one
+from nsqd_proc import SRC, cpu_seconds, stop
+
 sys.path.insert(0, SRC)
 
 from nsqx.client import Producer  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def tree(pid: int) -> list[int]:
@@ -64,26 +49,12 @@ def tree(pid: int) -> list[int]:
 
 
 def start_nsqd(data: Path, workers: int) -> tuple[subprocess.Popen, str, str]:
-    tcp, http = free_port(), free_port()
-    log = open(data.parent / f"nsqd-{workers}.log", "wb")  # noqa: SIM115 - the process's
-    proc = subprocess.Popen([sys.executable, "-m", "nsqx.cli.nsqd", f"--data-path={data}",
-                             f"--tcp-address=127.0.0.1:{tcp}",
-                             f"--http-address=127.0.0.1:{http}", f"--workers={workers}"],
-                            env={**os.environ, "PYTHONPATH": SRC}, stdout=log,
-                            stderr=subprocess.STDOUT)
+    """Ready once every worker logged ``ready`` and ``/ping`` answers."""
     logpath = data.parent / f"nsqd-{workers}.log"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ready = logpath.read_bytes().count(b"INFO: ready: ")
-        if ready >= workers:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{http}/ping", timeout=1).read()
-                return proc, f"127.0.0.1:{tcp}", f"127.0.0.1:{http}"
-            except OSError:
-                pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"nsqd --workers={workers} did not start:\n{logpath.read_text()[-3000:]}")
+
+    def ready() -> bool:
+        return logpath.exists() and logpath.read_bytes().count(b"INFO: ready: ") >= workers
+    return nsqd_proc.start_nsqd(data, f"--workers={workers}", log=logpath, ready=ready)
 
 
 async def publish(addr: str, topics: list[str], messages: int, size: int, batch: int,
@@ -137,11 +108,7 @@ def one_run(tmp: Path, workers: int, args: argparse.Namespace) -> dict[str, floa
         return {"rate": total / (t1 - t0), "server_us": (cpu1 - cpu0) / total * 1e6,
                 "client_us": sum(r[1] for r in results) / total * 1e6}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def main() -> None:
