@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_cluster_ops import free_block
 from tests.support.cluster import http
+from tests.support.ports import free_block
 
 
 def cluster_up(*args: str, cwd: Path | None = None, hide_etcd: bool = False,

@@ -19,6 +19,7 @@ import pytest
 from nsqx.cluster.etcd_server import EtcdServer
 from tests.cluster.test_cluster_processes import fetch_bodies, pub
 from tests.support.cluster import Cluster, http, wait_until
+from tests.support.ports import free_block
 
 pytestmark = pytest.mark.slow
 
@@ -26,27 +27,6 @@ pytestmark = pytest.mark.slow
 def nsqx(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "nsqx.cli.nsqx_cmd", *args], capture_output=True,
                           text=True, timeout=timeout)
-
-
-def free_block(offsets: list[int]) -> int:
-    """A base port such that base+o is free for every o (best effort, loopback)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + max(offsets) > 65000:
-            continue
-        ok = True
-        for o in offsets:
-            with socket.socket() as t:
-                try:
-                    t.bind(("127.0.0.1", base + o))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free port block")
 
 
 class Publisher(threading.Thread):
@@ -91,11 +71,13 @@ def test_cluster_up_status_and_clean_stop(tmp_path: Path) -> None:
          f"--base-port={base}", f"--lookupd-port={lk}", f"--etcd-port={etcd_port}",
          f"--data-path={tmp_path / 'c'}", "--cluster-id=up"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    failed = None
     try:
         lookupd = f"127.0.0.1:{lk + 1}"
-        wait_until(lambda: http("GET", f"http://{lookupd}/cluster/stats")[0] == 200
+        wait_until(lambda: proc.poll() is None and http(
+            "GET", f"http://{lookupd}/cluster/stats")[0] == 200
                    and len(http("GET", f"http://{lookupd}/cluster/stats")[1]["nodes"]) == 2,
-                   what="two nodes up")
+                   timeout=60, what="two nodes up")
         code, body = http("POST", f"http://{lookupd}/topic/create?topic=t&replicator=2"
                           "&partition_num=1")
         assert code == 200, body
@@ -106,9 +88,13 @@ def test_cluster_up_status_and_clean_stop(tmp_path: Path) -> None:
         status = json.loads(nsqx("cluster", "status", f"--lookupd-http-address={lookupd}",
                                  "--json").stdout)
         assert status["cluster_id"] == "up" and status["coordinator"]
+    except AssertionError as e:
+        failed = e
     finally:
         proc.send_signal(signal.SIGTERM)
         out_text = proc.communicate(timeout=60)[0]
+    assert failed is None, f"{failed}\n{out_text}\n" + "".join(
+        f"--- {f.name}\n{f.read_text()[-3000:]}" for f in sorted((tmp_path / "c").glob("*.log")))
     assert proc.returncode == 0, out_text
     assert f"nsqd0       tcp 127.0.0.1:{base}" in out_text
     for port in (base, base + 100, lk, etcd_port):  # everything it started is gone
