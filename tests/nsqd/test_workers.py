@@ -21,6 +21,7 @@ import pytest
 
 from nsqx.client import Consumer, Message, Producer
 from nsqx.nsqd.workers.ownership import owner_of
+from nsqx.protocol import v2
 from tests.support import http_api
 from tests.support.certs import TLSFiles
 from tests.support.clients import pynsq_runner
@@ -185,12 +186,21 @@ def test_kill9_of_a_worker_restarts_it_and_loses_nothing_acknowledged(
     # a consumer of worker 0's topic (on worker 0 whichever worker accepted it: a SUB
     # elsewhere is handed over) must not notice worker 1's death
     survivor = RawClient(node.tcp_address)
+    waiting = None
     try:
         survivor.identify({"client_id": "survivor"})
         survivor.subscribe(topics[0], "live", rdy=100)
         victim = worker_pid(node, 1)
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
+        # reaped by the supervisor (every thread gone: its sockets are closed); the new
+        # worker takes a moment to start
+        wait_for(lambda: victim not in node.children(), what="the worker reaped")
+        # a SUB for the dead worker's topic (accepted by worker 0, the only one accepting
+        # now) waits for the owner to be back instead of being refused
+        waiting = RawClient(node.tcp_address)
+        waiting.identify({"client_id": "waiting"})
+        waiting.send(v2.sub(topics[1], "late"))
         # the other worker keeps serving: publishes (HTTP and TCP connections the kernel
         # gives to worker 0 only while worker 1 is down) reach the consumer it already had
         during = [f"during-{i}".encode() for i in range(10)]
@@ -208,8 +218,17 @@ def test_kill9_of_a_worker_restarts_it_and_loses_nothing_acknowledged(
         workers_up(node, 3)  # the new one is ready too
         survivor.send(b"NOP\n")  # the same connection, through the restart
         survivor.expect_nothing(0.3)
+        waiting.expect_ok(timeout=15)
+        waiting.send(v2.rdy(10))
+        assert http_api.pub(node.http_address, topics[1], b"to-the-waiting").status == 200
+        acked[topics[1]].append(b"to-the-waiting")
+        m = waiting.read_message(10)
+        assert m.body == b"to-the-waiting"
+        waiting.send(b"FIN " + m.id + b"\n")
     finally:
         survivor.close()
+        if waiting is not None:
+            waiting.close()
     for t in topics:  # the restarted worker's topics take publishes again
         for i in range(5):
             body = f"after-{t}-{i}".encode()
@@ -347,8 +366,6 @@ def test_pipelined_publishes_survive_the_connection_moving_to_the_owner(
     """A producer that writes many commands at once: those read before its connection
     moves to the topic's owner go with it, those still in the socket are read there; every
     one is answered OK, in order, once."""
-    from nsqx.protocol import v2
-
     node = nsqd_factory.start(WORKERS)
     workers_up(node)
     topics = topics_of_both(2, prefix="pp")
@@ -419,8 +436,6 @@ def test_a_connection_that_cannot_move_has_its_publishes_forwarded_in_order(
     """A snappy connection stays on its worker: its publishes to the other worker's topic
     are forwarded (PUB, MPUB, DPUB, PUB_EXT, PUB_TRACE), each answered in command order,
     the traced one with the owner's message id, and every message is stored once."""
-    from nsqx.protocol import v2
-
     node = nsqd_factory.start(WORKERS)
     workers_up(node)
     a, b = topics_of_both(2, prefix="f")
@@ -479,8 +494,6 @@ def test_https_and_tls_connections(nsqd_factory: NsqdFactory, tls_files: TLSFile
     """HTTPS is bound once too and served by every worker (publishes to both workers'
     topics); a TCP connection upgraded to TLS publishes to both (forwarded: it cannot
     move) and reads back a topic, relayed through its worker when it is the other's."""
-    from nsqx.protocol import v2
-
     node = nsqd_factory.start([*WORKERS, f"--tls-cert={tls_files.server_cert}",
                                f"--tls-key={tls_files.server_key}"])
     workers_up(node)
