@@ -196,6 +196,11 @@ def test_kill9_of_a_worker_restarts_it_and_loses_nothing_acknowledged(
         # reaped by the supervisor (every thread gone: its sockets are closed); the new
         # worker takes a moment to start
         wait_for(lambda: victim not in node.children(), what="the worker reaped")
+        # /stats (worker 0 answers: the other is down) waits for the restarting worker's
+        # part instead of failing (it was a 500: a NameError in the error path)
+        r = http_api.get(node.http_address, "/stats", format="json")
+        assert r.status == 200, r
+        assert sorted(t["topic_name"] for t in r.json()["topics"]) == sorted(topics)
         # a SUB for the dead worker's topic (accepted by worker 0, the only one accepting
         # now) waits for the owner to be back instead of being refused
         waiting = RawClient(node.tcp_address)
