@@ -57,7 +57,7 @@ def ext_headers(headers: Mapping[str, bytes | str] | None, tag: str | None,
     value fails before it is sent)."""
     out: dict[str, bytes | str] = dict(headers) if headers else {}
     for k in out:
-        if not isinstance(k, str) or not k or k == PRODUCER_HEADER:
+        if not isinstance(k, str) or not k or k in _RESERVED:
             raise ValueError(f"invalid header name {k!r}")
     if tag is not None:
         if not v2.valid_tag(tag):
@@ -98,6 +98,8 @@ def mark_command(topic: str, bodies: list[bytes], partition: int | None,
 
 
 _SIZE_NOHDR = struct.Struct(">IH")
+# headers a caller may not set: the client sets them (nsqd takes the last two off)
+_RESERVED = frozenset({PRODUCER_HEADER, v2.DEFER_KEY, v2.ASK_REPLAYED_KEY})
 
 
 def _mpub_ext_marked(topic: str, bodies: list[bytes], partition: int | None,

@@ -351,12 +351,22 @@ class Producer:
         await self._publish(topic, bodies, _pick(partition, key, partitions), hdrs, multi=True)
 
     async def dpublish(self, topic: str, delay: float, body: bytes) -> None:
-        """DPUB: deliver after ``delay`` seconds (nsqd rejects delays over its max).
-        At least once: DPUB has no form that carries a producer's sequence."""
+        """Deliver after ``delay`` seconds (nsqd rejects delays over its ``--max-delay``).
+
+        Idempotent (the default): ``PUB_EXT`` with the producer's mark and the delay as
+        the ``##nsqx_defer`` header (DPUB carries no mark), retried as :meth:`publish` is
+        and stored once; it lands in the partition the producer's id sticks to (nsqx nsqd
+        only: stock nsqd does not know the header). ``idempotent=False``: plain ``DPUB``,
+        at least once."""
         _check_topic(topic)
         if delay < 0:
             raise ValueError("delay must be >= 0")
-        await self._send(v2.dpub(topic, round(delay * 1000), _bytes(body)))
+        ms = round(delay * 1000)
+        if self.idempotent:
+            await self._send_once(topic, [_bytes(body)], None, {v2.DEFER_KEY: b"%d" % ms},
+                                  False)
+            return
+        await self._send(v2.dpub(topic, ms, _bytes(body)))
 
     async def send_command(self, data: bytes) -> bytes:
         """Send one ready-made publish command (built with :mod:`nsqx.protocol.v2`) and return

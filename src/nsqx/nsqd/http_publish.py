@@ -13,6 +13,7 @@ import logging
 import struct
 import weakref
 from collections import OrderedDict
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -244,10 +245,13 @@ async def publish_once(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defe
         if leads(part):
             base, replayed = await deduper_for(part).publish_async(bodies, defer_ms, marked,
                                                                    producer)
-        else:  # a follower: the leader checks the mark it forwards
-            fut = part.publish(bodies, defer_ms, headers=marked, producer=producer)
+        else:  # a follower: the leader checks the mark it forwards, and says if a repeat
+            again: list[bool] = []
+            fut = part.publish(bodies, defer_ms, headers=marked, producer=producer,
+                               on_replayed=partial(again.append, True))
             assert fut is not None
-            base, replayed = await fut, False
+            base = await fut
+            replayed = bool(again)
     except asyncio.CancelledError:
         raise
     except IdempotenceError as exc:

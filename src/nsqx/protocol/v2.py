@@ -26,7 +26,9 @@ from .errors import ProtocolError, go_quote, raw_text
 from .names import valid_channel_name, valid_topic_name
 
 __all__ = [
+    "ASK_REPLAYED_KEY",
     "BODY_COMMANDS",
+    "DEFER_KEY",
     "DISPATCH_TAG_KEY",
     "MPUB_LIKE",
     "PUB_LIKE",
@@ -645,6 +647,11 @@ def _split_general(body: bytes | memoryview, count: int, max_msg_size: int) -> l
 TRACE_ID_KEY = "##trace_id"
 TRACE_TOPIC = "__trace"  # where a node writes the events of its traced topics
 DISPATCH_TAG_KEY = "##client_dispatch_tag"
+# nsqx's controls on a PUB_EXT/MPUB_EXT batch's first message, taken off by nsqd (never
+# stored): the batch's delay in ms (an idempotent deferred publish: DPUB carries no mark),
+# and a forwarder's request to be told when a marked batch was a repeat (REPLAYED_SUFFIX)
+DEFER_KEY = "##nsqx_defer"
+ASK_REPLAYED_KEY = "##nsqx_ask_replayed"
 MAX_TAG_LEN = 100  # Youzan's ext.MAX_TAG_LEN
 MAX_EXT_JSON = 0xFFFF  # the 2-byte JSON length field (Youzan's ext.MaxExtLen)
 _TAG_CHARS = re.compile(r"[a-zA-Z0-9_-]+")
