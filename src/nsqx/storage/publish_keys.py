@@ -199,6 +199,15 @@ class PublishKeys:
             return None
         return int(row[0]), int(row[1]), row[2] or ""
 
+    def keys_since(self, prefix: str, since: float) -> list[tuple[str, float]]:
+        """(key, created) of the keys starting with ``prefix`` created at ``since`` or
+        later (a node's start reads which topic its HTTP keys were used on)."""
+        out = [(k, v[3]) for k, v in self.mem.items() if k.startswith(prefix) and v[3] >= since]
+        if self.db is not None:
+            out += self.db.execute("SELECT key, created FROM keys WHERE substr(key, 1, ?) = ? "
+                                   "AND created >= ?", (len(prefix), prefix, since)).fetchall()
+        return out
+
     def put(self, key: str, base: int, count: int, fp: str = "", now: float | None = None) -> None:
         now = time.time() if now is None else now
         if self.db is None:
