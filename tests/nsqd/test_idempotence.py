@@ -376,3 +376,42 @@ def test_a_sequence_in_flight_answers_its_repeats_and_a_failed_one_is_taken_agai
             d.publish([b"d"], 0, mark(3), done("gap"))
         d.close()
     run(main())
+
+
+def test_nsqx_controls_on_pub_ext_delay_and_replayed_answers(tmp_path: Path) -> None:
+    """``##nsqx_defer`` defers a PUB_EXT/MPUB_EXT batch (an idempotent producer's dpublish,
+    a follower's forward); ``##nsqx_ask_replayed`` makes a repeat's answer say so. Both are
+    taken off the headers, never stored."""
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            c = Connection(f"127.0.0.1:{n.tcp_port}")
+            await c.connect()
+            try:
+                await c.command(v2.sub("ctl", "ch"))
+                ask = {"nsqx-pub": "h/q#1#f", v2.ASK_REPLAYED_KEY: "1"}
+                assert await c.command(v2.pub_ext("ctl", b"a", ask)) == b"OK"
+                assert await c.command(v2.pub_ext("ctl", b"a", ask)) == b"OK REPLAYED"
+                # not asked: the plain answer (what any Youzan client gets)
+                assert await c.command(v2.pub_ext("ctl", b"a", {"nsqx-pub": "h/q#1#f"})) == b"OK"
+                traced = {**ask, "nsqx-pub": "h/t#1#f", "##trace_id": "5"}
+                first = await c.command(v2.pub_ext("ctl", b"t", traced))
+                assert await c.command(v2.pub_ext("ctl", b"t", traced)) == first + b" REPLAYED"
+                seq = {**_mark("dp", 0, 0), v2.DEFER_KEY: "3600000"}
+                assert await c.command(v2.pub_ext("ctl", b"d", seq)) == b"OK"
+                assert await c.command(v2.pub_ext("ctl", b"d", seq)) == b"OK"
+                assert await c.command(v2.mpub_ext("ctl", [({v2.DEFER_KEY: "3600000"}, b"m1"),
+                                                           (None, b"m2")])) == b"OK"
+                try:
+                    await c.command(v2.pub_ext("ctl", b"x", {v2.DEFER_KEY: "9" * 12}))
+                    raise AssertionError("a delay over --max-delay was accepted")
+                except NSQError as e:
+                    assert e.code == "E_INVALID" and "out of range" in str(e)
+                assert c.is_open  # non-fatal
+                part = n.topics["ctl"]
+                assert part.log.next_offset == 5  # a, t, d, m1, m2
+                assert part.channels["ch"].deferred_count == 3  # d, m1, m2
+                for h in part.log.headers_range(0, 5).values():
+                    assert not {v2.DEFER_KEY, v2.ASK_REPLAYED_KEY} & set(h), h
+            finally:
+                c.close()
+    run(main())
