@@ -1253,6 +1253,7 @@ class ClientV2(asyncio.Protocol):
         multi = what.startswith("MPUB")
         topic = self._pub_topic(cmd, what)
         part = _partition_param(cmd.params, 1, what)
+        rv = _route_version_param(cmd.params, 2, what)
         raw = (cmd.bodies or []) if multi else [cmd.body or b""]
         bodies: list[bytes] = []
         headers: list[dict[str, bytes] | None] = []
@@ -1292,9 +1293,9 @@ class ClientV2(asyncio.Protocol):
         pending = self._check_auth(topic, None, "publish", what)
         if pending is not None:
             return self._after(pending, lambda: self._publish(
-                topic, bodies, defer_ms, code, what, part, hdrs, traced,
+                topic, bodies, defer_ms, code, what, part, hdrs, traced, rv,
                 ask_replayed=ask_replayed))
-        self._publish(topic, bodies, defer_ms, code, what, part, hdrs, traced,
+        self._publish(topic, bodies, defer_ms, code, what, part, hdrs, traced, rv,
                       ask_replayed=ask_replayed)
         return None
 

@@ -1385,19 +1385,20 @@ def _ext_part(headers: Mapping[str, bytes | str] | bytes | None, body: bytes) ->
 
 
 def pub_ext(topic: str | bytes, body: bytes, headers: Mapping[str, bytes | str] | bytes | None,
-            partition: int | None = None) -> bytes:
+            partition: int | None = None, route_version: int | None = None) -> bytes:
     """Youzan's ``PUB_EXT <topic> [<partition>]``: ``[4 size][2 json len][json][body]``;
-    ``headers`` as a mapping or as raw JSON bytes."""
+    ``headers`` as a mapping or as raw JSON bytes (the route version as :func:`pub`)."""
     data = _ext_part(headers, body)
-    head = b"PUB_EXT " + _b(topic) if partition is None else b"PUB_EXT %s %d" % (_b(topic), partition)
+    head = _route_head(b"PUB_EXT", topic, partition, route_version)
     return head + b"\n" + _U32.pack(len(data)) + data
 
 
 def mpub_ext(topic: str | bytes, messages: Iterable[tuple[Mapping[str, bytes | str] | bytes | None, bytes]],
-             partition: int | None = None) -> bytes:
-    """``MPUB_EXT``: an MPUB body whose messages are ``[2 json len][json][body]``."""
+             partition: int | None = None, route_version: int | None = None) -> bytes:
+    """``MPUB_EXT``: an MPUB body whose messages are ``[2 json len][json][body]`` (the
+    route version as :func:`pub`)."""
     body = mpub_body(_ext_part(h, b) for h, b in messages)
-    head = b"MPUB_EXT " + _b(topic) if partition is None else b"MPUB_EXT %s %d" % (_b(topic), partition)
+    head = _route_head(b"MPUB_EXT", topic, partition, route_version)
     return head + b"\n" + _U32.pack(len(body)) + body
 
 
