@@ -1177,17 +1177,7 @@ class ClientV2(asyncio.Protocol):
         dedupe = deduper_for(part)
         repeat = None
         if ask_replayed:
-            seen: list[bool] = []
-
-            def answer(base: int) -> bytes:
-                out = ok_from(max(base, 0)) if ok_from is not None else b"OK"
-                return replayed_answer(out) if seen else out
-            slot_done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"),
-                                                answer)
-
-            def repeat(base: int, exc: Exception | None) -> None:
-                seen.append(True)
-                slot_done(base, exc)
+            slot_done, repeat = self._replay_telling_slot(code, what, ok_from)
         else:
             # (a repeat of an older sequence answers base -1: 0 then, its offset is forgotten)
             slot_done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"),
@@ -1197,6 +1187,22 @@ class ClientV2(asyncio.Protocol):
                            repeat=repeat)
         except IdempotenceError as exc:  # refused before anything was appended
             slot_done(-1, ProtocolError(exc.code, exc.text, False))
+
+    def _replay_telling_slot(self, code: str, what: str,
+                             ok_from: Callable[[int], bytes] | None) -> tuple[Callable, Callable]:
+        """(done, repeat) of one response slot whose answer ends with REPLAYED_SUFFIX when
+        ``repeat`` filled it (a follower forwarding an HTTP key asked)."""
+        seen: list[bool] = []
+
+        def answer(base: int) -> bytes:
+            out = ok_from(max(base, 0)) if ok_from is not None else b"OK"
+            return replayed_answer(out) if seen else out
+        slot_done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"), answer)
+
+        def repeat(base: int, exc: Exception | None) -> None:
+            seen.append(True)
+            slot_done(base, exc)
+        return slot_done, repeat
 
     def _cmd_pub(self, cmd: Command) -> Any:
         topic = self._pub_topic(cmd, "PUB")
@@ -1253,7 +1259,7 @@ class ClientV2(asyncio.Protocol):
         multi = what.startswith("MPUB")
         topic = self._pub_topic(cmd, what)
         part = _partition_param(cmd.params, 1, what)
-        rv = _route_version_param(cmd.params, 2, what)
+        rv = _route_version_param(cmd.params, 2, what) if len(cmd.params) > 2 else None
         raw = (cmd.bodies or []) if multi else [cmd.body or b""]
         bodies: list[bytes] = []
         headers: list[dict[str, bytes] | None] = []
