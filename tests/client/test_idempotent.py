@@ -4,10 +4,11 @@ loses a publish; headers, tags and traced publishes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
-from nsqx.client import Producer
+from nsqx.client import NSQError, Producer
 from tests.client.helpers import run, start_fixed
 from tests.support import http_api
 from tests.support.faultproxy import FaultProxy
@@ -160,3 +161,22 @@ def test_a_deferred_publish_whose_answer_was_cut_is_stored_once(nsqd: NsqdProces
     t = http_api.stats(nsqd.http_address, "later")["topics"][0]
     ch = next(c for c in t["channels"] if c["channel_name"] == "ch")
     assert (ch["deferred_count"], ch["depth"]) == (2, 1), ch
+
+
+def test_a_refused_batch_moves_its_stream_to_a_new_epoch(
+        nsqd: NsqdProcess, caplog: pytest.LogCaptureFixture) -> None:
+    """A refusal stores nothing: the stream's next batch starts a new epoch at once instead
+    of meeting a sequence gap (and waiting for it) first."""
+    caplog.set_level(logging.INFO, logger="nsqx.client")
+
+    async def main() -> None:
+        async with Producer(nsqd.tcp_address, wait_timeout=15) as p:
+            await p.publish("refused", b"a")
+            with pytest.raises(NSQError) as ei:
+                await p.publish("refused", b"x" * (2 << 20))  # > --max-msg-size
+            assert ei.value.code == "E_BAD_MESSAGE"
+            await p.publish("refused", b"b")
+    run(main(), timeout=60)
+    gaps = [r.getMessage() for r in caplog.records if "OUT_OF_ORDER" in r.getMessage()]
+    assert gaps == []  # b went as sequence 0 of a new epoch, not after the refused one
+    assert [b for b, _ in stored(nsqd.http_address, "refused")] == [b"a", b"b"]
