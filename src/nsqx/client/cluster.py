@@ -253,7 +253,7 @@ class ClusterProducer:
                 except NSQError as e:
                     if e.code not in RETRY_CODES and (
                             mark is None or e.code not in IDEMPOTENT_RETRY_CODES):
-                        if mark is not None and e.code == "E_PRODUCER_FENCED":
+                        if mark is not None:  # refused, so not stored: a new epoch next
                             self._seqs.give_up((topic, part), mark)
                         raise
                     error = e
