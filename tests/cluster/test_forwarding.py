@@ -148,12 +148,18 @@ def test_a_follower_answers_keyed_publishes_as_the_leader_does(cluster: Cluster)
         first = _post(ext, b"e-" + k.encode(), "e-" + k)
         assert first[:2] == (200, None) and b'"trace_id":"7"' in first[2], first
         assert _post(ext, b"e-" + k.encode(), "e-" + k) == (200, "true", first[2])
+        # the Spark sink's keyed /nsqx/pub: its "duplicate" says it through a follower too
+        sink = f"{base}/nsqx/pub?topic=fwdkeys&partition=0&writer=w&batch=1&task={k}"
+        for duplicate in (False, True):
+            code, answer = http("POST", sink, v2.mpub_body([b"s1-" + k.encode(),
+                                                             b"s2-" + k.encode()]))
+            assert code == 200 and answer["duplicate"] is duplicate, (code, answer)
         # the leader answers the same request the same way
         assert _post(f"http://{leader.http_address}/pub?topic=fwdkeys", b"p-" + k.encode(),
                      "p-" + k) == (200, "true", b"OK")
     expected = sorted(b for k in map(cluster.node_id, others)
                       for b in (b"p-" + k.encode(), b"m1", b"m2", b"d-" + k.encode(),
-                                b"e-" + k.encode()))
+                                b"e-" + k.encode(), b"s1-" + k.encode(), b"s2-" + k.encode()))
     wait_until(lambda: sorted(fetch_bodies(leader, "fwdkeys", 0)) == expected,
                what="each keyed publish stored once on the leader")
     # the deferred ones carry their due time in the leader's log (a cluster's DPUB does),
