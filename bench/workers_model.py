@@ -226,6 +226,18 @@ def run_publishers(addr: str, pids: list[int], plan: list[tuple[str, str]], proc
         addr, share, size, batch, window, seconds, go, out)) for share in shares], go, out)
 
 
+def forward_links(data: Path) -> int:
+    """Connected sockets on the workers' internal TCP sockets (``w<K>.tcp``, /proc/net/unix):
+    an owner link opens at a worker's first forward and stays, so 0 means none yet."""
+    where = f"{data.resolve()}/.workers/w"
+    n = 0
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        f = line.split()
+        if len(f) >= 8 and f[5] == "03" and f[7].startswith(where) and f[7].endswith(".tcp"):
+            n += 1
+    return n
+
+
 def post(http: str, path: str) -> None:
     urllib.request.urlopen(urllib.request.Request(f"http://{http}{path}", data=b""),
                            timeout=10).read()
@@ -255,9 +267,11 @@ def one_node(tmp: Path, workers: int, args: argparse.Namespace) -> dict[str, dic
         home = [k % 2 for k in range(args.conns)]
         res["pub"] = run_publishers(tcp, pids, [(p[h], p[h]) for h in home], args.gen_procs,
                                     args, 1, 1, args.seconds)
+        res["pub"]["links"] = forward_links(data)  # 0: nothing was forwarded
         time.sleep(0.3)
         res["pub_fwd"] = run_publishers(tcp, pids, [(p[h], p[1 - h]) for h in home],
                                         args.gen_procs, args, 1, 1, args.seconds)
+        res["pub_fwd"]["links"] = forward_links(data)  # with 2 workers: > 0, forwarded
         time.sleep(0.3)
         mh = [0, 1, 0, 1]
         res["mpub"] = run_publishers(tcp, pids, [(m[h], m[h]) for h in mh], 2, args,
@@ -310,7 +324,8 @@ def main() -> None:
                 r = one_node(tmp, w, args)
                 res[w].append(r)
                 for name, x in r.items():
-                    extra = (f", {x['handovers']} handovers" if "handovers" in x else "")
+                    extra = (f", {x['handovers']} handovers" if "handovers" in x else
+                             f", {x['links']} forwarding sockets" if "links" in x else "")
                     unit = "conn" if name == "subscribe" else "msg"
                     print(f"run {run + 1} --workers={w} {name:9s} {x['rate']:>10,.0f} "
                           f"{unit}s/s  server {x['server_us']:6.2f} us/{unit}  generator "
