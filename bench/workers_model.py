@@ -14,6 +14,8 @@ supervisor and every worker, or the one process), over each scenario's timed win
   them to its owner), then only to the other worker's topic: with 2 workers every timed
   publish is **forwarded** (parsed and answered on one worker, stored on the other). Its
   CPU per message minus ``pub``'s is the forward cost. With 1 worker it is ``pub`` again.
+  Checked per run: the workers' internal sockets (``w<K>.tcp``) carry no connection after
+  ``pub`` (nothing forwarded) and some after ``pub_fwd`` (printed: forwarding sockets).
 * ``mpub`` / ``mpub_fwd``: the same with MPUBs of ``--batch`` bodies, ``--window`` in
   flight, on 4 connections.
 * ``drain``: two topics (one per worker) with a channel filled for ``--fill-seconds`` by
