@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import select
 import shutil
 import socket
@@ -199,7 +200,16 @@ def measure(pids: list[int], procs: list[Any], go: Any, out: Any,
     cpu0 = sum(cpu_seconds(p) for p in pids)
     t0 = time.monotonic()
     go.set()
-    results = [out.get(timeout=300) for _ in procs]
+    results: list[Any] = []
+    while len(results) < len(procs):  # a generator that died is an error, not a hang
+        try:
+            results.append(out.get(timeout=1))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() - t0 > 300:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"a load generator failed (exit {dead})") from None
     cpu1 = sum(cpu_seconds(p) for p in pids)
     if done is not None:
         done.set()
