@@ -338,37 +338,3 @@ def test_kill_9_every_adopted_frame_keeps_its_batch_headers(tmp_path):
         finally:
             lg.close()
     assert acked_end > 0
-
-
-def test_random_truncation_of_a_lazy_marked_log_keeps_whole_marked_batches(tmp_path):
-    """Any file of a log whose marked commits are lazy cut anywhere (.log, .batches,
-    .headers): what opens is a prefix of the frames in which every marked batch that
-    survives has its headers, and appending goes on."""
-    rnd = random.Random(7)
-    src = tmp_path / "src"
-    lg = PartitionLog(src, 0, CFG)
-    want = publish(lg, 24, every=2)
-    before = frames(lg)
-    crash(lg)
-    for k in range(24):
-        d = tmp_path / f"c{k}"
-        shutil.copytree(src, d)
-        victim = seg_file(d, rnd.choice([".log", ".batches", ".headers"]))
-        # (not to 0: a .batches file lost is rebuilt from the frames alone, without the
-        # segment's headers, test_log_recovery.py)
-        os.truncate(victim, rnd.randrange(1, victim.stat().st_size + 1))
-        lg = PartitionLog(d, 0, CFG)
-        got = frames(lg)
-        assert got == before[: len(got)]
-        n = len(got)
-        assert all_headers(lg) == {o: h for o, h in want.items() if o < n}
-        # a marked batch is whole or gone (commit i has 1 + i % 3 messages)
-        for o, h in want.items():
-            i = int(h["##nsqx_producer"].split(b":")[2])
-            assert o + 1 + i % 3 <= n or o >= n
-        lg.append([b"after"], 7, headers=[mark(1000)])
-        lg.flush()
-        lg.close()
-        lg = PartitionLog(d, 0, CFG)
-        assert lg.read_frame(n).endswith(b"after") and lg.headers(n) == mark(1000)
-        lg.close()
