@@ -47,10 +47,8 @@ from nsqx.storage.records import (
 from nsqx.storage.segment import (
     ENTRY_BODY,
     ENTRY_SIZE,
-    HDR_HEAD_SIZE,
     SUFFIXES,
     Segment,
-    hdr_record,
     list_segments,
     seg_name,
     write_all,
@@ -541,13 +539,15 @@ class PartitionLog:
 
         Speed: this is every flush of one PUB (or one MPUB) per loop turn; the general path
         costs ~18 us of Python for it (plans, snapshots, groups), this one a third of that.
-        A batch with headers (an idempotent producer's mark is one) takes it too, lazily
-        as well (its headers record before its frames: Segment.write_single).
+        A batch with headers (an idempotent producer's mark is one) takes it too, eagerly.
         tests/storage/test_log_fast_commit.py checks both write the same files.
         """
         hdr = encode_headers(p.headers, 0) if p.headers is not None else b""
         try:
-            seg.settle_lazy(p.epoch)
+            if hdr:
+                seg.write_lazy()  # its entry goes first: every waiting one before it
+            else:
+                seg.settle_lazy(p.epoch)
         except OSError as e:
             raise log_error("writing", self.path, e) from e
         saved = list(seg.sizes)
@@ -603,16 +603,11 @@ class PartitionLog:
                 hdr = (b"".join(encode_headers(b.headers, b.base - first.base) for b in batch
                                 if b.headers) if any(b.headers for b in batch) else b"")
                 sz = b"" if flen else b"".join([b.frame_sizes() for b in batch])
-                hcrc, rec = 0, b""
-                if hdr:  # its record: a head naming the commit, then the blob
-                    hcrc = crc32(hdr)
-                    rec = hdr_record(first.base, count, p - pos, hdr, hcrc)
                 plan = s.plan_commit(first.base, count, p - pos, first.ts, max_ts, first.epoch,
-                                     commit_id, crc, hdr,
-                                     hdr_pos + HDR_HEAD_SIZE if hdr else hdr_pos, flen, idx,
-                                     target, sz, sizes_pos, hcrc)
+                                     commit_id, crc, hdr, hdr_pos, flen, idx, target, sz,
+                                     sizes_pos)
                 commit_id += 1
-                hdr_pos += len(rec)
+                hdr_pos += len(hdr)
                 if sz:
                     szs.append(sz)
                     sizes_pos += len(sz)
@@ -622,8 +617,8 @@ class PartitionLog:
                     idxs.append(i)
                 if t:
                     tidxs.append(t)
-                if rec:
-                    hdrs.append(rec)
+                if hdr:
+                    hdrs.append(hdr)
                 s.apply(plan)
             # entries before frames: a crash in between leaves entries past the log's end
             # (cut at recovery), never frames without an entry that recovery would adopt

@@ -49,15 +49,6 @@ SUFFIXES = (".log", ".batches", ".index", ".timeindex", ".headers", ".sizes")
 READ_CHUNK = 1 << 20
 SCRUB_CHUNK = 4 << 20  # bytes of whole commits read at once by the crc scrub at recovery
 LAZY_MAX = 64  # commits whose metadata may wait in memory (their frames are on disk)
-# Each headers blob in .headers is preceded by this record head (design-notes, "issue 33:
-# a marked commit written lazily"): magic, the commit's base offset, count, frames' byte
-# length, the blob's length and crc32, then the crc32 of those fields. An entry points at
-# the blob after it, so readers are unchanged; recovery uses the heads past the last entry
-# to give adopted frames their headers back (a commit with headers may be lazy). Files
-# written before it hold bare blobs (no head): still read, their commits were all eager.
-HDR_MAGIC = b"NQH1"
-HDR_HEAD = struct.Struct(">4sQIQII")
-HDR_HEAD_SIZE = HDR_HEAD.size + 4
 _LITTLE = sys.byteorder == "little"
 
 
@@ -67,36 +58,6 @@ def seg_name(base: int) -> str:
 
 def _with_crc(body: bytes) -> bytes:
     return body + _U32.pack(crc32(body))
-
-
-def hdr_record(base: int, count: int, frames_len: int, blob: bytes, blob_crc: int) -> bytes:
-    """The bytes .headers gets for one commit's headers ``blob``: its head, then the blob
-    (whose position, HDR_HEAD_SIZE past the record's, is what the entry names)."""
-    head = HDR_HEAD.pack(HDR_MAGIC, base, count, frames_len, len(blob), blob_crc)
-    return head + _U32.pack(crc32(head)) + blob
-
-
-def parse_hdr_records(raw: bytes, start: int) -> list[tuple[int, int, int, int, int, int]]:
-    """The whole, valid records of ``raw`` (the bytes of .headers from position ``start``
-    on), in order, up to the first that is not one (torn, or a bare blob of the old
-    format): (base, count, frames length, blob position, blob length, blob crc). A record
-    whose head is whole but whose blob is torn ends the list as ``(base, -1, 0, 0, 0, 0)``:
-    frames from ``base`` on are that commit's (whose headers are lost), not to be adopted.
-    (A torn head names nothing: its write was cut, so its frames were never written.)"""
-    out = []
-    p, n = 0, len(raw)
-    while p + HDR_HEAD_SIZE <= n:
-        magic, base, count, flen, blen, bcrc = HDR_HEAD.unpack_from(raw, p)
-        if magic != HDR_MAGIC or crc32(raw[p : p + HDR_HEAD.size]) != _U32.unpack_from(
-                raw, p + HDR_HEAD.size)[0]:
-            break
-        q = p + HDR_HEAD_SIZE
-        if q + blen > n or crc32(raw[q : q + blen]) != bcrc:
-            out.append((base, -1, 0, 0, 0, 0))
-            break
-        out.append((base, count, flen, start + q, blen, bcrc))
-        p = q + blen
-    return out
 
 
 def _open(path: Path) -> int:
@@ -350,15 +311,13 @@ class Segment:
     def plan_commit(self, base: int, count: int, length: int, first_ts: int, max_ts: int,
                     epoch: int, commit_id: int, crc: int, hdr: bytes, hdr_pos: int, flen: int,
                     idx: list[tuple[int, int]], next_idx: int, sizes: bytes = b"",
-                    sizes_pos: int = NO_SIZES, hdr_crc: int = 0) -> dict:
-        """``hdr_pos``: where the blob ``hdr`` starts (past its record's head), ``hdr_crc``
-        its crc32."""
+                    sizes_pos: int = NO_SIZES) -> dict:
         pos = self.log_end
         spos = sizes_pos if sizes else NO_SIZES
         scrc = crc32(sizes) if sizes else 0
         entry = _with_crc(ENTRY_BODY.pack(base, count, pos, length, first_ts, max_ts, epoch,
-                                          commit_id, crc, hdr_pos, len(hdr), hdr_crc, flen,
-                                          spos, scrc))
+                                          commit_id, crc, hdr_pos, len(hdr),
+                                          crc32(hdr) if hdr else 0, flen, spos, scrc))
         tidx = None
         if pos >= self._next_tidx_pos:
             tidx = (self.max_ts, base, len(self.bases))
@@ -383,15 +342,9 @@ class Segment:
         crash before that leaves frames after the last entry; recovery adopts them by
         checking each frame (length, type, id = partition and offset) and gives them the
         last entry's epoch, which is right because every other commit writes its entry
-        *before* its frames: the first of a segment, an epoch change.
+        *before* its frames: the first of a segment, an epoch change, headers.
 
-        A batch with headers (``hdr``, encoded; an idempotent producer's mark) is lazy
-        too: its headers record (``hdr_record``: a head naming the commit's base, count and
-        frames' length, then the blob) is written *before* its frames, the entry waits.
-        Recovery reattaches the records past the last entry to the frames it adopts, and
-        adopts no frames of a commit whose record is missing past that point only because
-        none can be: a record is always written before its frames (a record without its
-        frames is cut).
+        A batch with headers (``hdr``, encoded) is always eager: headers, entry, frames.
         """
         pos = self.log_end
         end = pos + len(data)
@@ -399,22 +352,14 @@ class Segment:
         fs = self.sizes
         spos, scrc = (fs[5], crc32(sizes)) if sizes else (NO_SIZES, 0)
         top = ts if last_ts is None or last_ts < ts else last_ts
-        if hdr:
-            hcrc = crc32(hdr)
-            rec = hdr_record(base, count, end - pos, hdr, hcrc)
-            hpos = fs[4] + HDR_HEAD_SIZE
-        else:
-            hcrc, rec, hpos = 0, b"", fs[4]
         body = ENTRY_BODY.pack(base, count, pos, end - pos, ts, top, epoch, commit_id,
-                               crc32(data), hpos, len(hdr), hcrc, flen, spos, scrc)
+                               crc32(data), fs[4], len(hdr), crc32(hdr) if hdr else 0, flen,
+                               spos, scrc)
         max_ts = self.max_ts
         tidx = (max_ts, base, len(self.bases)) if pos >= self._next_tidx_pos else None
         entry = body + _U32.pack(crc32(body))
-        if self.bases and epoch == self.last_epoch and len(self.lazy) < LAZY_MAX:
-            # lazy: the frames are the only write (after the headers record, if any)
-            if rec:
-                write_one(self.hdr_fd, rec)
-                fs[4] += len(rec)
+        if not hdr and self.bases and epoch == self.last_epoch and len(self.lazy) < LAZY_MAX:
+            # lazy: the frames are the only write
             write_one(self.log_fd, data)
             fs[0] = end
             if sizes:
@@ -428,9 +373,9 @@ class Segment:
                 self.lazy_tidx.append(_with_crc(TIDX_BODY.pack(*tidx)))
         else:  # eager: the entry goes first, so recovery never adopts these frames
             self.write_lazy()  # (settle_lazy did it already; a no-op then)
-            if rec:
-                write_one(self.hdr_fd, rec)
-                fs[4] += len(rec)
+            if hdr:
+                write_one(self.hdr_fd, hdr)
+                fs[4] += len(hdr)
             write_one(self.meta_fd, entry)
             fs[1] += ENTRY_SIZE
             if sizes:
@@ -762,27 +707,17 @@ class Segment:
         """Entries for the frames after the last entry `last` (commits whose metadata was
         still waiting in memory at a crash, see write_single): every complete frame of
         the right type and id, in runs of up to 1 MiB, in the epoch of `last` (a commit of
-        another epoch writes its entry first). A commit with headers left its headers
-        record in .headers past `last`'s (written before its frames): its frames become one
-        entry pointing at the record's blob; a record whose frames are missing or torn
-        stops the adoption there (its frames, if any, are cut with everything after).
-        Written to the metadata file at once, after the `kept` entries (a torn entry after
-        them is dropped)."""
-        hdr_end = last[9] + last[10]
-        marks = []
-        if self.sizes[4] > hdr_end:
-            marks = parse_hdr_records(os.pread(self.hdr_fd, self.sizes[4] - hdr_end, hdr_end),
-                                      hdr_end)
+        another epoch writes its entry first). Written to the metadata file at once, after
+        the `kept` entries (a torn entry after them is dropped)."""
         adopted, _ = self._scan_frames(last[2] + last[3], last[0] + last[1], last[6],
-                                       last[7] + 1, hdr_end, marks)
+                                       last[7] + 1, last[9] + last[10])
         if adopted:
             os.ftruncate(self.meta_fd, kept * ENTRY_SIZE)
             os.pwrite(self.meta_fd, b"".join(_with_crc(ENTRY_BODY.pack(*e)) for e in adopted),
                       kept * ENTRY_SIZE)
             self.sizes[1] = (kept + len(adopted)) * ENTRY_SIZE
-            log.info("%s: adopted %d records written after the last metadata entry (%d "
-                     "with their headers)", self.paths[0], sum(e[1] for e in adopted),
-                     sum(e[1] for e in adopted if e[10]))
+            log.info("%s: adopted %d records written after the last metadata entry",
+                     self.paths[0], sum(e[1] for e in adopted))
         return adopted
 
     def _rebuild_from_frames(self) -> bool:
@@ -800,37 +735,16 @@ class Segment:
         self._rebuild_indexes()
         return cut
 
-    def _scan_frames(self, pos: int, off: int, epoch: int, commit_id: int, hdr_end: int = 0,
-                     marks: list[tuple] | tuple = ()) -> tuple[list[tuple], bool]:
+    def _scan_frames(self, pos: int, off: int, epoch: int, commit_id: int, hdr_end: int = 0
+                     ) -> tuple[list[tuple], bool]:
         """Entries for the valid frames from file position `pos` (offset `off`) on, one per
         run of up to 1 MiB; and whether an invalid or incomplete frame stopped the scan.
         Recovery only: a check per frame (length, type, id). `hdr_end`: where the headers
-        file ends (entries without headers point there, as write_single's do). `marks`:
-        headers records (parse_hdr_records) of commits among these frames, in order: each
-        one's frames are one entry with its headers, and a run stops before them; a
-        record whose frames are not all there (or a record out of order) stops the scan."""
+        file ends (entries without headers point there, as write_single's do)."""
         parsed = []
         size = self.sizes[0]
         cut = False
-        mi = 0
         while pos < size:
-            m = marks[mi] if mi < len(marks) else None
-            if m is not None and m[0] <= off:
-                mbase, mcount, mlen, hpos, hlen, hcrc = m
-                ok = mbase == off and mcount > 0 and pos + mlen <= size
-                data = os.pread(self.log_fd, mlen, pos) if ok else b""
-                if not ok or not self._frames_ok(data, off, mcount):
-                    cut = True
-                    break
-                P = scan_positions(data)
-                parsed.append(self._run_entry(data, P, mcount, pos, off, epoch, commit_id,
-                                              hpos, hlen, hcrc))
-                hdr_end = hpos + hlen
-                mi += 1
-                commit_id += 1
-                pos += mlen
-                off += mcount
-                continue
             data = os.pread(self.log_fd, min(READ_CHUNK, size - pos), pos)
             P = scan_positions(data)
             if len(P) == 1 and len(data) >= 4:
@@ -840,9 +754,8 @@ class Segment:
                     P = scan_positions(data)
             # keep the longest prefix of frames with the right type and id (recovery only)
             want = expected_ids(self.partition, off, len(P) - 1, self.imported)
-            stop = len(P) - 1 if m is None else min(len(P) - 1, m[0] - off)
             k = 0
-            while k < stop:
+            while k < len(P) - 1:
                 p = P[k]
                 if (data[p + 4 : p + 8] != b"\0\0\0\2" or P[k + 1] - p < 34
                         or data[p + 18 : p + 34] != want[16 * k : 16 * k + 16]):
@@ -852,22 +765,15 @@ class Segment:
                 cut = True
                 break
             chunk = data[: P[k]]
-            parsed.append(self._run_entry(chunk, P, k, pos, off, epoch, commit_id, hdr_end, 0,
-                                          0))
+            ts = [struct.unpack_from(">q", chunk, p + 8)[0] for p in P[:k]]
+            lens = {P[i + 1] - P[i] for i in range(k)}
+            flen = lens.pop() if len(lens) == 1 else 0
+            parsed.append((off, k, pos, len(chunk), ts[0], max(ts), epoch, commit_id,
+                           crc32(chunk), hdr_end, 0, 0, flen, NO_SIZES, 0))
             commit_id += 1
             pos += len(chunk)
             off += k
         return parsed, cut
-
-    @staticmethod
-    def _run_entry(chunk: bytes, P, k: int, pos: int, off: int, epoch: int, commit_id: int,
-                   hpos: int, hlen: int, hcrc: int) -> tuple:
-        """The entry of the first `k` frames of `chunk` (frame positions `P`), recovery's."""
-        ts = [struct.unpack_from(">q", chunk, p + 8)[0] for p in P[:k]]
-        lens = {P[i + 1] - P[i] for i in range(k)}
-        flen = lens.pop() if len(lens) == 1 else 0
-        return (off, k, pos, P[k], ts[0], max(ts), epoch, commit_id, crc32(chunk),
-                hpos, hlen, hcrc, flen, NO_SIZES, 0)
 
     def _load_indexes(self) -> None:
         ok = self._read_index() and self._read_tindex()
