@@ -216,7 +216,8 @@ def _recovered_key_topics(nsqd: NodeAPI) -> OrderedDict[str, str]:
     """Which topic each HTTP key of the window was used on, newest last: read once, at the
     node's first keyed request, from the index of every partition that has one (opening
     it takes in the log's unindexed tail, as a publish would), so a key reused on another
-    topic is a 422 after a restart or a kill -9 too. Off the publish path after that."""
+    topic is a 422 after a restart or a kill -9 too. Off the publish path after that; at
+    most KEY_TOPICS_MAX keys read per partition (the map keeps no more)."""
     since = time.time() - float(nsqd.opts.idempotency_window)
     found: list[tuple[float, str, str]] = []
     for name, topic in list(nsqd.topics.items()):
@@ -224,7 +225,8 @@ def _recovered_key_topics(nsqd: NodeAPI) -> OrderedDict[str, str]:
             if part.ephemeral or not publish_keys_path(part.dir, part.partition).exists():
                 continue  # no keyed publish ever (an ephemeral topic's keys die with it)
             try:
-                keys = deduper_for(part).keys.keys_since(HTTP_KEY_PREFIX, since)
+                keys = deduper_for(part).keys.keys_since(HTTP_KEY_PREFIX, since,
+                                                         KEY_TOPICS_MAX)
             except Exception as exc:  # the partition's own check still holds
                 log.error("TOPIC(%s) PARTITION(%d): reading its idempotency keys failed: %s",
                           name, part.partition, exc)
