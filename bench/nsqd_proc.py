@@ -1,5 +1,6 @@
-"""What the benchmarks that start their own nsqd share: free ports, a process's CPU time,
-an nsqd started from this tree's ``src`` and stopped. Imported by the scripts beside it
+"""What the benchmarks that start their own nsqd share: free ports, a process's CPU time
+(and its children's pids), an nsqd started from this tree's ``src`` (or with ``--workers``,
+once every worker is ready) and stopped. Imported by the scripts beside it
 (``python bench/<script>.py`` puts ``bench/`` on ``sys.path``)."""
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def tree(pid: int) -> list[int]:
+    """``pid`` and its direct children (an ``nsqd --workers`` supervisor and its workers)."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        kids = []
+    return [pid, *map(int, kids)]
+
+
 def start_nsqd(data: Path, *flags: str, log: Path | None = None,
                ready: Callable[[], bool] = lambda: True,
                ) -> tuple[subprocess.Popen[bytes], str, str]:
@@ -56,6 +66,17 @@ def start_nsqd(data: Path, *flags: str, log: Path | None = None,
     proc.kill()
     tail = log.read_text()[-3000:] if log is not None else ""
     raise RuntimeError(f"nsqd {' '.join(flags)} did not start\n{tail}")
+
+
+def start_workers(data: Path, workers: int, *flags: str,
+                  ) -> tuple[subprocess.Popen[bytes], str, str]:
+    """``start_nsqd`` with ``--workers=N``, ready once every worker logged ``ready`` (the
+    log is ``nsqd-<N>.log`` beside ``data``)."""
+    logpath = data.parent / f"nsqd-{workers}.log"
+
+    def ready() -> bool:
+        return logpath.exists() and logpath.read_bytes().count(b"INFO: ready: ") >= workers
+    return start_nsqd(data, f"--workers={workers}", *flags, log=logpath, ready=ready)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

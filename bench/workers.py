@@ -25,36 +25,17 @@ import multiprocessing as mp
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-import nsqd_proc  # the scripts' shared process helpers, beside this one
-from nsqd_proc import SRC, cpu_seconds, stop
+from nsqd_proc import SRC, cpu_seconds, start_workers, stop, tree
 
 sys.path.insert(0, SRC)
 
 from nsqx.client import Producer  # noqa: E402
-
-
-def tree(pid: int) -> list[int]:
-    try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        kids = []
-    return [pid, *map(int, kids)]
-
-
-def start_nsqd(data: Path, workers: int) -> tuple[subprocess.Popen, str, str]:
-    """Ready once every worker logged ``ready`` and ``/ping`` answers."""
-    logpath = data.parent / f"nsqd-{workers}.log"
-
-    def ready() -> bool:
-        return logpath.exists() and logpath.read_bytes().count(b"INFO: ready: ") >= workers
-    return nsqd_proc.start_nsqd(data, f"--workers={workers}", log=logpath, ready=ready)
 
 
 async def publish(addr: str, topics: list[str], messages: int, size: int, batch: int,
@@ -80,7 +61,7 @@ def one_run(tmp: Path, workers: int, args: argparse.Namespace) -> dict[str, floa
     data = tmp / f"data-{workers}"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
-    proc, tcp, http = start_nsqd(data, workers)
+    proc, tcp, http = start_workers(data, workers)
     try:
         topics = [f"bench-{k}" for k in range(args.publishers)]
         for t in topics:  # created before measuring (and their owner's log opened)

@@ -37,11 +37,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -49,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.support.ports import free_block
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNABLE_MARK = "<!-- runnable -->"
@@ -120,27 +120,9 @@ def pages() -> dict[str, list[Block]]:
     return found
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_family(offsets: set[int]) -> int:
-    """A base port b with b + every offset free on 127.0.0.1."""
-    for _ in range(200):
-        base = random.randrange(20000, 50000)
-        if all(_free(base + off) for off in offsets):
-            return base
-    raise RuntimeError("no free port family found")
-
-
 def port_map() -> dict[str, str]:
-    nsq = _free_family(set(NSQ_PORTS.values()) | UNWRITTEN_OFFSETS)
-    etcd = _free_family(set(ETCD_PORTS.values()))
+    nsq = free_block(sorted(set(NSQ_PORTS.values()) | UNWRITTEN_OFFSETS))
+    etcd = free_block(sorted(set(ETCD_PORTS.values())))
     out = {str(p): str(nsq + off) for p, off in NSQ_PORTS.items()}
     out.update({str(p): str(etcd + off) for p, off in ETCD_PORTS.items()})
     return out

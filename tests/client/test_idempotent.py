@@ -4,14 +4,17 @@ loses a publish; headers, tags and traced publishes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
-from nsqx.client import Producer
+from nsqx.client import NSQError, Producer
 from tests.client.helpers import run, start_fixed
+from tests.support import http_api
 from tests.support.faultproxy import FaultProxy
 from tests.support.log_checker import lost_and_duplicated, stored
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess
+from tests.support.rawclient import consumer
 
 
 def _publish_through_cuts(nsqd: NsqdProcess, topic: str, *, idempotent: bool) -> list[bytes]:
@@ -130,3 +133,50 @@ def test_a_lasting_gap_starts_a_new_epoch(nsqd: NsqdProcess) -> None:
             await p.publish("gap", b"c")
     run(main(), timeout=60)
     assert [b for b, _ in stored(nsqd.http_address, "gap")] == [b"a", b"b", b"c"]
+
+
+
+def test_a_deferred_publish_whose_answer_was_cut_is_stored_once(nsqd: NsqdProcess) -> None:
+    """dpublish of an idempotent producer rides the same path as publish (PUB_EXT with the
+    producer's mark and ``##nsqx_defer``): a retry after a lost answer adds nothing, and
+    the message is still deferred."""
+    with consumer(nsqd.tcp_address, "later", "ch", rdy=0):
+        pass  # the channel exists: it counts what is deferred
+    proxy = FaultProxy(int(nsqd.tcp_address.rsplit(":", 1)[1])).start()
+
+    async def main() -> None:
+        async with Producer(proxy.address, wait_timeout=15, publish_timeout=60) as p:
+            await p.dpublish("later", 3600, b"d-0")
+            proxy.cut_after(0)  # written, stored, its OK lost: sent again
+            await p.dpublish("later", 3600, b"d-1")
+            await p.publish("later", b"now")
+            assert p.idempotent_retries >= 1
+    try:
+        run(main(), timeout=120)
+    finally:
+        proxy.stop()
+    assert proxy.cuts == 1
+    got = [b for b, _ in stored(nsqd.http_address, "later")]
+    assert got == [b"d-0", b"d-1", b"now"]
+    t = http_api.stats(nsqd.http_address, "later")["topics"][0]
+    ch = next(c for c in t["channels"] if c["channel_name"] == "ch")
+    assert (ch["deferred_count"], ch["depth"]) == (2, 1), ch
+
+
+def test_a_refused_batch_moves_its_stream_to_a_new_epoch(
+        nsqd: NsqdProcess, caplog: pytest.LogCaptureFixture) -> None:
+    """A refusal stores nothing: the stream's next batch starts a new epoch at once instead
+    of meeting a sequence gap (and waiting for it) first."""
+    caplog.set_level(logging.INFO, logger="nsqx.client")
+
+    async def main() -> None:
+        async with Producer(nsqd.tcp_address, wait_timeout=15) as p:
+            await p.publish("refused", b"a")
+            with pytest.raises(NSQError) as ei:
+                await p.publish("refused", b"x" * (2 << 20))  # > --max-msg-size
+            assert ei.value.code == "E_BAD_MESSAGE"
+            await p.publish("refused", b"b")
+    run(main(), timeout=60)
+    gaps = [r.getMessage() for r in caplog.records if "OUT_OF_ORDER" in r.getMessage()]
+    assert gaps == []  # b went as sequence 0 of a new epoch, not after the refused one
+    assert [b for b, _ in stored(nsqd.http_address, "refused")] == [b"a", b"b"]

@@ -13,6 +13,7 @@ from nsqx.protocol import v2
 from tests.client.helpers import run, start_fixed, wait_for
 from tests.support import http_api
 from tests.support.faultproxy import FaultProxy
+from tests.support.log_checker import lost_and_duplicated, stored
 from tests.support.nsqd_process import NsqdFactory, NsqdProcess
 from tests.support.rawclient import RawClient
 
@@ -134,3 +135,41 @@ def test_keyed_publishes_survive_a_restart_right_after_a_split(
     assert {(k, s) for k, ss in seen.items() for s in ss} == acked
     r = http_api.get(nsqd.http_address, "/topic/route", topic="rk")
     assert r.status == 200 and r.json()["versions"][-1]["version"] == 1
+
+
+def test_routed_keyed_publishes_are_idempotent(nsqd: NsqdProcess) -> None:
+    """A route-managed topic's keyed publish (routed by the producer's route source) whose
+    answer is cut off is sent again with its mark and stored once; one refused by a split's
+    sealed partition is routed again and stored once too."""
+    a = nsqd.http_address
+    assert http_api.post(a, "/topic/create", topic="rid", partition_num=2,
+                         logical=64).status == 200
+    proxy = FaultProxy(int(nsqd.tcp_address.rsplit(":", 1)[1])).start()
+    sent: list[bytes] = []
+
+    async def main() -> None:
+        async with Producer(proxy.address, nsqd_http_addresses=a, wait_timeout=15,
+                            publish_timeout=60) as p:
+            for i in range(12):
+                if i in (2, 5):
+                    proxy.cut_after(0)  # written, stored, its OK lost: sent again
+                if i == 8:  # partition 0 is sealed: refused, routed again by version 1
+                    r = await asyncio.to_thread(http_api.post, a, "/topic/split", topic="rid",
+                                                partition=0, at=16)
+                    assert r.status == 200, r.body
+                body = b"r-%d" % i
+                if i == 4:
+                    await p.mpublish("rid", [body, body + b"b"], key="k4")
+                    sent.append(body + b"b")
+                else:
+                    await p.publish("rid", body, key=f"k{i}")
+                sent.append(body)
+            assert p.idempotent_retries >= 2
+    try:
+        run(main(), timeout=120)
+    finally:
+        proxy.stop()
+    assert proxy.cuts == 2
+    route = http_api.get(a, "/topic/route", topic="rid").json()["versions"][-1]
+    got = [b for part in range(4) for b, _ in stored(a, "rid", part)]  # 0 split: 2, 3
+    assert lost_and_duplicated(sent, got) == ([], []), route

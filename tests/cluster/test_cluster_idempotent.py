@@ -1,6 +1,6 @@
 """Publishing once through a cluster leader's kill -9: idempotent ClusterProducers and
 curl-style HTTP retries with an Idempotency-Key (also through followers, which forward the
-key), checked record by record: 0 lost, 0 duplicated."""
+key), deferred publishes among them, checked record by record: 0 lost, 0 duplicated."""
 
 from __future__ import annotations
 
@@ -51,8 +51,10 @@ def test_kill9_of_a_leader_while_producers_publish_and_retry(
                 nodes = [n for n in cluster.nodes if n.is_running()]
                 node = random.choice(nodes)
                 try:
-                    code, _ = http("POST", f"http://{node.http_address}/pub?topic=once", body,
-                                   timeout=10, headers={"Idempotency-Key": key})
+                    # every 5th deferred: a follower forwards its key and its delay
+                    defer = "&defer=3600000" if i % 5 == 0 else ""
+                    code, _ = http("POST", f"http://{node.http_address}/pub?topic=once{defer}",
+                                   body, timeout=10, headers={"Idempotency-Key": key})
                 except OSError:
                     code = 0
                 tries += 1
@@ -69,7 +71,10 @@ def test_kill9_of_a_leader_while_producers_publish_and_retry(
     async def worker(p: ClusterProducer, w: int) -> None:
         for i in range(tcp_total // workers):
             body = b"w%d-%d" % (w, i)
-            await p.publish("once", body, key=f"k{w}-{i % 7}")
+            if i % 10 == 0:  # deferred ones are idempotent too (PUB_EXT, ##nsqx_defer)
+                await p.dpublish("once", 3600, body, key=f"k{w}-{i % 7}")
+            else:
+                await p.publish("once", body, key=f"k{w}-{i % 7}")
             sent.append(body)
 
     async def main() -> int:
@@ -101,7 +106,8 @@ def test_kill9_of_a_leader_while_producers_publish_and_retry(
         node = cluster.nodes[i % len(cluster.nodes)]
         if not node.is_running():
             continue
-        code, _ = http("POST", f"http://{node.http_address}/pub?topic=once", body,
+        defer = "&defer=3600000" if i % 5 == 0 else ""
+        code, _ = http("POST", f"http://{node.http_address}/pub?topic=once{defer}", body,
                        headers={"Idempotency-Key": f"req-{i}"})
         assert code == 200
     assert len(_committed(cluster, "once", 2)) == len(got)

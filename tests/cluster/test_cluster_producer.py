@@ -5,10 +5,11 @@ kill -9 of a leader answered by looking the leader up again."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
-from nsqx.client import ClusterProducer, key_partition
+from nsqx.client import ClusterProducer, NSQError, key_partition
 from nsqx.client.cluster import layout_from_lookup
 from nsqx.cluster.etcd_server import EtcdServer
 from tests.cluster.test_cluster_processes import fetch_bodies
@@ -82,3 +83,27 @@ def test_publishes_go_to_leaders_and_follow_a_failover(
                 assert mine == expected, (k, mine)  # every acked message, in order
     assert set(after) <= set(fetch_bodies(cluster.node_by_id(
         cluster.partitions("keyed")[0]["leader"]), "keyed", 0))
+
+
+@pytest.mark.slow
+def test_a_refused_batch_moves_its_stream_to_a_new_epoch(
+        etcd_server: EtcdServer, nsqd_factory, lookupd_factory,  # type: ignore[no-untyped-def]
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A refusal stores nothing: the partition's stream goes on in a new epoch at once, and
+    the next batch meets no sequence gap."""
+    cluster = Cluster(etcd_server, nsqd_factory, lookupd_factory).start(nodes=1)
+    cluster.create_topic("refused", partitions=1, replicas=1)
+    caplog.set_level(logging.INFO, logger="nsqx.client")
+
+    async def main() -> None:
+        async with ClusterProducer([cluster.lookupd.http_address], wait_timeout=30) as p:
+            await p.publish("refused", b"a")
+            with pytest.raises(NSQError) as ei:
+                await p.publish("refused", b"x" * (2 << 20))  # > --max-msg-size
+            assert ei.value.code == "E_BAD_MESSAGE"
+            await p.publish("refused", b"b")
+    asyncio.run(main())
+    gaps = [r.getMessage() for r in caplog.records if "OUT_OF_ORDER" in r.getMessage()]
+    assert gaps == []
+    leader = cluster.node_by_id(cluster.partitions("refused")[0]["leader"])
+    assert fetch_bodies(leader, "refused", 0) == [b"a", b"b"]

@@ -9,7 +9,9 @@ replica.
 from __future__ import annotations
 
 import asyncio
+import urllib.error
 import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -18,6 +20,7 @@ from nsqx.cluster.etcd_server import EtcdServer
 from nsqx.protocol import v2
 from tests.cluster.test_cluster_processes import fetch_bodies
 from tests.support.cluster import Cluster, http, wait_until
+from tests.support.log_checker import stored
 
 pytestmark = pytest.mark.slow
 
@@ -109,3 +112,58 @@ def test_topic_fsync_policy_reaches_every_replica(cluster: Cluster) -> None:
                       "&uncommitted=1")
         (p,) = doc["partitions"]
         assert p["synced"] == p["latest"] == 20, (cluster.node_id(n), p)
+
+
+def _post(url: str, body: bytes, key: str) -> tuple[int, str | None, bytes]:
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Idempotency-Key": key})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.headers.get("Idempotent-Replayed"), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Idempotent-Replayed"), e.read()
+
+
+def test_a_follower_answers_keyed_publishes_as_the_leader_does(cluster: Cluster) -> None:
+    """A replay answered through a follower says ``Idempotent-Replayed: true``, as the
+    leader's own answer does; a deferred keyed /pub is forwarded with its key and its
+    delay, and its retry is stored once."""
+    cluster.create_topic("fwdkeys", partitions=1, replicas=2)
+    leader_id = cluster.partitions("fwdkeys")[0]["leader"]
+    leader = cluster.node_by_id(leader_id)
+    others = [n for n in cluster.nodes if cluster.node_id(n) != leader_id]
+    for node in others:  # a replica and a node holding none: both forward
+        base = f"http://{node.http_address}"
+        k = cluster.node_id(node)
+        assert _post(f"{base}/pub?topic=fwdkeys", b"p-" + k.encode(), "p-" + k) == \
+            (200, None, b"OK")
+        assert _post(f"{base}/pub?topic=fwdkeys", b"p-" + k.encode(), "p-" + k) == \
+            (200, "true", b"OK")
+        assert _post(f"{base}/mpub?topic=fwdkeys", b"m1\nm2", "m-" + k) == (200, None, b"OK")
+        assert _post(f"{base}/mpub?topic=fwdkeys", b"m1\nm2", "m-" + k) == (200, "true", b"OK")
+        url = f"{base}/pub?topic=fwdkeys&defer=3600000"
+        assert _post(url, b"d-" + k.encode(), "d-" + k) == (200, None, b"OK")
+        assert _post(url, b"d-" + k.encode(), "d-" + k) == (200, "true", b"OK")
+        ext = f"{base}/pub_ext?topic=fwdkeys&ext=%7B%22%23%23trace_id%22%3A%227%22%7D"
+        first = _post(ext, b"e-" + k.encode(), "e-" + k)
+        assert first[:2] == (200, None) and b'"trace_id":"7"' in first[2], first
+        assert _post(ext, b"e-" + k.encode(), "e-" + k) == (200, "true", first[2])
+        # the Spark sink's keyed /nsqx/pub: its "duplicate" says it through a follower too
+        sink = f"{base}/nsqx/pub?topic=fwdkeys&partition=0&writer=w&batch=1&task={k}"
+        for duplicate in (False, True):
+            code, answer = http("POST", sink, v2.mpub_body([b"s1-" + k.encode(),
+                                                             b"s2-" + k.encode()]))
+            assert code == 200 and answer["duplicate"] is duplicate, (code, answer)
+        # the leader answers the same request the same way
+        assert _post(f"http://{leader.http_address}/pub?topic=fwdkeys", b"p-" + k.encode(),
+                     "p-" + k) == (200, "true", b"OK")
+    expected = sorted(b for k in map(cluster.node_id, others)
+                      for b in (b"p-" + k.encode(), b"m1", b"m2", b"d-" + k.encode(),
+                                b"e-" + k.encode(), b"s1-" + k.encode(), b"s2-" + k.encode()))
+    wait_until(lambda: sorted(fetch_bodies(leader, "fwdkeys", 0)) == expected,
+               what="each keyed publish stored once on the leader")
+    # the deferred ones carry their due time in the leader's log (a cluster's DPUB does),
+    # the others none; nsqx's control headers are taken off, never stored
+    for body, h in stored(leader.http_address, "fwdkeys", 0):
+        assert ("##deliver_at_ms" in h) == body.startswith(b"d-"), (body, h)
+        assert not {"##nsqx_defer", "##nsqx_ask_replayed"} & set(h), (body, h)

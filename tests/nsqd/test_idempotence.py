@@ -74,8 +74,12 @@ def test_http_key_survives_a_restart(tmp_path: Path) -> None:
         async with running_node(tmp_path) as n:
             assert (await _http(n.http_port, "/mpub?topic=r", b"x\ny", "once"))[:2] == (200, None)
         async with running_node(tmp_path) as n:
+            # the key's topic is known again after the restart: reused on another, a 422
+            st, _, body = await _http(n.http_port, "/pub?topic=r2", b"x", "once")
+            assert st == 422 and b"topic r" in body, (st, body)
             assert (await _http(n.http_port, "/mpub?topic=r", b"x\ny", "once"))[:2] == (200, "true")
             assert n.topics["r"].log.next_offset == 2
+            assert "r2" not in n.topics or n.topics["r2"].log.next_offset == 0
     run(main())
 
 
@@ -158,6 +162,12 @@ def test_http_key_survives_kill9_and_a_lost_index(nsqd_factory: NsqdFactory) -> 
     port = int(node.http_address.rsplit(":", 1)[1])
     assert _post(port, "/pub?topic=k9", b"once", "kill-key")[:2] == (200, None)
     assert _post(port, "/mpub?topic=k9", b"a\nb", "kill-key-2")[:2] == (200, None)
+    node.kill()
+    node.start()
+    # the first keyed request after the restart reuses a key on another topic: 422, as
+    # before the kill (the key's topic is read back from the index)
+    st, _, body = _post(port, "/pub?topic=other", b"once", "kill-key")
+    assert st == 422 and b"topic k9" in body, (st, body)
     node.kill()
     for f in node.data_path.rglob("pubkeys-*"):
         f.unlink()
@@ -365,4 +375,43 @@ def test_a_sequence_in_flight_answers_its_repeats_and_a_failed_one_is_taken_agai
         with pytest.raises(IdempotenceError, match="expected sequence 2"):
             d.publish([b"d"], 0, mark(3), done("gap"))
         d.close()
+    run(main())
+
+
+def test_nsqx_controls_on_pub_ext_delay_and_replayed_answers(tmp_path: Path) -> None:
+    """``##nsqx_defer`` defers a PUB_EXT/MPUB_EXT batch (an idempotent producer's dpublish,
+    a follower's forward); ``##nsqx_ask_replayed`` makes a repeat's answer say so. Both are
+    taken off the headers, never stored."""
+    async def main() -> None:
+        async with running_node(tmp_path) as n:
+            c = Connection(f"127.0.0.1:{n.tcp_port}")
+            await c.connect()
+            try:
+                await c.command(v2.sub("ctl", "ch"))
+                ask = {"nsqx-pub": "h/q#1#f", v2.ASK_REPLAYED_KEY: "1"}
+                assert await c.command(v2.pub_ext("ctl", b"a", ask)) == b"OK"
+                assert await c.command(v2.pub_ext("ctl", b"a", ask)) == b"OK REPLAYED"
+                # not asked: the plain answer (what any Youzan client gets)
+                assert await c.command(v2.pub_ext("ctl", b"a", {"nsqx-pub": "h/q#1#f"})) == b"OK"
+                traced = {**ask, "nsqx-pub": "h/t#1#f", "##trace_id": "5"}
+                first = await c.command(v2.pub_ext("ctl", b"t", traced))
+                assert await c.command(v2.pub_ext("ctl", b"t", traced)) == first + b" REPLAYED"
+                seq = {**_mark("dp", 0, 0), v2.DEFER_KEY: "3600000"}
+                assert await c.command(v2.pub_ext("ctl", b"d", seq)) == b"OK"
+                assert await c.command(v2.pub_ext("ctl", b"d", seq)) == b"OK"
+                assert await c.command(v2.mpub_ext("ctl", [({v2.DEFER_KEY: "3600000"}, b"m1"),
+                                                           (None, b"m2")])) == b"OK"
+                try:
+                    await c.command(v2.pub_ext("ctl", b"x", {v2.DEFER_KEY: "9" * 12}))
+                    raise AssertionError("a delay over --max-delay was accepted")
+                except NSQError as e:
+                    assert e.code == "E_INVALID" and "out of range" in str(e)
+                assert c.is_open  # non-fatal
+                part = n.topics["ctl"]
+                assert part.log.next_offset == 5  # a, t, d, m1, m2
+                assert part.channels["ch"].deferred_count == 3  # d, m1, m2
+                for h in part.log.headers_range(0, 5).values():
+                    assert not {v2.DEFER_KEY, v2.ASK_REPLAYED_KEY} & set(h), h
+            finally:
+                c.close()
     run(main())

@@ -88,3 +88,27 @@ def test_mark_parsers_refuse_malformed_values() -> None:
     assert parse_producer(b"id:1:2") == ("id", 1, 2)
     for bad in (b"", b"id:1", b"id:-1:2", b":1:2", b"id:1:2:3", b"id:x:2", b"\xff:1:2"):
         assert parse_producer(bad) is None
+
+
+def test_keys_since_gives_the_newest_keys_of_a_prefix(tmp_path: Path) -> None:
+    """What a node's start reads to know each HTTP key's topic: the newest ``limit`` keys
+    with the prefix, none older than ``since``; a key written again counts as new."""
+    lg = _log(tmp_path)
+    keys = PublishKeys(tmp_path / "keys.sqlite", lg)
+    now = time.time()
+    keys.put("h/old", 0, 1, "f", now - 100)
+    for i in range(5):
+        keys.put(f"h/k{i}", i + 1, 1, "f", now)
+    keys.put("spark:1:2", 9, 1, "", now)  # another kind of key
+    keys.put("h/k0", 10, 1, "f", now)  # written again: the newest
+    got = keys.keys_since("h/", now - 10, 3)
+    assert sorted(k for k, _ in got) == ["h/k0", "h/k3", "h/k4"]
+    assert sorted(k for k, _ in keys.keys_since("h/", now - 10, 100)) == [
+        f"h/k{i}" for i in range(5)]
+    assert len(keys.keys_since("h/", now - 1000, 100)) == 6
+    keys.close()
+    mem = PublishKeys(None, lg)  # an ephemeral topic's index
+    for i in range(4):
+        mem.put(f"h/m{i}", i, 1, "f", now)
+    assert [k for k, _ in mem.keys_since("h/", now - 10, 2)] == ["h/m2", "h/m3"]
+    lg.close()

@@ -195,15 +195,29 @@ class ClusterProducer:
             topic, bodies, part, hdrs, mark, True), idempotent=self.idempotent)
         return part
 
-    async def dpublish(self, topic: str, delay: float, body: bytes) -> int:
-        """DPUB to a leader of the topic (DPUB names no partition: that leader picks one of
-        the partitions it leads); returns the partition whose leader took it. At least once:
-        DPUB has no form that carries a sequence."""
+    async def dpublish(self, topic: str, delay: float, body: bytes, *,
+                       partition: int | None = None, key: bytes | str | None = None) -> int:
+        """Deliver after ``delay`` seconds; returns the partition used.
+
+        Idempotent (the default): ``PUB_EXT`` to a partition's leader (``partition``,
+        ``key`` or the next live one, as :meth:`publish`) with the producer's mark and the
+        delay as the ``##nsqx_defer`` header, retried through failovers and stored once.
+        ``idempotent=False``: plain ``DPUB`` to a leader of the topic (it names no
+        partition: that leader picks one of those it leads), at least once."""
         _check_topic(topic)
         if delay < 0:
             raise ValueError("delay must be >= 0")
+        ms = round(delay * 1000)
+        if self.idempotent:
+            hdrs = {v2.DEFER_KEY: b"%d" % ms}
+            part, _ = await self._send(topic, partition, key, lambda part, mark: mark_command(
+                topic, [body], part, hdrs, mark, False), idempotent=True)
+            return part
+        if partition is not None or key is not None:
+            raise ValueError("a partition or a key needs an idempotent producer (DPUB "
+                             "names no partition)")
         part, _ = await self._send(topic, None, None, lambda _part, _mark: v2.dpub(
-            topic, round(delay * 1000), body), idempotent=False)
+            topic, ms, body), idempotent=False)
         return part
 
     async def _send(self, topic: str, partition: int | None, key: bytes | str | None,
@@ -239,7 +253,7 @@ class ClusterProducer:
                 except NSQError as e:
                     if e.code not in RETRY_CODES and (
                             mark is None or e.code not in IDEMPOTENT_RETRY_CODES):
-                        if mark is not None and e.code == "E_PRODUCER_FENCED":
+                        if mark is not None:  # refused, so not stored: a new epoch next
                             self._seqs.give_up((topic, part), mark)
                         raise
                     error = e

@@ -57,7 +57,7 @@ def ext_headers(headers: Mapping[str, bytes | str] | None, tag: str | None,
     value fails before it is sent)."""
     out: dict[str, bytes | str] = dict(headers) if headers else {}
     for k in out:
-        if not isinstance(k, str) or not k or k == PRODUCER_HEADER:
+        if not isinstance(k, str) or not k or k in _RESERVED:
             raise ValueError(f"invalid header name {k!r}")
     if tag is not None:
         if not v2.valid_tag(tag):
@@ -72,17 +72,23 @@ def ext_headers(headers: Mapping[str, bytes | str] | None, tag: str | None,
 
 def mark_command(topic: str, bodies: list[bytes], partition: int | None,
                  headers: Mapping[str, bytes | str] | None, mark: bytes | None,
-                 multi: bool) -> bytes:
+                 multi: bool, route_version: int | None = None) -> bytes:
     """PUB_EXT / MPUB_EXT with the headers on every message and the mark on the first;
-    plain PUB / MPUB when there is neither."""
+    plain PUB / MPUB when there is neither. ``route_version``: a route-managed topic's
+    (after the partition, as v2.pub's)."""
     if mark is None and not headers:
-        return (v2.mpub(topic, bodies, partition) if multi
-                else v2.pub(topic, bodies[0], partition))
+        return (v2.mpub(topic, bodies, partition, route_version) if multi
+                else v2.pub(topic, bodies[0], partition, route_version))
     first: Mapping[str, bytes | str] | bytes
     if headers:
         first = {**headers, PRODUCER_HEADER: mark} if mark is not None else headers
     else:
         first = b'{"%s":"%s"}' % (PRODUCER_HEADER.encode(), mark)
+    if route_version is not None:  # a routed publish: the general builders
+        if not multi:
+            return v2.pub_ext(topic, bodies[0], first, partition, route_version)
+        return v2.mpub_ext(topic, [(first, bodies[0]), *((headers, b) for b in bodies[1:])],
+                           partition, route_version)
     if not multi:
         if not headers and partition is None:  # the idempotent one-at-a-time PUB
             body = bodies[0]
@@ -98,6 +104,8 @@ def mark_command(topic: str, bodies: list[bytes], partition: int | None,
 
 
 _SIZE_NOHDR = struct.Struct(">IH")
+# headers a caller may not set: the client sets them (nsqd takes the last two off)
+_RESERVED = frozenset({PRODUCER_HEADER, v2.DEFER_KEY, v2.ASK_REPLAYED_KEY})
 
 
 def _mpub_ext_marked(topic: str, bodies: list[bytes], partition: int | None,

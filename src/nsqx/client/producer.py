@@ -269,15 +269,17 @@ class Producer:
         (route-managed topics); refused with ``E_BAD_PARTITION route version N`` (the
         partition was sealed by a split, merge or move), it waits for version N, routes again
         and retries once. Per-key order holds for a key's publishes made one after another
-        (each awaited before the next), as always with NSQ. These routed publishes are
-        at-least-once and take no headers.
+        (each awaited before the next), as always with NSQ. These routed publishes take
+        no headers; idempotent (the default), each carries its mark, is sent again with it
+        to the partition's leader of the moment until ``publish_timeout`` and is stored
+        once (a split's refusal is not stored: it is routed again with a new mark).
         """
         _check_topic(topic)
         hdrs = ext_headers(headers, tag, trace_id)
         if key is not None and partitions is None and partition is None and self._routes:
             if hdrs:
                 raise ValueError("a route-managed keyed publish takes no headers")
-            await self._routed(topic, key, lambda p, v: v2.pub(topic, _bytes(body), p, v))
+            await self._routed(topic, key, [_bytes(body)], multi=False)
             return None
         answer = await self._publish(topic, [_bytes(body)], _pick(partition, key, partitions),
                                      hdrs, multi=False)
@@ -289,7 +291,17 @@ class Producer:
             return await self._send_once(topic, bodies, partition, headers, multi)
         return await self._send(mark_command(topic, bodies, partition, headers, None, multi))
 
-    async def _routed(self, topic: str, key: bytes | str, build: Any) -> None:
+    async def _routed(self, topic: str, key: bytes | str, bodies: list[bytes], *,
+                      multi: bool) -> None:
+        """A route-managed topic's keyed publish: to the partition the newest route gives
+        the key, retried by route version N when refused by a sealed partition."""
+        if self.idempotent:
+            await self._routed_once(topic, key, bodies, multi)
+            return
+
+        def build(p: int, v: int) -> bytes:
+            return (v2.mpub(topic, bodies, p, v) if multi
+                    else v2.pub(topic, bodies[0], p, v))
         assert self._routes is not None
         h = await self._routes.get(topic)
         if h is None:
@@ -326,6 +338,75 @@ class Producer:
         p = h.route(key).partition
         await self._send(build(p, h.newest.version), self._leader(topic, p))
 
+    async def _routed_once(self, topic: str, key: bytes | str, bodies: list[bytes],
+                           multi: bool) -> None:
+        """:meth:`_routed`, idempotent: one mark per partition tried. Without a known
+        leader (a standalone nsqd) :meth:`_send_once` sends it; with one (a cluster) the
+        same mark goes to whichever node leads the partition, looked up again after each
+        failure, until ``publish_timeout``. ``E_BAD_PARTITION route version N`` (a sealed
+        partition: refused, so not stored) routes the key again by version N."""
+        assert self._routes is not None
+        h = await self._routes.get(topic)
+        if h is None:
+            raise ValueError(f"topic {topic} is not route-managed: a key needs partitions=")
+        for attempt in range(MAX_ROUTE_RETRIES + 1):
+            p, version = h.route(key).partition, h.newest.version
+            try:
+                if self._leader(topic, p) is None:
+                    await self._send_once(topic, bodies, p, None, multi,
+                                          route_version=version)
+                else:
+                    await self._to_leaders_once(topic, p, version, bodies, multi)
+                return
+            except NSQError as e:
+                need = refused_version(e.text) if e.code == "E_BAD_PARTITION" else None
+                if need is None or attempt == MAX_ROUTE_RETRIES:
+                    raise
+                self.route_retries += 1
+                h = await self._routes.get(topic, max(need, h.newest.version + 1))
+                assert h is not None
+
+    async def _to_leaders_once(self, topic: str, partition: int, version: int,
+                               bodies: list[bytes], multi: bool) -> None:
+        """One marked batch to the partition's leader, sent again with the same mark (to
+        the leader of the moment: the partition's state is replicated, a new leader
+        continues it) until ``publish_timeout``. One stream per (topic, partition)."""
+        assert self._routes is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.publish_timeout
+        stream = ("routed", topic, partition)
+        mark: bytes | None = None
+
+        def command() -> bytes:
+            nonlocal mark
+            if mark is None:  # taken when first written: in order on the connection
+                mark = self._seqs.next(stream)
+            return mark_command(topic, bodies, partition, None, mark, multi, version)
+        while True:
+            error: Exception
+            try:
+                await self._send(command, self._leader(topic, partition))
+                return
+            except (ConnectionClosedError, NoConnectionsError) as e:
+                error = e
+            except NSQError as e:
+                if e.code not in RETRY_CODES:
+                    if mark is not None:  # refused (a sealed partition...): not stored
+                        self._seqs.give_up(stream, mark)
+                    raise
+                error = e
+            if self._closed or loop.time() >= deadline:
+                if mark is not None:  # outcome unknown: the stream goes on in a new epoch
+                    self._seqs.give_up(stream, mark)
+                raise error
+            self.leader_retries += 1
+            self.idempotent_retries += 1
+            log.info("TOPIC(%s) PARTITION(%d): idempotent publish failed (%s); sending it "
+                     "again to the partition's leader", topic, partition, error)
+            await asyncio.sleep(0.25)
+            self._routes.invalidate(topic)  # where is the partition led now?
+            await self._routes.get(topic)
+
     def _leader(self, topic: str, partition: int) -> str | None:
         """Where a routed publish goes: the partition's leader when the route source knows
         it (nsqlookupd in cluster mode), else any connection."""
@@ -346,17 +427,27 @@ class Producer:
         if key is not None and partitions is None and partition is None and self._routes:
             if hdrs:
                 raise ValueError("a route-managed keyed publish takes no headers")
-            await self._routed(topic, key, lambda p, v: v2.mpub(topic, bodies, p, v))
+            await self._routed(topic, key, bodies, multi=True)
             return
         await self._publish(topic, bodies, _pick(partition, key, partitions), hdrs, multi=True)
 
     async def dpublish(self, topic: str, delay: float, body: bytes) -> None:
-        """DPUB: deliver after ``delay`` seconds (nsqd rejects delays over its max).
-        At least once: DPUB has no form that carries a producer's sequence."""
+        """Deliver after ``delay`` seconds (nsqd rejects delays over its ``--max-delay``).
+
+        Idempotent (the default): ``PUB_EXT`` with the producer's mark and the delay as
+        the ``##nsqx_defer`` header (DPUB carries no mark), retried as :meth:`publish` is
+        and stored once; it lands in the partition the producer's id sticks to (nsqx nsqd
+        only: stock nsqd does not know the header). ``idempotent=False``: plain ``DPUB``,
+        at least once."""
         _check_topic(topic)
         if delay < 0:
             raise ValueError("delay must be >= 0")
-        await self._send(v2.dpub(topic, round(delay * 1000), _bytes(body)))
+        ms = round(delay * 1000)
+        if self.idempotent:
+            await self._send_once(topic, [_bytes(body)], None, {v2.DEFER_KEY: b"%d" % ms},
+                                  False)
+            return
+        await self._send(v2.dpub(topic, ms, _bytes(body)))
 
     async def send_command(self, data: bytes) -> bytes:
         """Send one ready-made publish command (built with :mod:`nsqx.protocol.v2`) and return
@@ -402,10 +493,13 @@ class Producer:
             self._inflight.discard(fut)
 
     async def _send_once(self, topic: str, bodies: list[bytes], partition: int | None,
-                         headers: Headers, multi: bool, address: str | None = None) -> bytes:
+                         headers: Headers, multi: bool, address: str | None = None, *,
+                         route_version: int | None = None) -> bytes:
         """An idempotent publish: the sequence is taken on the connection it is first
         written to (so sequences go out in order), and a failure before the answer sends
-        the same bytes again to the same nsqd until ``publish_timeout``."""
+        the same bytes again to the same nsqd until ``publish_timeout``. A refusal other
+        than those sent again (not stored) moves the stream to a new epoch, so its next
+        batch is no gap."""
         if self._closing:
             raise ClosedError("producer closed")
         self._start()
@@ -442,7 +536,8 @@ class Producer:
                         address = conn.address
                         stream = (address, topic, partition)
                         mark = self._seqs.next(stream)
-                        data = mark_command(topic, bodies, partition, headers, mark, multi)
+                        data = mark_command(topic, bodies, partition, headers, mark, multi,
+                                            route_version)
                     try:
                         fut = conn.command(data)
                     except ConnectionClosedError:
@@ -453,8 +548,7 @@ class Producer:
                         error = e
                     except NSQError as e:
                         if e.code not in RETRY_CODES:
-                            if e.code == "E_PRODUCER_FENCED":
-                                self._seqs.give_up(stream, mark)
+                            self._seqs.give_up(stream, mark)  # refused: not stored
                             raise
                         error = e
                         if e.code == "E_OUT_OF_ORDER_SEQUENCE":
@@ -465,7 +559,7 @@ class Producer:
                                 self._seqs.give_up(stream, mark)
                                 mark = self._seqs.next(stream)
                                 data = mark_command(topic, bodies, partition, headers, mark,
-                                                    multi)
+                                                    multi, route_version)
                                 gap_since = None
                 if self._closed or loop.time() >= deadline:
                     self._seqs.give_up(stream, mark)  # outcome unknown: a new epoch next

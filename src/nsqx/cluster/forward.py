@@ -3,6 +3,6 @@ built in ``nsqx.protocol.forward`` (nsqd's workers forward publishes with it too
 
 from __future__ import annotations
 
-from nsqx.protocol.forward import forward_command, traced_offset
+from nsqx.protocol.forward import forward_command, split_replayed, traced_offset
 
-__all__ = ["forward_command", "traced_offset"]
+__all__ = ["forward_command", "split_replayed", "traced_offset"]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from nsqx.client import NSQError, Producer
-from nsqx.cluster.forward import traced_offset
+from nsqx.cluster.forward import split_replayed, traced_offset
 from nsqx.cluster.model import NodeInfo, PartitionMeta
 from nsqx.nsqd.idempotence import IdempotenceError, deduper_for, has_mark
 from nsqx.nsqd.topic import PublishRefused
@@ -66,9 +66,9 @@ class Forwarder:
 
     def start(self, topic: Any, bodies: list[bytes], defer_ms: int,
               headers: list[dict[str, bytes] | None] | None, command: bytes,
-              done: Callable) -> None:
+              done: Callable, on_replayed: Callable[[], None] | None = None) -> None:
         task = asyncio.get_running_loop().create_task(
-            self._forward(topic, bodies, defer_ms, headers, command, done))
+            self._forward(topic, bodies, defer_ms, headers, command, done, on_replayed))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -89,7 +89,7 @@ class Forwarder:
 
     async def _forward(self, topic: Any, bodies: list[bytes], defer_ms: int,
                        headers: list[dict[str, bytes] | None] | None, command: bytes,
-                       done: Callable) -> None:
+                       done: Callable, on_replayed: Callable[[], None] | None) -> None:
         loop = asyncio.get_running_loop()
         key = (topic.name, topic.partition)
         deadline = loop.time() + self.timeout
@@ -106,7 +106,8 @@ class Forwarder:
                     refusal = self._local_refusal(topic, len(bodies))
                     if refusal is None:  # this node leads now: append here
                         self.local_appends += 1
-                        self._append_here(topic, bodies, defer_ms, headers, done)
+                        self._append_here(topic, bodies, defer_ms, headers, done,
+                                          on_replayed)
                         return
                     reason = f"this node leads but refuses: {refusal}"
                 elif node is None:
@@ -128,6 +129,9 @@ class Forwarder:
                         self._fail(topic, len(bodies), node.tcp_address, reason_of(e), done)
                         return
                     else:
+                        answer, replayed = split_replayed(answer)
+                        if replayed and on_replayed is not None:
+                            on_replayed()  # (the leader says so only when asked)
                         done(traced_offset(answer), None)
                         return
                 remaining = deadline - loop.time()
@@ -144,13 +148,20 @@ class Forwarder:
 
     @staticmethod
     def _append_here(topic: Any, bodies: list[bytes], defer_ms: int,
-                     headers: list[dict[str, bytes] | None] | None, done: Callable) -> None:
+                     headers: list[dict[str, bytes] | None] | None, done: Callable,
+                     on_replayed: Callable[[], None] | None = None) -> None:
         """Append a publish this node was forwarding, now that it leads. A marked one
         (idempotent) passes the check a leader makes: an earlier attempt may have reached
-        the old leader and been replicated here before it died."""
+        the old leader and been replicated here before it died (a repeat: ``on_replayed``
+        before ``done``)."""
         if headers is not None and has_mark(headers):
+            repeat = None
+            if on_replayed is not None:
+                def repeat(base: int, exc: Exception | None) -> None:
+                    on_replayed()
+                    done(base, exc)
             try:
-                deduper_for(topic).publish(bodies, defer_ms, headers, done)
+                deduper_for(topic).publish(bodies, defer_ms, headers, done, repeat=repeat)
             except IdempotenceError as exc:
                 done(-1, NSQError(exc.code, exc.text))
             return

@@ -28,7 +28,7 @@ class PublishForwarder(Protocol):
 
     def forward(self, topic: Any, bodies: list[bytes], defer_ms: int,
                 headers: list[dict[str, bytes] | None] | None, command: bytes,
-                done: Callable) -> bool: ...
+                done: Callable, on_replayed: Callable[[], None] | None = None) -> bool: ...
 
 
 class GateOwner(Protocol):
@@ -63,14 +63,17 @@ class FollowerGate:
         self.member = member
 
     def forward(self, topic: Any, bodies: list[bytes], defer_ms: int, done: Callable,
-                headers: list[dict[str, bytes] | None] | None = None) -> bool:
+                headers: list[dict[str, bytes] | None] | None = None,
+                on_replayed: Callable[[], None] | None = None) -> bool:
         if self.member is None:  # a leader may exist by the time the forward retries
             return False
-        if defer_ms and (len(bodies) != 1 or (headers is not None and any(headers))):
-            return False  # DPUB is one message without headers
+        # (a deferred batch with headers, an idempotent one's mark, goes as PUB_EXT with
+        # its delay as a header and its partition: DPUB carries neither)
         partition = topic.partition if len(topic.partitions) > 1 or topic.ordered else None
-        command = forward_command(topic.name, partition, bodies, defer_ms, headers)
-        return self.member.forward(topic, bodies, defer_ms, headers, command, done)
+        command = forward_command(topic.name, partition, bodies, defer_ms, headers,
+                                  ask_replayed=on_replayed is not None)
+        return self.member.forward(topic, bodies, defer_ms, headers, command, done,
+                                   on_replayed)
 
     def refuse(self, topic: Any, count: int) -> str | None:
         return (f"TOPIC({topic.name}) PARTITION({topic.partition}): this node is not the "

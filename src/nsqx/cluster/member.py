@@ -331,11 +331,12 @@ class NodeMember:
     # -- forwarding publishes to the leader ---------------------------------------------------
     def forward(self, topic: Any, bodies: list[bytes], defer_ms: int,
                 headers: list[dict[str, bytes] | None] | None, command: bytes,
-                done: Callable) -> bool:
+                done: Callable, on_replayed: Callable[[], None] | None = None) -> bool:
         """Send a follower's publish to the partition's leader, whichever it is by then
-        (``forwarding.Forwarder``); ``done`` is called with the outcome."""
+        (``forwarding.Forwarder``); ``done`` is called with the outcome (``on_replayed``
+        first when the leader found the batch stored already)."""
         self.forwarded += len(bodies)
-        self.forwarder.start(topic, bodies, defer_ms, headers, command, done)
+        self.forwarder.start(topic, bodies, defer_ms, headers, command, done, on_replayed)
         return True
 
     # -- deleting a topic: a cluster operation (cluster.topic_delete) ------------------------

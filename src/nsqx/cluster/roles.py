@@ -36,7 +36,7 @@ class RoleHost(Protocol):
 
     def forward(self, topic: Any, bodies: list[bytes], defer_ms: int,
                 headers: list[dict[str, bytes] | None] | None, command: bytes,
-                done: Callable) -> bool: ...
+                done: Callable, on_replayed: Callable[[], None] | None = None) -> bool: ...
 
 
 class Roles:

@@ -36,9 +36,11 @@ from nsqx.nsqd.topic import BadPartition, SealedPartition
 from nsqx.protocol import frames
 from nsqx.protocol.compress import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 from nsqx.protocol.errors import ProtocolError
-from nsqx.protocol.forward import forward_command
+from nsqx.protocol.forward import forward_command, replayed_answer
 from nsqx.protocol.names import valid_channel_name, valid_topic_name
 from nsqx.protocol.v2 import (
+    ASK_REPLAYED_KEY,
+    DEFER_KEY,
     FIN_BATCH,
     MAGIC_V2,
     MPUB_LIKE,
@@ -1012,9 +1014,11 @@ class ClientV2(asyncio.Protocol):
 
     def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int, code: str, what: str,
                  partition: int | None = None, headers: list[dict[str, bytes] | None] | None = None,
-                 traced: int | None = None, route_version: int | None = None) -> None:
+                 traced: int | None = None, route_version: int | None = None,
+                 ask_replayed: bool = False) -> None:
         """Append and answer once durable; ``traced`` (a trace id) answers with Youzan's
-        30-byte traced response instead of OK."""
+        30-byte traced response instead of OK; ``ask_replayed``: a marked batch found
+        stored answers that with REPLAYED_SUFFIX (a follower forwarding an HTTP key)."""
         nsqd = self.nsqd
         if nsqd.exiting:
             raise Fatal(code, f"{what} failed exiting")
@@ -1048,7 +1052,8 @@ class ClientV2(asyncio.Protocol):
             def ok_from(base: int) -> bytes:
                 return traced_response((pnum << 48) | base, tid, base, raw_size)
         if headers is not None and has_mark(headers) and leads(part):
-            self._publish_once(part, bodies, defer_ms, headers, code, what, ok_from)
+            self._publish_once(part, bodies, defer_ms, headers, code, what, ok_from,
+                               ask_replayed)
         else:
             done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"), ok_from)
             part.publish(bodies, defer_ms, done, headers=headers, producer=self.remote_address)
@@ -1234,17 +1239,40 @@ class ClientV2(asyncio.Protocol):
 
     def _publish_once(self, part: TopicView, bodies: list[bytes], defer_ms: int,
                       headers: list[dict[str, bytes] | None], code: str, what: str,
-                      ok_from: Callable[[int], bytes] | None) -> None:
+                      ok_from: Callable[[int], bytes] | None, ask_replayed: bool = False
+                      ) -> None:
         """A batch marked for idempotence (``nsqx-pub`` key or ``##nsqx_producer``
-        sequence): appended once; a repeat is answered as the first was (nsqd.idempotence)."""
+        sequence): appended once; a repeat is answered as the first was (nsqd.idempotence),
+        plus REPLAYED_SUFFIX when the sender asked."""
         dedupe = deduper_for(part)
-        # (a repeat of an older sequence answers base -1: 0 then, its offset is forgotten)
-        slot_done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"),
-                                            ok_from and (lambda base: ok_from(max(base, 0))))
+        repeat = None
+        if ask_replayed:
+            slot_done, repeat = self._replay_telling_slot(code, what, ok_from)
+        else:
+            # (a repeat of an older sequence answers base -1: 0 then, its offset is forgotten)
+            slot_done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"),
+                                                ok_from and (lambda base: ok_from(max(base, 0))))
         try:
-            dedupe.publish(bodies, defer_ms, headers, slot_done, producer=self.remote_address)
+            dedupe.publish(bodies, defer_ms, headers, slot_done, producer=self.remote_address,
+                           repeat=repeat)
         except IdempotenceError as exc:  # refused before anything was appended
             slot_done(-1, ProtocolError(exc.code, exc.text, False))
+
+    def _replay_telling_slot(self, code: str, what: str,
+                             ok_from: Callable[[int], bytes] | None) -> tuple[Callable, Callable]:
+        """(done, repeat) of one response slot whose answer ends with REPLAYED_SUFFIX when
+        ``repeat`` filled it (a follower forwarding an HTTP key asked)."""
+        seen: list[bool] = []
+
+        def answer(base: int) -> bytes:
+            out = ok_from(max(base, 0)) if ok_from is not None else b"OK"
+            return replayed_answer(out) if seen else out
+        slot_done = self._respond_when_done(frames.OK_FRAME, (code, f"{what} failed"), answer)
+
+        def repeat(base: int, exc: Exception | None) -> None:
+            seen.append(True)
+            slot_done(base, exc)
+        return slot_done, repeat
 
     def _cmd_pub(self, cmd: Command) -> Any:
         topic = self._pub_topic(cmd, "PUB")
@@ -1301,10 +1329,12 @@ class ClientV2(asyncio.Protocol):
         multi = what.startswith("MPUB")
         topic = self._pub_topic(cmd, what)
         part = _partition_param(cmd.params, 1, what)
+        rv = _route_version_param(cmd.params, 2, what) if len(cmd.params) > 2 else None
         raw = (cmd.bodies or []) if multi else [cmd.body or b""]
         bodies: list[bytes] = []
         headers: list[dict[str, bytes] | None] = []
         traced: int | None = None
+        defer_ms, ask_replayed = 0, False
         if what.endswith("_EXT"):
             rest = None if cmd.stripped or len(raw) < 2 else strip_no_ext(raw[1:])
             if cmd.stripped:
@@ -1323,8 +1353,11 @@ class ClientV2(asyncio.Protocol):
                     h, body = split_ext(item, what)
                     bodies.append(body)
                     headers.append(h)
-            if not multi and headers[0] and TRACE_ID_KEY in headers[0]:
-                traced = int(headers[0][TRACE_ID_KEY])
+            h0 = headers[0]
+            if h0 and (DEFER_KEY in h0 or ASK_REPLAYED_KEY in h0):
+                defer_ms, ask_replayed = self._controls(h0, what)
+            if not multi and h0 and TRACE_ID_KEY in h0:
+                traced = int(h0[TRACE_ID_KEY])
         else:
             for item in raw:
                 tid, body = split_trace(item, what)
@@ -1335,10 +1368,26 @@ class ClientV2(asyncio.Protocol):
         code = "E_MPUB_FAILED" if multi else "E_PUB_FAILED"
         pending = self._check_auth(topic, None, "publish", what)
         if pending is not None:
-            return self._after(pending, lambda: self._publish(topic, bodies, 0, code, what, part,
-                                                              hdrs, traced))
-        self._publish(topic, bodies, 0, code, what, part, hdrs, traced)
+            return self._after(pending, lambda: self._publish(
+                topic, bodies, defer_ms, code, what, part, hdrs, traced, rv,
+                ask_replayed=ask_replayed))
+        self._publish(topic, bodies, defer_ms, code, what, part, hdrs, traced, rv,
+                      ask_replayed=ask_replayed)
         return None
+
+    def _controls(self, h0: dict[str, bytes], what: str) -> tuple[int, bool]:
+        """Take nsqx's controls off a batch's first headers (never stored): the delay of
+        ``DEFER_KEY`` (0..--max-delay ms, as DPUB's) and ``ASK_REPLAYED_KEY``."""
+        ask = h0.pop(ASK_REPLAYED_KEY, None) is not None
+        raw = h0.pop(DEFER_KEY, None)
+        if raw is None:
+            return 0, ask
+        max_ms = self.nsqd.opts.max_delay_ms
+        text = bytes(raw).decode("latin-1")
+        if not (text.isascii() and text.isdigit() and int(text) <= max_ms):
+            raise ProtocolError("E_INVALID", f"{what} {DEFER_KEY} {text[:40]} out of range "
+                                f"0-{max_ms}", fatal=False)
+        return int(text), ask
 
     _handlers: dict[bytes, Callable[[ClientV2, Command], Any]] = {
         b"NOP": _cmd_nop,

@@ -67,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -330,13 +331,16 @@ class FetchAPI:
             raise HTTPError(500, "INTERNAL_ERROR")
         try:
             # in cluster mode only a leader takes it (acked after its ISR); a follower
-            # forwards it with its mark, which the leader checks
+            # forwards it with its mark, which the leader checks (and says if a repeat)
             if leads(target):
                 base, duplicate = await deduper_for(target).publish_async(msgs, 0, headers)
             else:
-                published = target.publish(msgs, headers=headers)
+                again: list[bool] = []
+                published = target.publish(msgs, headers=headers,
+                                           on_replayed=partial(again.append, True))
                 assert published is not None
-                base, duplicate = await published, False
+                base = await published
+                duplicate = bool(again)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

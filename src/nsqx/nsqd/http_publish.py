@@ -11,19 +11,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 import weakref
 from collections import OrderedDict
+from functools import partial
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import orjson
 
 from nsqx.httpbase import HTTPError
 from nsqx.httpbase import first as _first
+from nsqx.nsqd.datapath import publish_keys_path
 from nsqx.nsqd.idempotence import IdempotenceError, deduper_for, fingerprint, leads
 from nsqx.nsqd.topic import BadPartition, PartitionRequired, PublishRefused, SealedPartition
 from nsqx.protocol.routes import key_partition
-from nsqx.storage.publish_keys import PUB_KEY_HEADER
+from nsqx.storage.publish_keys import HTTP_KEY_PREFIX, PUB_KEY_HEADER
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -36,8 +39,8 @@ __all__ = ["IDEMPOTENCY_KEY", "REPLAYED", "idempotency_key", "mark_replayed", "p
 IDEMPOTENCY_KEY = "Idempotency-Key"
 REPLAYED = "Idempotent-Replayed"
 MAX_KEY_LEN = 255
-# key -> topic of recent keyed requests: a key reused on another topic is a 422 (in memory:
-# each topic's own index is what survives a restart)
+# key -> topic of recent keyed requests: a key reused on another topic is a 422 (in memory,
+# read back from the partitions' indexes at the first keyed request after a start)
 KEY_TOPICS_MAX = 100_000
 
 log = logging.getLogger("nsqx.nsqd.http")
@@ -205,8 +208,33 @@ _KEY_TOPICS: weakref.WeakKeyDictionary[NodeAPI, OrderedDict[str, str]] = weakref
 def _key_topics(nsqd: NodeAPI) -> OrderedDict[str, str]:
     kt = _KEY_TOPICS.get(nsqd)
     if kt is None:
-        kt = _KEY_TOPICS[nsqd] = OrderedDict()
+        kt = _KEY_TOPICS[nsqd] = _recovered_key_topics(nsqd)
     return kt
+
+
+def _recovered_key_topics(nsqd: NodeAPI) -> OrderedDict[str, str]:
+    """Which topic each HTTP key of the window was used on, newest last: read once, at the
+    node's first keyed request, from the index of every partition that has one (opening
+    it takes in the log's unindexed tail, as a publish would), so a key reused on another
+    topic is a 422 after a restart or a kill -9 too. Off the publish path after that; at
+    most KEY_TOPICS_MAX keys read per partition (the map keeps no more)."""
+    since = time.time() - float(nsqd.opts.idempotency_window)
+    found: list[tuple[float, str, str]] = []
+    for name, topic in list(nsqd.topics.items()):
+        for part in topic.partitions:
+            if part.ephemeral or not publish_keys_path(part.dir, part.partition).exists():
+                continue  # no keyed publish ever (an ephemeral topic's keys die with it)
+            try:
+                keys = deduper_for(part).keys.keys_since(HTTP_KEY_PREFIX, since,
+                                                         KEY_TOPICS_MAX)
+            except Exception as exc:  # the partition's own check still holds
+                log.error("TOPIC(%s) PARTITION(%d): reading its idempotency keys failed: %s",
+                          name, part.partition, exc)
+                continue
+            found += [(created, unquote(k[len(HTTP_KEY_PREFIX):]), name)
+                      for k, created in keys]
+    found.sort()
+    return OrderedDict((key, name) for _, key, name in found[-KEY_TOPICS_MAX:])
 
 
 async def publish_once(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defer_ms: int,
@@ -233,7 +261,7 @@ async def publish_once(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defe
     fp = fingerprint(kind.encode(), topic_name.encode(), b"%d" % defer_ms,
                      orjson.dumps([{k: v.decode("latin-1") for k, v in (h or {}).items()}
                                    for h in headers or []]), *bodies)
-    mark = f"h/{quote(key, safe='')}#{len(bodies)}#{fp}".encode()
+    mark = f"{HTTP_KEY_PREFIX}{quote(key, safe='')}#{len(bodies)}#{fp}".encode()
     marked: list[dict[str, bytes] | None] = list(headers) if headers else [None] * len(bodies)
     marked[0] = {**(marked[0] or {}), PUB_KEY_HEADER: mark}
     try:
@@ -244,10 +272,13 @@ async def publish_once(nsqd: NodeAPI, topic_name: str, bodies: list[bytes], defe
         if leads(part):
             base, replayed = await deduper_for(part).publish_async(bodies, defer_ms, marked,
                                                                    producer)
-        else:  # a follower: the leader checks the mark it forwards
-            fut = part.publish(bodies, defer_ms, headers=marked, producer=producer)
+        else:  # a follower: the leader checks the mark it forwards, and says if a repeat
+            again: list[bool] = []
+            fut = part.publish(bodies, defer_ms, headers=marked, producer=producer,
+                               on_replayed=partial(again.append, True))
             assert fut is not None
-            base, replayed = await fut, False
+            base = await fut
+            replayed = bool(again)
     except asyncio.CancelledError:
         raise
     except IdempotenceError as exc:

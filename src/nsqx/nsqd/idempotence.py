@@ -127,9 +127,12 @@ class Deduper:
 
     # -- admission -----------------------------------------------------------------------
     def publish(self, bodies: list[bytes], defer_ms: int,
-                headers: list[dict[str, bytes] | None], done: Done, producer: str = "") -> bool:
+                headers: list[dict[str, bytes] | None], done: Done, producer: str = "",
+                repeat: Done | None = None) -> bool:
         """Append the batch unless its mark says it is stored; ``done(base, exc)`` once it
-        is. Returns whether this is a repeat (answered from the index, nothing appended).
+        is. Returns whether this is a repeat (answered from the index, nothing appended);
+        a repeat is answered through ``repeat`` instead of ``done`` when one is given (so
+        an answer made before this returns can still say it: a forwarder asked).
 
         Raises :class:`IdempotenceError` (nothing appended, ``done`` not called) for a
         malformed mark, a key reused for another request, a sequence gap, a fenced epoch."""
@@ -142,13 +145,14 @@ class Deduper:
             keys.catch_up(end)
         raw = h0.get(PRODUCER_HEADER)
         if raw is not None:
-            return self._sequenced(raw, bodies, defer_ms, headers, done, producer)
+            return self._sequenced(raw, bodies, defer_ms, headers, done, producer, repeat)
         raw = h0.get(PUB_KEY_HEADER)
         assert raw is not None
-        return self._keyed(raw, bodies, defer_ms, headers, done, producer)
+        return self._keyed(raw, bodies, defer_ms, headers, done, producer, repeat)
 
     def _keyed(self, raw: bytes, bodies: list[bytes], defer_ms: int,
-               headers: list[dict[str, bytes] | None], done: Done, producer: str) -> bool:
+               headers: list[dict[str, bytes] | None], done: Done, producer: str,
+               repeat: Done | None) -> bool:
         parsed = parse_key(raw)
         if parsed is None or parsed[1] != len(bodies):
             raise IdempotenceError("E_BAD_IDEMPOTENCY_KEY",
@@ -159,12 +163,12 @@ class Deduper:
         if hit is not None:
             _same_request(fp, hit[2], count, hit[1])
             self.replayed += 1
-            _committed(self.part, hit[0] + hit[1], hit[0], done)
+            _committed(self.part, hit[0] + hit[1], hit[0], repeat or done)
             return True
         pending = self._keys_pending.get(key)
         if pending is not None:
             _same_request(fp, pending.fp, count, count)
-            pending.waiters.append(done)
+            pending.waiters.append(repeat or done)
             self.replayed += 1
             return True
         pending = self._keys_pending[key] = _Pending(fp)
@@ -182,7 +186,8 @@ class Deduper:
         return False
 
     def _sequenced(self, raw: bytes, bodies: list[bytes], defer_ms: int,
-                   headers: list[dict[str, bytes] | None], done: Done, producer: str) -> bool:
+                   headers: list[dict[str, bytes] | None], done: Done, producer: str,
+                   repeat: Done | None) -> bool:
         parsed = parse_producer(raw)
         if parsed is None:
             raise IdempotenceError("E_BAD_PRODUCER",
@@ -208,12 +213,13 @@ class Deduper:
             if stored is not None and (epoch, seq) <= stored:
                 assert st is not None
                 self.replayed += 1
-                _committed(self.part, st.base + st.count, st.base if seq == st.seq else -1, done)
+                _committed(self.part, st.base + st.count, st.base if seq == st.seq else -1,
+                           repeat or done)
                 return True
             pending = self._seq_pending.get((pid, epoch, seq))
             if pending is not None:
                 self.replayed += 1
-                pending.waiters.append(done)
+                pending.waiters.append(repeat or done)
                 return True
             expected = newest[1] + 1 if epoch == newest[0] else 0
             if seq != expected:

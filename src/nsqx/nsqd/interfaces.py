@@ -99,9 +99,11 @@ class WriteGate(Protocol):
 
     def forward(self, topic: TopicView, bodies: list[bytes], defer_ms: int,
                 done: Callable[[int, Exception | None], None],
-                headers: list[dict[str, bytes] | None] | None = None) -> bool:
+                headers: list[dict[str, bytes] | None] | None = None,
+                on_replayed: Callable[[], None] | None = None) -> bool:
         """Send a refused publish to the leader, which acks it through ``done``; False when
-        it was not sent (the publish is then refused)."""
+        it was not sent (the publish is then refused). ``on_replayed`` is called before
+        ``done`` when the leader found the batch's mark stored already."""
 
 
 class TopicView(Protocol):

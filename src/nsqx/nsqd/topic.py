@@ -186,13 +186,16 @@ class Topic:
     def publish(self, bodies: list[bytes], defer_ms: int = 0,
                 done: Callable[[int, Exception | None], None] | None = None, *,
                 headers: list[dict[str, bytes] | None] | None = None,
-                producer: str = "", trace: bool = True) -> asyncio.Future[int] | None:
+                producer: str = "", trace: bool = True,
+                on_replayed: Callable[[], None] | None = None) -> asyncio.Future[int] | None:
         """Append a batch, durable per policy: returns a future, or calls `done` (no future).
 
         `headers` (one dict or None per body) go to the log's header sidecar, never into
         the frames stock clients receive. `producer` (remote address) names the publisher
         in trace events. `trace=False`: `done` records the trace events already (a
         forwarded publish this node appends itself once it leads, cluster.forwarding).
+        ``on_replayed``: a follower forwarding a marked batch asks the leader whether it
+        was a repeat, and calls this before ``done`` when it was (HTTP's replay header).
         """
         base = self.log.next_offset
         kw: dict = {} if headers is None else {"headers": headers}
@@ -214,7 +217,7 @@ class Topic:
                     if done is None:
                         outer = self.nsqd.loop.create_future()
                         done = settle(outer)
-                    if self.gate.forward(self, bodies, defer_ms, done, headers):
+                    if self.gate.forward(self, bodies, defer_ms, done, headers, on_replayed):
                         return outer  # the leader acks it (after its ISR)
                 failed = _refuse(self.nsqd.loop, done, PublishRefused(refusal))
                 return outer if outer is not None else failed

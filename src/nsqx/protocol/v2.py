@@ -26,7 +26,9 @@ from .errors import ProtocolError, go_quote, raw_text
 from .names import valid_channel_name, valid_topic_name
 
 __all__ = [
+    "ASK_REPLAYED_KEY",
     "BODY_COMMANDS",
+    "DEFER_KEY",
     "DISPATCH_TAG_KEY",
     "MPUB_LIKE",
     "PUB_LIKE",
@@ -645,6 +647,11 @@ def _split_general(body: bytes | memoryview, count: int, max_msg_size: int) -> l
 TRACE_ID_KEY = "##trace_id"
 TRACE_TOPIC = "__trace"  # where a node writes the events of its traced topics
 DISPATCH_TAG_KEY = "##client_dispatch_tag"
+# nsqx's controls on a PUB_EXT/MPUB_EXT batch's first message, taken off by nsqd (never
+# stored): the batch's delay in ms (an idempotent deferred publish: DPUB carries no mark),
+# and a forwarder's request to be told when a marked batch was a repeat (REPLAYED_SUFFIX)
+DEFER_KEY = "##nsqx_defer"
+ASK_REPLAYED_KEY = "##nsqx_ask_replayed"
 MAX_TAG_LEN = 100  # Youzan's ext.MAX_TAG_LEN
 MAX_EXT_JSON = 0xFFFF  # the 2-byte JSON length field (Youzan's ext.MaxExtLen)
 _TAG_CHARS = re.compile(r"[a-zA-Z0-9_-]+")
@@ -1378,19 +1385,20 @@ def _ext_part(headers: Mapping[str, bytes | str] | bytes | None, body: bytes) ->
 
 
 def pub_ext(topic: str | bytes, body: bytes, headers: Mapping[str, bytes | str] | bytes | None,
-            partition: int | None = None) -> bytes:
+            partition: int | None = None, route_version: int | None = None) -> bytes:
     """Youzan's ``PUB_EXT <topic> [<partition>]``: ``[4 size][2 json len][json][body]``;
-    ``headers`` as a mapping or as raw JSON bytes."""
+    ``headers`` as a mapping or as raw JSON bytes (the route version as :func:`pub`)."""
     data = _ext_part(headers, body)
-    head = b"PUB_EXT " + _b(topic) if partition is None else b"PUB_EXT %s %d" % (_b(topic), partition)
+    head = _route_head(b"PUB_EXT", topic, partition, route_version)
     return head + b"\n" + _U32.pack(len(data)) + data
 
 
 def mpub_ext(topic: str | bytes, messages: Iterable[tuple[Mapping[str, bytes | str] | bytes | None, bytes]],
-             partition: int | None = None) -> bytes:
-    """``MPUB_EXT``: an MPUB body whose messages are ``[2 json len][json][body]``."""
+             partition: int | None = None, route_version: int | None = None) -> bytes:
+    """``MPUB_EXT``: an MPUB body whose messages are ``[2 json len][json][body]`` (the
+    route version as :func:`pub`)."""
     body = mpub_body(_ext_part(h, b) for h, b in messages)
-    head = b"MPUB_EXT " + _b(topic) if partition is None else b"MPUB_EXT %s %d" % (_b(topic), partition)
+    head = _route_head(b"MPUB_EXT", topic, partition, route_version)
     return head + b"\n" + _U32.pack(len(body)) + body
 
 

@@ -199,6 +199,17 @@ class PublishKeys:
             return None
         return int(row[0]), int(row[1]), row[2] or ""
 
+    def keys_since(self, prefix: str, since: float, limit: int) -> list[tuple[str, float]]:
+        """(key, created) of the newest ``limit`` keys starting with ``prefix`` created at
+        ``since`` or later (a node's start reads which topic its HTTP keys were used on).
+        Newest by rowid: a key written again gets a new one, and no sort is needed."""
+        out = [(k, v[3]) for k, v in self.mem.items() if k.startswith(prefix) and v[3] >= since]
+        if self.db is not None:
+            out += self.db.execute("SELECT key, created FROM keys WHERE substr(key, 1, ?) = ? "
+                                   "AND created >= ? ORDER BY rowid DESC LIMIT ?",
+                                   (len(prefix), prefix, since, limit)).fetchall()
+        return out[-limit:] if len(out) > limit else out
+
     def put(self, key: str, base: int, count: int, fp: str = "", now: float | None = None) -> None:
         now = time.time() if now is None else now
         if self.db is None:
