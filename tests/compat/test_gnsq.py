@@ -42,3 +42,9 @@ class TestGnsq(CompatSuite):
         assert Counter(sub.bodies()) == Counter(expected), sub.describe()
         deferred = next(d for d in sub.deliveries if d.body == b"h-deferred")
         assert (deferred.recv_ns - deferred.timestamp_ns) / 1e6 >= 900, sub.describe()
+
+
+class TestGnsqWorkers2(TestGnsq):
+    """The same client against ``nsqd --workers=2`` (CompatSuite.workers: a subset)."""
+
+    workers = 2

@@ -31,3 +31,9 @@ class TestNsqjs(CompatSuite):
         assert isinstance(ident.get("max_msg_timeout"), int), ident
         assert ident.get("msg_timeout") == 5000, ident
         assert isinstance(ident.get("version"), str) and ident["version"], ident
+
+
+class TestNsqjsWorkers2(TestNsqjs):
+    """The same client against ``nsqd --workers=2`` (CompatSuite.workers: a subset)."""
+
+    workers = 2

@@ -30,3 +30,9 @@ class TestPynsq(CompatSuite):
         assert ident.get("msg_timeout") == 5000, ident
         assert isinstance(ident.get("max_msg_timeout"), int), ident
         assert "setting max_rdy_count to default" not in res.stderr
+
+
+class TestPynsqWorkers2(TestPynsq):
+    """The same client against ``nsqd --workers=2`` (CompatSuite.workers: a subset)."""
+
+    workers = 2

@@ -24,6 +24,34 @@ HEX_ID = re.compile(r"[0-9a-f]{16}")
 BINARY_BODY = bytes(range(256)) + b"\n \x00end"
 
 
+#: run again with ``nsqd --workers=2`` (issue 32): publishes forwarded or moved with the
+#: connection, SUBs handed over or relayed (TLS, compression), IDENTIFY's msg_timeout
+#: carried to the owner, two consumers of one channel on either worker, the node killed and
+#: restarted, gnsq's HTTP client proxied. A subset because CI time is tight: left out are
+#: the cases that run exactly as on one process once the connection is on the topic's
+#: owner (touch, requeue, timeouts' ordering, sizes, 500 messages, IDENTIFY's answer, plain
+#: TLS: its relay is in test_tls_with_snappy_and_requeue; plain HTTP publishing, server
+#: side only: in test_gnsq_http_client_publish); one case of each limit shows its skip.
+WORKERS_SUBSET = frozenset({
+    "test_tcp_pub_mpub_dpub_then_consume", "test_msg_timeout_redelivers_to_other_consumer",
+    "test_compression", "test_tls_with_snappy_and_requeue",
+    "test_tls_required_refuses_plaintext", "test_auth_allowed",
+    "test_nothing_lost_after_sigkill", "test_gnsq_http_client_publish",
+})
+_AUTH_LIMIT = ("nsqd --workers > 1 refuses --auth-http-address at start (issue 32, "
+               "first step: AUTH state is not carried to another worker yet)")
+_TLS_REQUIRED_LIMIT = ("nsqd --workers > 1 refuses --tls-required at start (issue 32, "
+                       "first step)")
+#: what ``--workers > 1`` does not do yet: those tests are skipped there with the reason
+WORKERS_LIMITS = {
+    "test_tls_client_cert_required": _TLS_REQUIRED_LIMIT,
+    "test_tls_required_refuses_plaintext": _TLS_REQUIRED_LIMIT,
+    "test_auth_allowed": _AUTH_LIMIT,
+    "test_auth_subscribe_denied": _AUTH_LIMIT,
+    "test_auth_publish_refused": _AUTH_LIMIT,
+}
+
+
 def assert_ok(res: ClientResult, n_ops: int) -> None:
     assert not res.timed_out, f"client timed out\n{res.describe()}"
     assert res.results == ["OK"] * n_ops, res.describe()
@@ -43,11 +71,34 @@ def assert_clean(res: ClientResult) -> None:
 
 
 class CompatSuite:
-    """Base class; subclasses set ``client`` and implement :meth:`runner`."""
+    """Base class; subclasses set ``client`` and implement :meth:`runner`.
+
+    ``workers = 2`` in a subclass runs the class against ``nsqd --workers=2`` (issue 32):
+    every node a test starts gets the flag, only the tests named in ``WORKERS_SUBSET`` are
+    collected (CI time), and those that need what several workers do not do yet are
+    skipped with the limit as reason (``WORKERS_LIMITS``).
+    """
 
     client = "?"
     #: the client can send IDENTIFY msg_timeout (else nsqd gets --msg-timeout=1s)
     identify_msg_timeout = True
+    #: ``nsqd --workers`` of every node this class starts (1: the flag is not given)
+    workers = 1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.workers > 1:  # not collected: a non-callable test_ attribute is no test
+            for name in [n for n in dir(cls) if n.startswith("test_")]:
+                if name not in WORKERS_SUBSET:
+                    setattr(cls, name, None)
+
+    @pytest.fixture(autouse=True)
+    def _workers(self, request: pytest.FixtureRequest, nsqd_factory: NsqdFactory) -> None:
+        if self.workers > 1:
+            nsqd_factory.default_args = [f"--workers={self.workers}"]
+            reason = WORKERS_LIMITS.get(request.node.originalname)
+            if reason is not None:
+                pytest.skip(reason)
 
     # -- plumbing ---------------------------------------------------------------------------
     def runner(self) -> ClientRunner:  # pragma: no cover - overridden

@@ -260,12 +260,15 @@ class NsqdFactory:
     def __init__(self, base: Path) -> None:
         self.base = Path(base)
         self.procs: list[NsqdProcess] = []
+        #: flags every process of this factory gets before its own (e.g. ``--workers=2``)
+        self.default_args: list[str] = []
 
     def create(self, args: list[str] | None = None, *, name: str | None = None,
                data_path: Path | None = None) -> NsqdProcess:
         name = name or f"nsqd{len(self.procs) + 1}"
         data = Path(data_path) if data_path else self.base / f"{name}-data"
-        proc = NsqdProcess(data, args, log_dir=self.base, name=name)
+        proc = NsqdProcess(data, [*self.default_args, *(args or [])], log_dir=self.base,
+                           name=name)
         self.procs.append(proc)
         return proc
 

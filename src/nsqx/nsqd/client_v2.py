@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import ssl
 import struct
@@ -156,6 +157,8 @@ class ClientV2(asyncio.Protocol):
         self._handed_to: int | None = None  # --workers: the worker this connection went to
         self._follow_tried = False  # --workers: its first publish tried to move it once
         self._adopted: tuple[dict[str, Any], bytes] | None = None  # see handed_over()
+        # --workers: a TLS/compressed connection whose SUB the owner serves (_relay_to)
+        self._relay: asyncio.Transport | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -188,7 +191,9 @@ class ClientV2(asyncio.Protocol):
         for ch in self.subs:
             ch.remove_client(self)
         self.nsqd.client_disconnected(self)
-        if self._handed_to is not None:
+        if self._relay is not None:
+            self._relay.close()
+        if self._handed_to is not None and self._relay is None:
             log.info("[%s] handed over to worker %d", self, self._handed_to)
             return
         log.info("[%s] closed connection%s", self, f" ({exc})" if exc else "")
@@ -197,11 +202,15 @@ class ClientV2(asyncio.Protocol):
         # A peer that does not read what we send must not make us buffer without
         # bound: stop delivering to it and stop reading its commands.
         self._can_write = False
+        if self._relay is not None:  # the owner's output waits in the pipe
+            self._relay.pause_reading()
         if self.transport is not None and not self._reading_paused:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._can_write = True
+        if self._relay is not None:
+            self._relay.resume_reading()
         if self.transport is not None and not self._reading_paused:
             self.transport.resume_reading()
         for ch in self.subs:
@@ -209,6 +218,9 @@ class ClientV2(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = time.monotonic()
+        if self._relay is not None:
+            self._relay_in(data)
+            return
         if self._closing:
             return
         if data[:4] == b"FIN " and len(data) == 21 and self._lone_fin(data):
@@ -1075,11 +1087,10 @@ class ClientV2(asyncio.Protocol):
         workers = self.nsqd.workers
         if workers is None or workers.owned(topic):
             return None
-        if self.tls or self._decoder is not None or self.auth is not None:
+        if self.auth is not None:
             raise Fatal("E_SUB_FAILED", f"{what} topic {topic} is served by another worker "
-                        "of this nsqd (--workers): a connection with TLS, compression or AUTH "
-                        "cannot be handed over to it yet (connect without them, or run "
-                        "nsqd --workers=1)")
+                        "of this nsqd (--workers): a connection with AUTH cannot be handed "
+                        "over to it yet (connect without it, or run nsqd --workers=1)")
         if self.transport is not None:
             self.transport.pause_reading()  # what comes next is the owner's to read
         return self._hand_over(workers, topic, what)
@@ -1119,18 +1130,77 @@ class ClientV2(asyncio.Protocol):
         self._backlog.clear()
         raw += self.parser.take_buffered() + b"".join(self._raw_backlog)
         self._raw_backlog = []
-        sock = self.transport.get_extra_info("socket")
+        relay = self.tls or self._decoder is not None  # state a descriptor cannot carry
+        if relay:  # the owner gets one end of a pipe, this worker relays through the other
+            mine, theirs = socket.socketpair()
+        else:  # a copy: the number stays this socket's while the owner may be awaited
+            theirs = socket.socket(fileno=os.dup(self.transport.get_extra_info(
+                "socket").fileno()))
         try:
-            self._handed_to = workers.hand_over(topic, sock.fileno(), self.handover_state(),
-                                                raw)
+            self._handed_to = await workers.hand_over(
+                topic, theirs.fileno(), self.handover_state(), raw, wait=not optional)
         except (OSError, ValueError) as exc:
+            theirs.close()
+            if relay:
+                mine.close()
             if optional:  # stays here: what was taken out goes back, forwarded from here
                 self._restore(raw)
                 return
             raise Fatal("E_SUB_FAILED", f"{what} failed to subscribe to {topic}: its worker "
                         f"is not reachable now ({exc}); reconnect") from None
+        theirs.close()  # the owner has its own copy
+        if relay:
+            await self._relay_to(mine)
+            return
         self._closing = True
-        self.transport.abort()  # our descriptor only: the owner's copy keeps the connection
+        if self.transport is not None:  # our descriptor only: the owner's keeps the connection
+            self.transport.abort()
+
+    async def _relay_to(self, sock: socket.socket) -> None:
+        """``--workers``, a connection with TLS or compression handed over: the owner's
+        session reads and writes the plain protocol on ``sock``'s other end; this session
+        only decrypts/decompresses what the client sends into it and encrypts/compresses
+        what comes out (``_RelayPipe``). Its own heartbeats stop: the owner's pass through."""
+        if self._hb_handle is not None:
+            self._hb_handle.cancel()
+            self._hb_handle = None
+        sock.setblocking(False)
+        transport, _ = await self.nsqd.loop.connect_accepted_socket(
+            lambda: _RelayPipe(self), sock)
+        self._relay = transport  # type: ignore[assignment]
+        if self._closing or self.transport is None or self.transport.is_closing():
+            transport.close()
+            return
+        self._closing = True  # nothing more is executed here
+        log.info("[%s] relayed to worker %s (its TLS/compression stay here)", self,
+                 self._handed_to)
+        if self._reading_paused:
+            self._reading_paused = False
+        self.transport.resume_reading()
+
+    def relay_out(self, data: bytes) -> None:
+        """What the owner's session wrote for a relayed connection, on to the client."""
+        if self.transport is not None and not self.transport.is_closing():
+            self._write(data)
+
+    def _relay_in(self, data: bytes) -> None:
+        """Bytes from the client of a relayed connection: decoded here, on to the owner."""
+        assert self._relay is not None
+        dec = self._decoder
+        if dec is not None:
+            try:
+                chunk = dec.decode(data)
+                while True:
+                    self._relay.write(chunk)
+                    if not dec.pending:
+                        break
+                    chunk = dec.decode(b"")
+            except ProtocolError:  # corrupt compressed stream: both ends go
+                self._relay.close()
+                if self.transport is not None:
+                    self.transport.close()
+            return
+        self._relay.write(data)
 
     def _restore(self, raw: bytes) -> None:
         """A publish's handover did not happen: the bytes taken for it are parsed again."""
@@ -1386,7 +1456,34 @@ _PUBLISHES = frozenset({b"PUB", b"MPUB", b"DPUB", b"PUB_EXT", b"PUB_TRACE", b"MP
 _HANDOVER_FIELDS = ("client_id", "hostname", "user_agent", "heartbeat_interval",
                     "output_buffer_size", "output_buffer_timeout", "sample_rate",
                     "msg_timeout_ms", "extend_support", "desired_tag", "identified",
-                    "connect_ts")
+                    "connect_ts", "remote_address")
+
+
+class _RelayPipe(asyncio.Protocol):
+    """This worker's end of a relayed connection's pipe (``ClientV2._relay_to``): what the
+    owner's session writes goes to the client through the connection's encoder and TLS."""
+
+    def __init__(self, client: ClientV2) -> None:
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.client.relay_out(data)
+
+    def pause_writing(self) -> None:  # the client writes faster than the owner reads
+        if self.transport is not None and self.client.transport is not None:
+            self.client.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.client.transport is not None:
+            self.client.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.client.transport is not None:
+            self.client.transport.close()  # after what is buffered: the owner closed it
 
 
 def _encode_command(cmd: Command) -> bytes:

@@ -110,15 +110,27 @@ async def _proxy(rt: Any, k: int, request: web.Request) -> web.StreamResponse:
 
 
 async def _stats_of(rt: Any, k: int, params: dict[str, str]) -> dict[str, Any] | None:
+    """Worker ``k``'s stats; None when it does not answer within STATS_TIMEOUT. A worker
+    that is down (restarting, or not up yet after the node's start: the listeners accept
+    before every worker is) is tried again until then, as a proxied request is."""
+    import aiohttp
+
+    delay = RETRY_FIRST
     try:
         async with asyncio.timeout(STATS_TIMEOUT):
-            async with _session(rt, k).get("http://nsqd-worker/stats", params=params) as r:
-                if r.status != 200:
-                    return None
-                data: Any = orjson.loads(await r.read())
-                return data if isinstance(data, dict) else None
+            while True:
+                try:
+                    async with _session(rt, k).get("http://nsqd-worker/stats",
+                                                   params=params) as r:
+                        if r.status != 200:
+                            return None
+                        data: Any = orjson.loads(await r.read())
+                        return data if isinstance(data, dict) else None
+                except aiohttp.ClientConnectorError:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_CAP)
     except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
-        log.warning("workers: /stats of worker %d failed: %s", k, exc)
+        log.warning("workers: /stats of worker %d failed: %r", k, exc)
         return None
 
 

@@ -211,13 +211,28 @@ class WorkerRuntime:
                 if attempt:
                     raise
 
-    def hand_over(self, topic: str, fd: int, state: dict[str, Any], raw: bytes) -> int:
-        """ClientV2._hand_over: the socket and its state to the topic's owner (returned)."""
+    async def hand_over(self, topic: str, fd: int, state: dict[str, Any], raw: bytes, *,
+                        wait: bool = True) -> int:
+        """ClientV2._hand_over: the socket and its state to the topic's owner (returned).
+
+        ``wait``: an owner that is down (restarting, or not up yet after the node's start:
+        the supervisor's listeners accept before every worker is ready) is tried again
+        until ``FORWARD_TIMEOUT``, as a forwarded publish is; without, OSError at once."""
         if len(raw) > MAX_HANDOVER_BYTES:
             raise ValueError(f"{len(raw)} bytes read ahead, more than a handover carries")
         k = self.owner(topic)
-        self._ctl_send(k, {"op": "handover", "state": state, "from": self.index}, raw, fd)
-        return k
+        msg = {"op": "handover", "state": state, "from": self.index}
+        deadline = self.loop.time() + FORWARD_TIMEOUT
+        delay = RETRY_FIRST
+        while True:
+            try:
+                self._ctl_send(k, msg, raw, fd)
+                return k
+            except OSError:
+                if not wait or self.stopping or self.loop.time() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_CAP)
 
     def _ctl_accept(self) -> None:
         assert self._ctl_listener is not None
