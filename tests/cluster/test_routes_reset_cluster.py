@@ -382,6 +382,6 @@ def test_a_node_restarted_between_hold_and_apply_applies_the_reset_at_start(  # 
 
 
 def versions_of(n) -> int | None:  # type: ignore[no-untyped-def]
-    from tests.cluster.test_routes_cluster import node_route
+    from tests.cluster.test_routes_cluster import node_route_soon
 
-    return node_route(n, "t").get("channels", {}).get("a", {}).get("version")
+    return node_route_soon(n, "t").get("channels", {}).get("a", {}).get("version")
