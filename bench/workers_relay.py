@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 import nsqd_proc  # the scripts' shared process helpers, beside this one
-from nsqd_proc import SRC, cpu_seconds, stop
+from nsqd_proc import SRC, cpu_seconds, stop, tree
 
 sys.path.insert(0, SRC)
 
@@ -44,14 +44,6 @@ from nsqx.protocol.compress import (  # noqa: E402
 )
 
 FRAME = struct.Struct(">ii")
-
-
-def tree(pid: int) -> list[int]:
-    try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        kids = []
-    return [pid, *map(int, kids)]
 
 
 def http_post(http: str, path: str, body: bytes = b"") -> None:

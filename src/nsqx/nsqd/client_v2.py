@@ -16,7 +16,7 @@ import ssl
 import struct
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from itertools import compress
 from typing import TYPE_CHECKING, Any
 
@@ -249,13 +249,10 @@ class ClientV2(asyncio.Protocol):
             return
         dec = self._decoder
         try:
-            # Decompress in bounded steps so the parser's size checks stop a bomb early.
-            chunk = dec.decode(data)
-            while True:
+            for chunk in _decoded(dec, data):
                 self._ingest(chunk)
-                if self._closing or dec is not self._decoder or not dec.pending:
+                if self._closing or dec is not self._decoder:
                     break
-                chunk = dec.decode(b"")
         except ProtocolError as exc:  # corrupt or oversized compressed stream
             self._fatal(Fatal(exc.code, exc.text))
 
@@ -1189,12 +1186,8 @@ class ClientV2(asyncio.Protocol):
         dec = self._decoder
         if dec is not None:
             try:
-                chunk = dec.decode(data)
-                while True:
+                for chunk in _decoded(dec, data):
                     self._relay.write(chunk)
-                    if not dec.pending:
-                        break
-                    chunk = dec.decode(b"")
             except ProtocolError:  # corrupt compressed stream: both ends go
                 self._relay.close()
                 if self.transport is not None:
@@ -1457,6 +1450,17 @@ _HANDOVER_FIELDS = ("client_id", "hostname", "user_agent", "heartbeat_interval",
                     "output_buffer_size", "output_buffer_timeout", "sample_rate",
                     "msg_timeout_ms", "extend_support", "desired_tag", "identified",
                     "connect_ts", "remote_address")
+
+
+def _decoded(dec: SnappyDecoder | DeflateDecoder, data: bytes) -> Iterator[bytes]:
+    """What a compressed read decodes to, in bounded steps (so the parser's size checks
+    stop a bomb early): the caller may stop taking them at any step."""
+    chunk = dec.decode(data)
+    while True:
+        yield chunk
+        if not dec.pending:
+            return
+        chunk = dec.decode(b"")
 
 
 class _RelayPipe(asyncio.Protocol):
